@@ -1,0 +1,125 @@
+//! Device tensors of f32, f16 or bf16 elements, with upload/download that converts through f32.
+
+use cust::memory::{CopyDestination, DeviceBuffer};
+
+use crate::dtype::DType;
+use crate::error::{invalid, CudaContext, Result};
+
+enum Storage {
+    F32(DeviceBuffer<f32>),
+    /// f16 or bf16 bit patterns (`half`'s types are not `DeviceCopy`).
+    Bits16(DeviceBuffer<u16>),
+}
+
+/// A flat device buffer tagged with its storage dtype.
+pub struct DeviceTensor {
+    dtype: DType,
+    storage: Storage,
+}
+
+impl DeviceTensor {
+    /// Uploads `host`, rounding each value to `dtype`.
+    pub fn from_f32(dtype: DType, host: &[f32]) -> Result<DeviceTensor> {
+        let storage = match dtype {
+            DType::F32 => Storage::F32(DeviceBuffer::from_slice(host).cuda("uploading a tensor")?),
+            _ => {
+                let bits: Vec<u16> = host.iter().map(|&x| dtype.bits16(x).unwrap()).collect();
+                Storage::Bits16(DeviceBuffer::from_slice(&bits).cuda("uploading a tensor")?)
+            }
+        };
+        Ok(DeviceTensor { dtype, storage })
+    }
+
+    /// Uploads raw 16-bit patterns of `dtype` (f16 or bf16), e.g. from `half::f16::to_bits`.
+    pub fn from_bits16(dtype: DType, bits: &[u16]) -> Result<DeviceTensor> {
+        if dtype == DType::F32 {
+            return Err(invalid!("from_bits16 takes f16 or bf16 bit patterns, not f32"));
+        }
+        let buf = DeviceBuffer::from_slice(bits).cuda("uploading a tensor")?;
+        Ok(DeviceTensor { dtype, storage: Storage::Bits16(buf) })
+    }
+
+    /// A tensor of `len` elements filled with NaN, so any element a kernel fails to write shows.
+    pub fn poisoned(dtype: DType, len: usize) -> Result<DeviceTensor> {
+        DeviceTensor::from_f32(dtype, &vec![f32::NAN; len])
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.storage {
+            Storage::F32(b) => b.len(),
+            Storage::Bits16(b) => b.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.len() * self.dtype.size_bytes()
+    }
+
+    /// Device address for kernel parameters.
+    pub fn device_ptr(&self) -> u64 {
+        match &self.storage {
+            Storage::F32(b) => b.as_device_ptr().as_raw(),
+            Storage::Bits16(b) => b.as_device_ptr().as_raw(),
+        }
+    }
+
+    /// Downloads and widens every element to f32.
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        match &self.storage {
+            Storage::F32(b) => {
+                let mut out = vec![0.0f32; b.len()];
+                b.copy_to(&mut out[..]).cuda("downloading a tensor")?;
+                Ok(out)
+            }
+            Storage::Bits16(b) => Ok(self.to_bits16_of(b)?.into_iter().map(|x| self.dtype.widen16(x)).collect()),
+        }
+    }
+
+    /// Downloads the raw 16-bit patterns of an f16/bf16 tensor.
+    pub fn to_bits16(&self) -> Result<Vec<u16>> {
+        match &self.storage {
+            Storage::F32(_) => Err(invalid!("to_bits16 on an f32 tensor")),
+            Storage::Bits16(b) => self.to_bits16_of(b),
+        }
+    }
+
+    fn to_bits16_of(&self, b: &DeviceBuffer<u16>) -> Result<Vec<u16>> {
+        let mut out = vec![0u16; b.len()];
+        b.copy_to(&mut out[..]).cuda("downloading a tensor")?;
+        Ok(out)
+    }
+}
+
+/// A device buffer of f32 (the saved `LSE` and f32 accumulators).
+pub struct DeviceF32(pub DeviceBuffer<f32>);
+
+impl DeviceF32 {
+    pub fn poisoned(len: usize) -> Result<DeviceF32> {
+        Ok(DeviceF32(DeviceBuffer::from_slice(&vec![f32::NAN; len]).cuda("allocating an f32 buffer")?))
+    }
+    pub fn from_slice(host: &[f32]) -> Result<DeviceF32> {
+        Ok(DeviceF32(DeviceBuffer::from_slice(host).cuda("uploading an f32 buffer")?))
+    }
+    pub fn device_ptr(&self) -> u64 {
+        self.0.as_device_ptr().as_raw()
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
+    pub fn to_vec(&self) -> Result<Vec<f32>> {
+        let mut out = vec![0.0f32; self.0.len()];
+        self.0.copy_to(&mut out[..]).cuda("downloading an f32 buffer")?;
+        Ok(out)
+    }
+}

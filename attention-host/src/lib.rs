@@ -1,0 +1,16 @@
+//! Host runtime of the attention kernels: load PTX through cust, validate every input, launch.
+//! Also home of the f64 CPU reference the kernels are held to.
+
+pub mod buffer;
+pub mod dtype;
+pub mod error;
+pub mod materialized;
+pub mod options;
+pub mod runtime;
+
+pub use attention_kernels::params::AttentionShape;
+pub use buffer::{DeviceF32, DeviceTensor};
+pub use dtype::DType;
+pub use error::{AttentionError, Result};
+pub use options::{AttentionOptions, Dropout, Lengths};
+pub use runtime::{Gpu, LaunchConfig};

@@ -1,0 +1,77 @@
+//! Host side of the article's materialized baseline (0x02B): three launches, `S` and `P` stored.
+
+use attention_kernels::params::{
+    AttentionShape, MaterializedOutputParams, MaterializedScoresParams, MaterializedSoftmaxParams,
+};
+
+use crate::buffer::DeviceTensor;
+use crate::error::{invalid, Result};
+use crate::options::{AttentionOptions, Lengths};
+use crate::runtime::{Gpu, LaunchConfig};
+
+const TILE: u32 = 16;
+const TILE_SHARED_BYTES: u32 = 2 * TILE * (TILE + 1) * 4;
+const SOFTMAX_WARPS: u32 = 4;
+
+/// Checks that `q`, `k`, `v` match `shape` and one dtype.
+pub fn check_qkv(shape: &AttentionShape, q: &DeviceTensor, k: &DeviceTensor, v: &DeviceTensor) -> Result<()> {
+    crate::options::validate_shape(shape)?;
+    for (name, t, want) in [("q", q, shape.q_elems()), ("k", k, shape.kv_elems()), ("v", v, shape.kv_elems())] {
+        if t.len() != want {
+            return Err(invalid!("{name} holds {} elements, the shape {shape:?} needs {want}", t.len()));
+        }
+        if t.dtype() != q.dtype() {
+            return Err(invalid!("{name} is {} but q is {}", t.dtype(), q.dtype()));
+        }
+    }
+    Ok(())
+}
+
+/// The materialized forward: returns `O` (`[batch, n_q, heads_q, head_dim]`, q's dtype). `S` and
+/// `P` (`[batch, heads_q, n_q, n_k]` each) are allocated, written and read back through HBM, then
+/// freed. Supports scale and the causal mask; dropout and length masks are the fused kernels' job.
+pub fn materialized_forward(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    q: &DeviceTensor,
+    k: &DeviceTensor,
+    v: &DeviceTensor,
+    options: &AttentionOptions,
+) -> Result<DeviceTensor> {
+    check_qkv(shape, q, k, v)?;
+    options.validate(shape)?;
+    if options.dropout.is_some() || options.lengths != Lengths::Full {
+        return Err(invalid!("the materialized baseline supports scale and causal only"));
+    }
+    let dtype = q.dtype();
+    let s = DeviceTensor::poisoned(dtype, shape.score_elems())?;
+    let p = DeviceTensor::poisoned(dtype, shape.score_elems())?;
+    let o = DeviceTensor::poisoned(dtype, shape.q_elems())?;
+    let planes = shape.batch * shape.heads_q;
+
+    let scores = MaterializedScoresParams {
+        q: q.device_ptr(),
+        k: k.device_ptr(),
+        s: s.device_ptr(),
+        shape: *shape,
+        scale: options.scale_for(shape.head_dim),
+        causal: options.causal as u32,
+    };
+    let tiles = LaunchConfig {
+        grid: (shape.n_k.div_ceil(TILE), shape.n_q.div_ceil(TILE), planes),
+        block: (TILE, TILE, 1),
+        shared_bytes: TILE_SHARED_BYTES,
+    };
+    gpu.launch(&format!("materialized_scores_{dtype}"), tiles, &scores)?;
+
+    let rows = planes * shape.n_q;
+    let softmax = MaterializedSoftmaxParams { s: s.device_ptr(), p: p.device_ptr(), rows, n_k: shape.n_k };
+    let per_row = LaunchConfig { grid: (rows.div_ceil(SOFTMAX_WARPS), 1, 1), block: (32 * SOFTMAX_WARPS, 1, 1), shared_bytes: 0 };
+    gpu.launch(&format!("materialized_softmax_{dtype}"), per_row, &softmax)?;
+
+    let output = MaterializedOutputParams { p: p.device_ptr(), v: v.device_ptr(), o: o.device_ptr(), shape: *shape };
+    let out_tiles = LaunchConfig { grid: (shape.head_dim.div_ceil(TILE), shape.n_q.div_ceil(TILE), planes), ..tiles };
+    gpu.launch(&format!("materialized_output_{dtype}"), out_tiles, &output)?;
+    gpu.synchronize()?;
+    Ok(o)
+}

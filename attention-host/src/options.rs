@@ -1,0 +1,168 @@
+//! The semantic options of one attention call, shared by the CPU reference and the GPU kernels.
+//!
+//! Semantics (the article's 0x02A): `S = τ·QKᵀ`, mask before the row max, softmax, dropout on the
+//! normalised probabilities with inverted scaling, `O = P_use·V`, saved `LSE = m + log ℓ` (f32).
+
+use attention_kernels::params::AttentionShape;
+use attention_kernels::philox::DropoutRng;
+
+use crate::error::{invalid, Result};
+
+/// Which keys each sequence may see, beyond the causal mask.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Lengths {
+    /// Every key of every batch item.
+    #[default]
+    Full,
+    /// Batch item `b` sees keys `0 .. key_lengths[b]` only (padding mask); `len == batch`.
+    KeyLengths(Vec<u32>),
+    /// Packed variable-length batch: tensors hold one batch item (`batch == 1`) of concatenated
+    /// sequences; sequence `s` owns query rows `cu_seqlens_q[s] .. cu_seqlens_q[s+1]` and keys
+    /// `cu_seqlens_k[s] .. cu_seqlens_k[s+1]`. Both start at 0, are non-decreasing, have the same
+    /// length, and end at `n_q` and `n_k`.
+    Packed { cu_seqlens_q: Vec<u32>, cu_seqlens_k: Vec<u32> },
+}
+
+/// Dropout on the normalised probabilities: drop probability `p` in `[0, 1)`; the mask is a pure
+/// function of `(seed, offset, sequence, head, row, col)` (see `attention_kernels::philox`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dropout {
+    pub p: f32,
+    pub seed: u64,
+    pub offset: u64,
+}
+
+/// Options of one attention call. `AttentionOptions::default()` is plain softmax attention with
+/// `τ = 1/√d`, no mask and no dropout.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AttentionOptions {
+    /// `τ`; `None` means `1/√head_dim`.
+    pub scale: Option<f32>,
+    /// Causal mask, bottom-right aligned: row `i` of a sequence with `n_q` rows and `n_k` keys sees
+    /// keys `j <= i + n_k - n_q` (see `attention_kernels::params::causal_key_end`).
+    pub causal: bool,
+    pub lengths: Lengths,
+    pub dropout: Option<Dropout>,
+}
+
+impl AttentionOptions {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+    pub fn key_lengths(mut self, key_lengths: Vec<u32>) -> Self {
+        self.lengths = Lengths::KeyLengths(key_lengths);
+        self
+    }
+    pub fn packed(mut self, cu_seqlens_q: Vec<u32>, cu_seqlens_k: Vec<u32>) -> Self {
+        self.lengths = Lengths::Packed { cu_seqlens_q, cu_seqlens_k };
+        self
+    }
+    pub fn dropout(mut self, p: f32, seed: u64, offset: u64) -> Self {
+        self.dropout = Some(Dropout { p, seed, offset });
+        self
+    }
+
+    /// `τ` for head dimension `d`.
+    pub fn scale_for(&self, head_dim: u32) -> f32 {
+        self.scale.unwrap_or(1.0 / (head_dim as f32).sqrt())
+    }
+
+    /// The RNG parameters the kernels and the reference use (`OFF` without dropout).
+    pub fn dropout_rng(&self) -> DropoutRng {
+        match self.dropout {
+            Some(d) => DropoutRng::new(d.p, d.seed, d.offset).unwrap_or(DropoutRng::OFF),
+            None => DropoutRng::OFF,
+        }
+    }
+
+    /// Checks the options against a shape; every refusal names what is wrong.
+    pub fn validate(&self, shape: &AttentionShape) -> Result<()> {
+        validate_shape(shape)?;
+        if let Some(s) = self.scale
+            && !s.is_finite()
+        {
+            return Err(invalid!("scale must be finite, got {s}"));
+        }
+        if let Some(d) = self.dropout
+            && DropoutRng::new(d.p, d.seed, d.offset).is_none()
+        {
+            return Err(invalid!("dropout probability must be in [0, 1), got {}", d.p));
+        }
+        match &self.lengths {
+            Lengths::Full => Ok(()),
+            Lengths::KeyLengths(lens) => {
+                if lens.len() != shape.batch as usize {
+                    return Err(invalid!("{} key lengths for a batch of {}", lens.len(), shape.batch));
+                }
+                if let Some((b, &l)) = lens.iter().enumerate().find(|(_, l)| **l > shape.n_k) {
+                    return Err(invalid!("key length {l} of batch item {b} exceeds n_k = {}", shape.n_k));
+                }
+                Ok(())
+            }
+            Lengths::Packed { cu_seqlens_q, cu_seqlens_k } => {
+                if shape.batch != 1 {
+                    return Err(invalid!("packed sequences need batch = 1, got {}", shape.batch));
+                }
+                if cu_seqlens_q.len() != cu_seqlens_k.len() || cu_seqlens_q.len() < 2 {
+                    return Err(invalid!(
+                        "cu_seqlens_q and cu_seqlens_k must have the same length >= 2, got {} and {}",
+                        cu_seqlens_q.len(),
+                        cu_seqlens_k.len()
+                    ));
+                }
+                check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, shape.n_q)?;
+                check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, shape.n_k)
+            }
+        }
+    }
+}
+
+fn check_cu_seqlens(name: &str, cu: &[u32], total: u32) -> Result<()> {
+    if cu[0] != 0 {
+        return Err(invalid!("{name} must start at 0, got {}", cu[0]));
+    }
+    if let Some(w) = cu.windows(2).find(|w| w[1] < w[0]) {
+        return Err(invalid!("{name} must be non-decreasing, found {} then {}", w[0], w[1]));
+    }
+    let last = *cu.last().unwrap();
+    if last != total {
+        return Err(invalid!("{name} ends at {last} but the tensor holds {total} rows"));
+    }
+    Ok(())
+}
+
+/// Checks a shape on its own: non-zero extents, GQA divisibility, sizes that index in `u32`.
+pub fn validate_shape(s: &AttentionShape) -> Result<()> {
+    for (name, v) in [
+        ("batch", s.batch),
+        ("n_q", s.n_q),
+        ("n_k", s.n_k),
+        ("heads_q", s.heads_q),
+        ("heads_kv", s.heads_kv),
+        ("head_dim", s.head_dim),
+    ] {
+        if v == 0 {
+            return Err(invalid!("{name} must be at least 1"));
+        }
+    }
+    if s.heads_q % s.heads_kv != 0 {
+        return Err(invalid!(
+            "heads_q = {} is not a multiple of heads_kv = {}",
+            s.heads_q,
+            s.heads_kv
+        ));
+    }
+    let largest = s.q_elems().max(s.kv_elems());
+    if largest > i32::MAX as usize {
+        return Err(invalid!("a tensor of {largest} elements is larger than the kernels index"));
+    }
+    Ok(())
+}

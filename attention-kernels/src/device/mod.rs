@@ -1,0 +1,147 @@
+//! Device-only building blocks: thread indices, barriers, dynamic shared memory, warp shuffles and
+//! the conversion instructions. Kernels use these instead of raw intrinsics or inline PTX.
+
+use core::arch::asm;
+use core::arch::nvptx;
+
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // SAFETY: `trap` aborts the kernel; the host sees a launch failure.
+    unsafe { nvptx::trap() }
+}
+
+// One dynamic shared-memory window per kernel; its size is set at launch.
+core::arch::global_asm!(".extern .shared .align 128 .b8 SMEM[];");
+
+#[inline(always)]
+pub fn thread_x() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn thread_y() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_thread_idx_y() as u32 }
+}
+#[inline(always)]
+pub fn block_x() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_block_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn block_y() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_block_idx_y() as u32 }
+}
+#[inline(always)]
+pub fn block_z() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_block_idx_z() as u32 }
+}
+#[inline(always)]
+pub fn block_dim_x() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+#[inline(always)]
+pub fn grid_dim_x() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}
+
+/// Barrier over the thread block; every thread of the block must reach it.
+#[inline(always)]
+pub fn sync_threads() {
+    // SAFETY: kernels call this from uniform control flow.
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// Generic pointer to the start of the dynamic shared-memory window.
+#[inline(always)]
+pub fn shared_base() -> *mut u8 {
+    let p: u64;
+    // SAFETY: `cvta` converts the window's shared-space address into a generic one.
+    unsafe {
+        asm!("cvta.shared.u64 {p}, SMEM;", p = out(reg64) p, options(pure, nomem, nostack));
+    }
+    p as *mut u8
+}
+
+/// Butterfly shuffle within a full warp: lane `l` receives `x` of lane `l ^ mask`.
+#[inline(always)]
+pub fn shfl_xor(x: f32, mask: u32) -> f32 {
+    let r: f32;
+    // SAFETY: all 32 lanes of the warp execute this with the full member mask.
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {r}, {x}, {m}, 0x1f, 0xffffffff;",
+             r = out(reg32) r, x = in(reg32) x, m = in(reg32) mask,
+             options(nomem, nostack));
+    }
+    r
+}
+
+#[inline(always)]
+pub fn warp_max(mut x: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        x = x.max(shfl_xor(x, m));
+        m >>= 1;
+    }
+    x
+}
+
+#[inline(always)]
+pub fn warp_sum(mut x: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        x += shfl_xor(x, m);
+        m >>= 1;
+    }
+    x
+}
+
+/// `e^x` through the hardware `ex2` with `log2 e` folded in.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    let r: f32;
+    let y = x * core::f32::consts::LOG2_E;
+    // SAFETY: pure arithmetic instruction.
+    unsafe {
+        asm!("ex2.approx.ftz.f32 {r}, {y};", r = out(reg32) r, y = in(reg32) y,
+             options(pure, nomem, nostack));
+    }
+    r
+}
+
+#[inline(always)]
+pub fn cvt_rn_bf16(x: f32) -> u16 {
+    let r: u16;
+    // SAFETY: pure conversion instruction.
+    unsafe {
+        asm!("cvt.rn.bf16.f32 {r}, {x};", r = out(reg16) r, x = in(reg32) x,
+             options(pure, nomem, nostack));
+    }
+    r
+}
+
+#[inline(always)]
+pub fn cvt_rn_f16(x: f32) -> u16 {
+    let r: u16;
+    // SAFETY: pure conversion instruction.
+    unsafe {
+        asm!("cvt.rn.f16.f32 {r}, {x};", r = out(reg16) r, x = in(reg32) x,
+             options(pure, nomem, nostack));
+    }
+    r
+}
+
+#[inline(always)]
+pub fn cvt_f32_f16(h: u16) -> f32 {
+    let r: f32;
+    // SAFETY: pure conversion instruction.
+    unsafe {
+        asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) h,
+             options(pure, nomem, nostack));
+    }
+    r
+}

@@ -1,0 +1,20 @@
+//! Device code for exact, IO-aware attention, and the pieces host and device share.
+//!
+//! This crate compiles twice: for `nvptx64-nvidia-cuda` (by the root crate's `build.rs`, giving the
+//! PTX the host loads) and for the host, as an ordinary dependency of `attention-host`. Modules that
+//! both sides need (launch parameters, storage conversions) are plain `core` code; the kernels
+//! themselves exist only in the device build.
+#![no_std]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
+)]
+
+pub mod params;
+pub mod philox;
+pub mod storage;
+
+#[cfg(target_arch = "nvptx64")]
+mod device;
+#[cfg(target_arch = "nvptx64")]
+mod materialized;

@@ -1,0 +1,86 @@
+//! Launch parameters, `#[repr(C)]` so host and device agree on their layout byte for byte.
+//!
+//! Tensors are contiguous `[batch, seq, heads, head_dim]`; pointers travel as `u64` device addresses.
+
+/// Shape of one attention call. `heads_q % heads_kv == 0` (GQA/MQA when `heads_kv < heads_q`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct AttentionShape {
+    pub batch: u32,
+    pub n_q: u32,
+    pub n_k: u32,
+    pub heads_q: u32,
+    pub heads_kv: u32,
+    pub head_dim: u32,
+}
+
+impl AttentionShape {
+    /// Elements of Q or O.
+    pub const fn q_elems(&self) -> usize {
+        self.batch as usize * self.n_q as usize * self.heads_q as usize * self.head_dim as usize
+    }
+    /// Elements of K or V.
+    pub const fn kv_elems(&self) -> usize {
+        self.batch as usize * self.n_k as usize * self.heads_kv as usize * self.head_dim as usize
+    }
+    /// Elements of one materialized `[batch, heads_q, n_q, n_k]` score or probability tensor.
+    pub const fn score_elems(&self) -> usize {
+        self.batch as usize * self.heads_q as usize * self.n_q as usize * self.n_k as usize
+    }
+    /// Elements of the per-row saved state (`LSE`), laid out `[batch, heads_q, n_q]`.
+    pub const fn row_elems(&self) -> usize {
+        self.batch as usize * self.heads_q as usize * self.n_q as usize
+    }
+    /// The K/V head that query head `h` reads: `g(h) = h / (H_q / H_kv)`.
+    pub const fn kv_head(&self, h: u32) -> u32 {
+        h / (self.heads_q / self.heads_kv)
+    }
+}
+
+/// Causal alignment: query row `i` may see key `j` iff `j <= i + (n_k - n_q)` (bottom-right
+/// aligned, as FlashAttention-2 and PyTorch's `is_causal` with `N_q != N_k` in FA2 do), so the last
+/// query row always sees every key. Returns the exclusive end of the allowed key range for row `i`
+/// without the key-length limit.
+pub const fn causal_key_end(i: u32, n_q: u32, n_k: u32) -> u32 {
+    let end = i as i64 + 1 + n_k as i64 - n_q as i64;
+    if end < 0 {
+        0
+    } else if end > n_k as i64 {
+        n_k
+    } else {
+        end as u32
+    }
+}
+
+/// Stage 1 of the materialized baseline: `S = τ·QKᵀ`, masked, written as `[batch, heads_q, n_q, n_k]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MaterializedScoresParams {
+    pub q: u64,
+    pub k: u64,
+    pub s: u64,
+    pub shape: AttentionShape,
+    pub scale: f32,
+    /// 1 for the causal mask, 0 for none.
+    pub causal: u32,
+}
+
+/// Stage 2: row softmax `P = softmax(S)` over `[rows, n_k]`; rows with no allowed key become 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MaterializedSoftmaxParams {
+    pub s: u64,
+    pub p: u64,
+    pub rows: u32,
+    pub n_k: u32,
+}
+
+/// Stage 3: `O = PV`, O written as `[batch, n_q, heads_q, head_dim]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MaterializedOutputParams {
+    pub p: u64,
+    pub v: u64,
+    pub o: u64,
+    pub shape: AttentionShape,
+}

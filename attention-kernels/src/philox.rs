@@ -1,0 +1,131 @@
+//! Counter-based dropout RNG (Philox-4x32-10, Salmon et al. 2011) shared by host and device.
+//!
+//! The keep/drop decision for one probability is a pure function of
+//! `(seed, offset, batch, head, query row, key column)`, so the forward kernel, the backward kernel
+//! and the CPU reference draw the same mask whatever their tiling or visit order.
+//! Layout of one draw: key = `(seed_lo, seed_hi)` bumped by the call's `offset` through one Philox
+//! block, counter = `(col / 4, row, head, batch)`; the four output words serve four consecutive
+//! key columns, word `col % 4` deciding column `col`.
+
+const M0: u32 = 0xD251_1F53;
+const M1: u32 = 0xCD9E_8D57;
+const W0: u32 = 0x9E37_79B9;
+const W1: u32 = 0xBB67_AE85;
+
+#[inline(always)]
+const fn mulhilo(a: u32, b: u32) -> (u32, u32) {
+    let p = a as u64 * b as u64;
+    ((p >> 32) as u32, p as u32)
+}
+
+/// Philox-4x32 with 10 rounds.
+#[inline(always)]
+pub const fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    let mut c = counter;
+    let mut k = key;
+    let mut round = 0;
+    while round < 10 {
+        let (hi0, lo0) = mulhilo(M0, c[0]);
+        let (hi1, lo1) = mulhilo(M1, c[2]);
+        c = [hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0];
+        k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
+        round += 1;
+    }
+    c
+}
+
+/// Dropout configuration of one call: drop probability `p` in `[0, 1)`, and where in the RNG
+/// stream this call draws from (`seed` and `offset`; a new call advances `offset`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DropoutRng {
+    pub seed: u64,
+    pub offset: u64,
+    /// A draw `w` keeps its probability iff `w >= threshold`, `threshold = round(p·2³²)`.
+    /// Zero means dropout is off (every draw keeps).
+    pub threshold: u32,
+    /// Inverted-dropout multiplier of kept probabilities, `1/(1-p)`.
+    pub keep_scale: f32,
+}
+
+impl DropoutRng {
+    /// Off: every probability kept with multiplier 1.
+    pub const OFF: DropoutRng = DropoutRng { seed: 0, offset: 0, threshold: 0, keep_scale: 1.0 };
+
+    /// Dropout with drop probability `p`; `None` unless `0 <= p < 1`.
+    pub fn new(p: f32, seed: u64, offset: u64) -> Option<DropoutRng> {
+        if !(0.0..1.0).contains(&p) {
+            return None;
+        }
+        // Round half up; `as` saturates, so p just below 1 gives u32::MAX rather than wrapping.
+        let threshold = (p as f64 * 4_294_967_296.0 + 0.5) as u64;
+        let threshold = if threshold > u32::MAX as u64 { u32::MAX } else { threshold as u32 };
+        Some(DropoutRng { seed, offset, threshold, keep_scale: 1.0 / (1.0 - p) })
+    }
+
+    pub const fn enabled(&self) -> bool {
+        self.threshold != 0
+    }
+
+    /// The Philox key of this call: `seed` mixed with `offset` so distinct offsets give
+    /// independent streams.
+    #[inline(always)]
+    pub const fn key(&self) -> [u32; 2] {
+        let k = philox4x32_10(
+            [self.offset as u32, (self.offset >> 32) as u32, 0x0A77_E471, 0x5EED_D20F],
+            [self.seed as u32, (self.seed >> 32) as u32],
+        );
+        [k[0], k[1]]
+    }
+
+    /// The four draws for columns `4·quad .. 4·quad + 4` of (batch, head, row), given `key()`.
+    #[inline(always)]
+    pub const fn draws(key: [u32; 2], batch: u32, head: u32, row: u32, quad: u32) -> [u32; 4] {
+        philox4x32_10([quad, row, head, batch], key)
+    }
+
+    /// Whether probability (batch, head, row, col) is kept. Always true when dropout is off.
+    #[inline(always)]
+    pub const fn keep(&self, batch: u32, head: u32, row: u32, col: u32) -> bool {
+        if !self.enabled() {
+            return true;
+        }
+        let w = Self::draws(self.key(), batch, head, row, col / 4)[(col % 4) as usize];
+        w >= self.threshold
+    }
+
+    /// The multiplier `Z` of probability (batch, head, row, col): 0 if dropped, `1/(1-p)` if kept.
+    #[inline(always)]
+    pub fn multiplier(&self, batch: u32, head: u32, row: u32, col: u32) -> f32 {
+        if self.keep(batch, head, row, col) { self.keep_scale } else { 0.0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Known-answer vectors of Random123's `kat_vectors` for philox4x32_10.
+    #[test]
+    fn philox_known_answers() {
+        assert_eq!(philox4x32_10([0; 4], [0; 2]), [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]);
+        assert_eq!(
+            philox4x32_10([u32::MAX; 4], [u32::MAX; 2]),
+            [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
+        );
+        assert_eq!(
+            philox4x32_10([0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344], [0xa409_3822, 0x299f_31d0]),
+            [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
+        );
+    }
+
+    #[test]
+    fn off_keeps_everything_and_p_bounds_are_checked() {
+        assert!(DropoutRng::OFF.keep(1, 2, 3, 4));
+        assert_eq!(DropoutRng::OFF.multiplier(0, 0, 0, 0), 1.0);
+        assert!(DropoutRng::new(1.0, 0, 0).is_none());
+        assert!(DropoutRng::new(-0.1, 0, 0).is_none());
+        assert!(DropoutRng::new(f32::NAN, 0, 0).is_none());
+        assert!(!DropoutRng::new(0.0, 0, 0).unwrap().enabled());
+    }
+}

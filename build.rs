@@ -1,0 +1,105 @@
+//! Compiles `attention-kernels` to PTX with rustc's NVPTX backend and embeds it in this crate.
+//!
+//! The child build uses the pinned toolchain of `rust-toolchain.toml` with `-Zbuild-std=core`
+//! (no prebuilt `rust-std` exists for `nvptx64-nvidia-cuda`), `RUSTC_BOOTSTRAP=1` for the
+//! unstable device features, and a target directory of its own so it never waits on the lock of
+//! the build that runs this script. A kernel that fails to compile fails this build with the
+//! compiler's own output; the PTX is always the one just produced from the current sources.
+//!
+//! `FLASH_ATTN_ARCH` selects the architecture (default `sm_90`, e.g. `sm_80`). The PTX is copied to
+//! `target/ptx/<arch>/attention_kernels.ptx` for reading.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const KERNEL_CRATE: &str = "attention-kernels";
+const PTX_NAME: &str = "attention_kernels.ptx";
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let arch = env::var("FLASH_ATTN_ARCH").unwrap_or_else(|_| "sm_90".to_owned());
+    if !arch.starts_with("sm_") || arch.len() < 5 {
+        panic!("FLASH_ATTN_ARCH must name an architecture such as sm_90 or sm_80, got {arch:?}");
+    }
+
+    let kernel_dir = manifest_dir.join(KERNEL_CRATE);
+    println!("cargo:rerun-if-changed={}", kernel_dir.join("src").display());
+    println!("cargo:rerun-if-changed={}", kernel_dir.join("Cargo.toml").display());
+    println!("cargo:rerun-if-env-changed=FLASH_ATTN_ARCH");
+
+    let target_root = target_root(&out_dir);
+    let child_target = target_root.join("ptx-build").join(&arch);
+    let ptx = build_ptx(&kernel_dir, &child_target, &arch);
+
+    let embedded = out_dir.join(PTX_NAME);
+    fs::write(&embedded, &ptx).expect("write embedded PTX");
+    let readable = target_root.join("ptx").join(&arch);
+    fs::create_dir_all(&readable).expect("create target/ptx");
+    fs::write(readable.join(PTX_NAME), &ptx).expect("write target/ptx copy");
+
+    println!("cargo:rustc-env=FLASH_ATTN_PTX_ARCH={arch}");
+    println!(
+        "cargo:rustc-env=FLASH_ATTN_PTX_PATH={}",
+        readable.join(PTX_NAME).display()
+    );
+}
+
+/// `<target-dir>`: OUT_DIR is `<target-dir>/[<triple>/]<profile>/build/<pkg>-<hash>/out`.
+fn target_root(out_dir: &Path) -> PathBuf {
+    let profile_dir = out_dir.ancestors().nth(3).expect("OUT_DIR layout");
+    let parent = profile_dir.parent().expect("OUT_DIR layout");
+    match env::var("TARGET") {
+        Ok(t) if parent.file_name().is_some_and(|n| n == t.as_str()) => {
+            parent.parent().unwrap().to_path_buf()
+        }
+        _ => parent.to_path_buf(),
+    }
+}
+
+fn build_ptx(kernel_dir: &Path, child_target: &Path, arch: &str) -> String {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(kernel_dir)
+        .args(["rustc", "--lib", "--release", "--crate-type", "cdylib"])
+        .args(["--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+        .args(["--config", "profile.release.panic=\"abort\""])
+        .args(["--config", "profile.release.debug=false"])
+        .arg("--target-dir")
+        .arg(child_target)
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_ENCODED_RUSTFLAGS", format!("-Ctarget-cpu={arch}"));
+    // What the parent cargo exports for its own host build must not leak into the device build.
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_MAKEFLAGS",
+        "CARGO_PRIMARY_PACKAGE",
+    ] {
+        cmd.env_remove(var);
+    }
+    let output = cmd.output().expect("run cargo for the kernel build");
+    if !output.status.success() {
+        panic!(
+            "compiling {KERNEL_CRATE} for nvptx64-nvidia-cuda ({arch}) failed:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let ptx_path = child_target
+        .join("nvptx64-nvidia-cuda/release")
+        .join(PTX_NAME);
+    let ptx = fs::read_to_string(&ptx_path)
+        .unwrap_or_else(|e| panic!("kernel build succeeded but {} is unreadable: {e}", ptx_path.display()));
+    let expected = format!(".target {arch}");
+    if !ptx.contains(&expected) {
+        panic!("{} does not contain `{expected}`", ptx_path.display());
+    }
+    ptx
+}
