@@ -7,6 +7,7 @@ pub mod error;
 pub mod materialized;
 pub mod options;
 pub mod runtime;
+pub mod timing;
 
 pub use attention_kernels::params::AttentionShape;
 pub use buffer::{DeviceF32, DeviceTensor};
