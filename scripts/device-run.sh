@@ -7,7 +7,7 @@ out=${OUT:-reports/device}
 mkdir -p "$out"
 {
   echo "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-  echo "# commit $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "# built from commit $(cat .device-run/COMMIT)"
 } | tee "$out/gpu-tests.log"
 status=0
 for t in .device-run/tests/*; do
