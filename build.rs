@@ -48,6 +48,10 @@ fn main() {
 
     println!("cargo:rustc-env=FLASH_ATTN_PTX_ARCH={arch}");
     println!(
+        "cargo:rustc-env=FLASH_ATTN_GIT_COMMIT={}",
+        git_commit(&manifest_dir)
+    );
+    println!(
         "cargo:rustc-env=FLASH_ATTN_PTX_PATH={}",
         readable.join(PTX_NAME).display()
     );
@@ -112,4 +116,22 @@ fn build_ptx(kernel_dir: &Path, child_target: &Path, arch: &str) -> String {
         panic!("{} does not contain `{expected}`", ptx_path.display());
     }
     ptx
+}
+
+/// `git describe --always --dirty --abbrev=12` of the source tree, for evidence bundles; "unknown"
+/// outside a git checkout. Reruns when HEAD moves or the index changes.
+fn git_commit(manifest_dir: &Path) -> String {
+    let git_dir = manifest_dir.join(".git");
+    if git_dir.is_dir() {
+        println!("cargo:rerun-if-changed={}", git_dir.join("HEAD").display());
+        println!("cargo:rerun-if-changed={}", git_dir.join("index").display());
+    }
+    Command::new("git")
+        .args(["describe", "--always", "--dirty", "--abbrev=12"])
+        .current_dir(manifest_dir)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned())
 }

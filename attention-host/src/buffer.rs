@@ -27,7 +27,14 @@ impl DeviceTensor {
                 Storage::Bits16(DeviceBuffer::from_slice(&bits).cuda("uploading a tensor")?)
             }
         };
-        Ok(DeviceTensor { dtype, storage })
+        Ok(DeviceTensor::tracked(dtype, storage))
+    }
+
+    /// Registers the tensor's bytes with `memory`; `Drop` releases them.
+    fn tracked(dtype: DType, storage: Storage) -> DeviceTensor {
+        let tensor = DeviceTensor { dtype, storage };
+        crate::memory::allocated(tensor.size_bytes());
+        tensor
     }
 
     /// Uploads raw 16-bit patterns of `dtype` (f16 or bf16), e.g. from `half::f16::to_bits`.
@@ -38,10 +45,7 @@ impl DeviceTensor {
             ));
         }
         let buf = DeviceBuffer::from_slice(bits).cuda("uploading a tensor")?;
-        Ok(DeviceTensor {
-            dtype,
-            storage: Storage::Bits16(buf),
-        })
+        Ok(DeviceTensor::tracked(dtype, Storage::Bits16(buf)))
     }
 
     /// A tensor of `len` elements filled with NaN, so any element a kernel fails to write shows.
@@ -107,19 +111,23 @@ impl DeviceTensor {
     }
 }
 
+impl Drop for DeviceTensor {
+    fn drop(&mut self) {
+        crate::memory::released(self.size_bytes());
+    }
+}
+
 /// A device buffer of f32 (the saved `LSE` and f32 accumulators).
-pub struct DeviceF32(pub DeviceBuffer<f32>);
+pub struct DeviceF32(DeviceBuffer<f32>);
 
 impl DeviceF32 {
     pub fn poisoned(len: usize) -> Result<DeviceF32> {
-        Ok(DeviceF32(
-            DeviceBuffer::from_slice(&vec![f32::NAN; len]).cuda("allocating an f32 buffer")?,
-        ))
+        DeviceF32::from_slice(&vec![f32::NAN; len])
     }
     pub fn from_slice(host: &[f32]) -> Result<DeviceF32> {
-        Ok(DeviceF32(
-            DeviceBuffer::from_slice(host).cuda("uploading an f32 buffer")?,
-        ))
+        let buf = DeviceBuffer::from_slice(host).cuda("uploading an f32 buffer")?;
+        crate::memory::allocated(buf.len() * 4);
+        Ok(DeviceF32(buf))
     }
     pub fn device_ptr(&self) -> u64 {
         self.0.as_device_ptr().as_raw()
@@ -136,5 +144,11 @@ impl DeviceF32 {
             .copy_to(&mut out[..])
             .cuda("downloading an f32 buffer")?;
         Ok(out)
+    }
+}
+
+impl Drop for DeviceF32 {
+    fn drop(&mut self) {
+        crate::memory::released(self.0.len() * 4);
     }
 }

@@ -5,6 +5,7 @@ pub mod buffer;
 pub mod dtype;
 pub mod error;
 pub mod materialized;
+pub mod memory;
 pub mod options;
 pub mod runtime;
 pub mod timing;

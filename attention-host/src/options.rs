@@ -181,7 +181,7 @@ pub fn validate_shape(s: &AttentionShape) -> Result<()> {
             return Err(invalid!("{name} must be at least 1"));
         }
     }
-    if s.heads_q % s.heads_kv != 0 {
+    if !s.heads_q.is_multiple_of(s.heads_kv) {
         return Err(invalid!(
             "heads_q = {} is not a multiple of heads_kv = {}",
             s.heads_q,

@@ -67,6 +67,12 @@ impl Gpu {
             .unwrap_or_else(|e| format!("unknown ({e})"))
     }
 
+    /// The CUDA version the driver supports, e.g. "13.0".
+    pub fn cuda_version(&self) -> Result<String> {
+        let v = cust::CudaApiVersion::get().cuda("reading the driver's CUDA version")?;
+        Ok(format!("{}.{}", v.major(), v.minor()))
+    }
+
     /// Shared memory a block may opt in to, in bytes (227 KiB on the H100/H200).
     pub fn max_shared_per_block(&self) -> Result<u32> {
         // cust has no variant for the opt-in limit; ask the driver directly.

@@ -1,5 +1,6 @@
 //! Subcommands of `flash-attn`, one module each.
 
+mod bench;
 mod ptx;
 mod run;
 
@@ -20,6 +21,8 @@ enum Command {
     /// The main job: attention on the article's running fixture (B=1, S=4096, H=32, d=128, bf16)
     /// on the GPU, checked against the CPU; without a GPU, the CPU path on a small input.
     Run(run::RunArgs),
+    /// Time kernels on the anchor shapes; writes an evidence bundle (JSON) per run.
+    Bench(bench::BenchArgs),
     /// Where the PTX is, its entry points, and each kernel's registers, spills and shared memory.
     Ptx(ptx::PtxArgs),
 }
@@ -31,6 +34,7 @@ pub fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Run(args) => run::run(args),
         Command::Ptx(args) => ptx::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -146,7 +146,7 @@ fn run_gpu(
         "check: {} sampled rows against f64 on the CPU: relative error {err:.3e} (tolerance {tolerance:.0e}); {unwritten} unwritten (NaN) outputs",
         rows.len()
     );
-    if unwritten > 0 || !(err <= tolerance) {
+    if unwritten > 0 || err.is_nan() || err > tolerance {
         return Err(format!(
             "GPU output failed the CPU check (relative error {err:.3e}, {unwritten} unwritten)"
         )
