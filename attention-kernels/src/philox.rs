@@ -50,7 +50,12 @@ pub struct DropoutRng {
 
 impl DropoutRng {
     /// Off: every probability kept with multiplier 1.
-    pub const OFF: DropoutRng = DropoutRng { seed: 0, offset: 0, threshold: 0, keep_scale: 1.0 };
+    pub const OFF: DropoutRng = DropoutRng {
+        seed: 0,
+        offset: 0,
+        threshold: 0,
+        keep_scale: 1.0,
+    };
 
     /// Dropout with drop probability `p`; `None` unless `0 <= p < 1`.
     pub fn new(p: f32, seed: u64, offset: u64) -> Option<DropoutRng> {
@@ -59,8 +64,17 @@ impl DropoutRng {
         }
         // Round half up; `as` saturates, so p just below 1 gives u32::MAX rather than wrapping.
         let threshold = (p as f64 * 4_294_967_296.0 + 0.5) as u64;
-        let threshold = if threshold > u32::MAX as u64 { u32::MAX } else { threshold as u32 };
-        Some(DropoutRng { seed, offset, threshold, keep_scale: 1.0 / (1.0 - p) })
+        let threshold = if threshold > u32::MAX as u64 {
+            u32::MAX
+        } else {
+            threshold as u32
+        };
+        Some(DropoutRng {
+            seed,
+            offset,
+            threshold,
+            keep_scale: 1.0 / (1.0 - p),
+        })
     }
 
     pub const fn enabled(&self) -> bool {
@@ -72,7 +86,12 @@ impl DropoutRng {
     #[inline(always)]
     pub const fn key(&self) -> [u32; 2] {
         let k = philox4x32_10(
-            [self.offset as u32, (self.offset >> 32) as u32, 0x0A77_E471, 0x5EED_D20F],
+            [
+                self.offset as u32,
+                (self.offset >> 32) as u32,
+                0x0A77_E471,
+                0x5EED_D20F,
+            ],
             [self.seed as u32, (self.seed >> 32) as u32],
         );
         [k[0], k[1]]
@@ -97,7 +116,11 @@ impl DropoutRng {
     /// The multiplier `Z` of probability (batch, head, row, col): 0 if dropped, `1/(1-p)` if kept.
     #[inline(always)]
     pub fn multiplier(&self, batch: u32, head: u32, row: u32, col: u32) -> f32 {
-        if self.keep(batch, head, row, col) { self.keep_scale } else { 0.0 }
+        if self.keep(batch, head, row, col) {
+            self.keep_scale
+        } else {
+            0.0
+        }
     }
 }
 
@@ -108,13 +131,19 @@ mod tests {
     /// Known-answer vectors of Random123's `kat_vectors` for philox4x32_10.
     #[test]
     fn philox_known_answers() {
-        assert_eq!(philox4x32_10([0; 4], [0; 2]), [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]);
+        assert_eq!(
+            philox4x32_10([0; 4], [0; 2]),
+            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+        );
         assert_eq!(
             philox4x32_10([u32::MAX; 4], [u32::MAX; 2]),
             [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
         );
         assert_eq!(
-            philox4x32_10([0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344], [0xa409_3822, 0x299f_31d0]),
+            philox4x32_10(
+                [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+                [0xa409_3822, 0x299f_31d0]
+            ),
             [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
         );
     }
