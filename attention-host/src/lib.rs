@@ -6,6 +6,7 @@ pub mod dtype;
 pub mod error;
 pub mod materialized;
 pub mod options;
+pub mod reference;
 pub mod runtime;
 
 pub use attention_kernels::params::AttentionShape;

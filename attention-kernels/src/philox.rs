@@ -181,7 +181,10 @@ mod tests {
             let q = 1.0 - p as f64;
             let sigma = (n * q * (1.0 - q)).sqrt();
             let deviation = (kept(&rng) as f64 - n * q).abs();
-            assert!(deviation < 5.0 * sigma, "p = {p}: {deviation} kept draws off, sigma {sigma}");
+            assert!(
+                deviation < 5.0 * sigma,
+                "p = {p}: {deviation} kept draws off, sigma {sigma}"
+            );
         }
     }
 
@@ -189,9 +192,18 @@ mod tests {
     fn same_coordinates_replay_the_same_bit() {
         let rng = DropoutRng::new(0.3, 42, 7).unwrap();
         let again = DropoutRng::new(0.3, 42, 7).unwrap();
-        for (b, h, row, col) in [(0, 0, 0, 0), (1, 3, 17, 5), (2, 1, 63, 1023), (7, 15, 4095, 4094)] {
+        for (b, h, row, col) in [
+            (0, 0, 0, 0),
+            (1, 3, 17, 5),
+            (2, 1, 63, 1023),
+            (7, 15, 4095, 4094),
+        ] {
             let first = rng.keep(b, h, row, col);
-            assert!((0..3).all(|_| rng.keep(b, h, row, col) == first && again.keep(b, h, row, col) == first));
+            assert!(
+                (0..3)
+                    .all(|_| rng.keep(b, h, row, col) == first
+                        && again.keep(b, h, row, col) == first)
+            );
             let z = rng.multiplier(b, h, row, col);
             assert_eq!(z, if first { 1.0 / 0.7 } else { 0.0 });
         }
@@ -211,7 +223,10 @@ mod tests {
         }
         let q = 2.0 * p * (1.0 - p);
         let sigma = (n as f64 * q * (1.0 - q)).sqrt();
-        assert!((differ as f64 - n as f64 * q).abs() < 5.0 * sigma, "{differ} of {n} differ");
+        assert!(
+            (differ as f64 - n as f64 * q).abs() < 5.0 * sigma,
+            "{differ} of {n} differ"
+        );
     }
 
     #[test]
