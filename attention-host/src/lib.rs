@@ -4,10 +4,12 @@
 pub mod buffer;
 pub mod dtype;
 pub mod error;
+pub mod ledger;
 pub mod materialized;
 pub mod options;
 pub mod reference;
 pub mod runtime;
+pub mod schedule;
 
 pub use attention_kernels::params::AttentionShape;
 pub use buffer::{DeviceF32, DeviceTensor};
