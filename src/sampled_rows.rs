@@ -1,52 +1,14 @@
-//! Checking a GPU output on sampled rows against a straightforward f64 computation of those rows,
-//! for shapes whose full CPU reference would take too long (the running fixture).
+//! Checking a GPU output on sampled rows against the f64 reference of those rows only, for shapes
+//! whose full CPU reference would take too long (the running fixture).
 
-use attention_host::{AttentionOptions, AttentionShape};
-use attention_kernels::params::causal_key_end;
+use attention_host::reference::forward_rows_f32;
+use attention_host::{AttentionOptions, AttentionShape, Result};
 
-/// One output row `O[b, i, h, :]` in f64: scores, causal mask, softmax, `PV`. Inputs are the
-/// values the GPU read (already rounded to the storage dtype). A row with no allowed key is 0.
-pub fn dense_row(
-    shape: &AttentionShape,
-    options: &AttentionOptions,
-    (q, k, v): (&[f32], &[f32], &[f32]),
-    (b, h, i): (u32, u32, u32),
-) -> Vec<f64> {
-    let d = shape.head_dim as usize;
-    let hk = shape.kv_head(h);
-    let q_at = ((b * shape.n_q + i) * shape.heads_q + h) as usize * d;
-    let k_at = |j: u32| ((b * shape.n_k + j) * shape.heads_kv + hk) as usize * d;
-    let scale = options.scale_for(shape.head_dim) as f64;
-    let end = if options.causal {
-        causal_key_end(i, shape.n_q, shape.n_k)
-    } else {
-        shape.n_k
-    };
-    let scores: Vec<f64> = (0..end)
-        .map(|j| {
-            let dot: f64 = (0..d)
-                .map(|c| q[q_at + c] as f64 * k[k_at(j) + c] as f64)
-                .sum();
-            scale * dot
-        })
-        .collect();
-    let mut out = vec![0.0; d];
-    let Some(row_max) = scores.iter().copied().reduce(f64::max) else {
-        return out;
-    };
-    let weights: Vec<f64> = scores.iter().map(|s| (s - row_max).exp()).collect();
-    let row_sum: f64 = weights.iter().sum();
-    for (j, w) in weights.iter().enumerate() {
-        let at = k_at(j as u32);
-        for c in 0..d {
-            out[c] += w / row_sum * v[at + c] as f64;
-        }
-    }
-    out
-}
-
-/// Relative error `‖got − want‖ / ‖want‖` over all sampled rows (absolute when `want` is 0).
+/// Relative error `‖got − want‖ / ‖want‖` (absolute when `want` is 0); NaN if `got` is not finite.
 pub fn relative_error(got: &[f64], want: &[f64]) -> f64 {
+    if got.iter().any(|x| !x.is_finite()) {
+        return f64::NAN;
+    }
     let diff: f64 = got
         .iter()
         .zip(want)
@@ -57,27 +19,25 @@ pub fn relative_error(got: &[f64], want: &[f64]) -> f64 {
     if norm == 0.0 { diff } else { diff / norm }
 }
 
-/// Compares rows of `o` (`[batch, n_q, heads_q, head_dim]`) at `rows` with `dense_row`; returns the
-/// relative error over all of them, or NaN if any sampled element is not finite.
+/// Compares rows of `o` (`[batch, n_q, heads_q, head_dim]`) at `rows` (`(batch, head, row)`) with
+/// the reference; returns the relative error over all of them (NaN if any is not finite).
 pub fn check_rows(
     shape: &AttentionShape,
     options: &AttentionOptions,
-    qkv: (&[f32], &[f32], &[f32]),
+    (q, k, v): (&[f32], &[f32], &[f32]),
     o: &[f32],
     rows: &[(u32, u32, u32)],
-) -> f64 {
+) -> Result<f64> {
     let d = shape.head_dim as usize;
-    let mut got = Vec::with_capacity(rows.len() * d);
-    let mut want = Vec::with_capacity(rows.len() * d);
-    for &(b, h, i) in rows {
-        let at = ((b * shape.n_q + i) * shape.heads_q + h) as usize * d;
-        got.extend(o[at..at + d].iter().map(|&x| x as f64));
-        want.extend(dense_row(shape, options, qkv, (b, h, i)));
-    }
-    if got.iter().any(|x| !x.is_finite()) {
-        return f64::NAN;
-    }
-    relative_error(&got, &want)
+    let want = forward_rows_f32(shape, q, k, v, options, rows)?;
+    let got: Vec<f64> = rows
+        .iter()
+        .flat_map(|&(b, h, i)| {
+            let at = ((b * shape.n_q + i) * shape.heads_q + h) as usize * d;
+            o[at..at + d].iter().map(|&x| x as f64)
+        })
+        .collect();
+    Ok(relative_error(&got, &want))
 }
 
 #[cfg(test)]
@@ -85,25 +45,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dense_row_matches_a_hand_computed_row() {
+    fn relative_error_is_zero_for_equal_and_nan_for_unwritten() {
+        assert_eq!(relative_error(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!((relative_error(&[3.0, 4.0], &[0.0, 0.0]) - 5.0).abs() < 1e-15);
+        assert!((relative_error(&[1.0, 0.0], &[2.0, 0.0]) - 0.5).abs() < 1e-15);
+        assert!(relative_error(&[f64::NAN], &[1.0]).is_nan());
+    }
+
+    #[test]
+    fn check_rows_finds_a_wrong_row() {
         // One head, d = 1, two keys; scores τ·q·k = [0, ln 3] with τ = 1 give weights [1/4, 3/4].
         let shape = AttentionShape {
             batch: 1,
-            n_q: 1,
+            n_q: 2,
             n_k: 2,
             heads_q: 1,
             heads_kv: 1,
             head_dim: 1,
         };
         let options = AttentionOptions::new().scale(1.0);
-        let (q, k, v) = ([3f32.ln()], [0.0f32, 1.0], [4.0f32, 8.0]);
-        let row = dense_row(&shape, &options, (&q, &k, &v), (0, 0, 0));
-        assert!((row[0] - 7.0).abs() < 1e-6, "{row:?}");
-        // Causal with n_q = n_k = 2: row 0 sees key 0 only.
-        let shape2 = AttentionShape { n_q: 2, ..shape };
-        let q2 = [3f32.ln(), 3f32.ln()];
-        let causal = options.clone().causal(true);
-        assert_eq!(dense_row(&shape2, &causal, (&q2, &k, &v), (0, 0, 0)), [4.0]);
-        assert_eq!(relative_error(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        let (q, k, v) = ([3f32.ln(), 0.0], [0.0f32, 1.0], [4.0f32, 8.0]);
+        // Row 0: 4/4 + 8·3/4 = 7; row 1 (q = 0): equal weights, 6.
+        let good = check_rows(
+            &shape,
+            &options,
+            (&q, &k, &v),
+            &[7.0, 6.0],
+            &[(0, 0, 0), (0, 0, 1)],
+        )
+        .unwrap();
+        assert!(good < 1e-6, "{good}");
+        let bad = check_rows(&shape, &options, (&q, &k, &v), &[7.0, 6.5], &[(0, 0, 1)]).unwrap();
+        assert!((bad - 0.5 / 6.0).abs() < 1e-6, "{bad}");
     }
 }

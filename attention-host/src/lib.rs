@@ -4,10 +4,13 @@
 pub mod buffer;
 pub mod dtype;
 pub mod error;
+pub mod ledger;
 pub mod materialized;
 pub mod memory;
 pub mod options;
+pub mod reference;
 pub mod runtime;
+pub mod schedule;
 pub mod timing;
 
 pub use attention_kernels::params::AttentionShape;

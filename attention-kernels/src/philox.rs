@@ -157,4 +157,98 @@ mod tests {
         assert!(DropoutRng::new(f32::NAN, 0, 0).is_none());
         assert!(!DropoutRng::new(0.0, 0, 0).unwrap().enabled());
     }
+
+    /// Kept draws of `rng` over a `4 × 4 × 64 × 64` grid of (batch, head, row, col).
+    fn kept(rng: &DropoutRng) -> u64 {
+        let mut kept = 0;
+        for b in 0..4 {
+            for h in 0..4 {
+                for row in 0..64 {
+                    for col in 0..64 {
+                        kept += rng.keep(b, h, row, col) as u64;
+                    }
+                }
+            }
+        }
+        kept
+    }
+
+    #[test]
+    fn keep_fraction_is_within_five_sigma_of_one_minus_p() {
+        let n = 4.0 * 4.0 * 64.0 * 64.0;
+        for p in [0.1f32, 0.5, 0.9] {
+            let rng = DropoutRng::new(p, 0x1234_5678_9abc, 3).unwrap();
+            let q = 1.0 - p as f64;
+            let sigma = (n * q * (1.0 - q)).sqrt();
+            let deviation = (kept(&rng) as f64 - n * q).abs();
+            assert!(
+                deviation < 5.0 * sigma,
+                "p = {p}: {deviation} kept draws off, sigma {sigma}"
+            );
+        }
+    }
+
+    #[test]
+    fn same_coordinates_replay_the_same_bit() {
+        let rng = DropoutRng::new(0.3, 42, 7).unwrap();
+        let again = DropoutRng::new(0.3, 42, 7).unwrap();
+        for (b, h, row, col) in [
+            (0, 0, 0, 0),
+            (1, 3, 17, 5),
+            (2, 1, 63, 1023),
+            (7, 15, 4095, 4094),
+        ] {
+            let first = rng.keep(b, h, row, col);
+            assert!(
+                (0..3)
+                    .all(|_| rng.keep(b, h, row, col) == first
+                        && again.keep(b, h, row, col) == first)
+            );
+            let z = rng.multiplier(b, h, row, col);
+            assert_eq!(z, if first { 1.0 / 0.7 } else { 0.0 });
+        }
+    }
+
+    /// Fraction of a grid on which two streams disagree, against its expectation `2p(1-p)` for
+    /// independent masks.
+    fn disagreements_are_independent(a: &DropoutRng, b: &DropoutRng, p: f64) {
+        let mut differ = 0u64;
+        let n = 64u64 * 64 * 8;
+        for row in 0..64 {
+            for col in 0..64 {
+                for h in 0..8 {
+                    differ += (a.keep(0, h, row, col) != b.keep(0, h, row, col)) as u64;
+                }
+            }
+        }
+        let q = 2.0 * p * (1.0 - p);
+        let sigma = (n as f64 * q * (1.0 - q)).sqrt();
+        assert!(
+            (differ as f64 - n as f64 * q).abs() < 5.0 * sigma,
+            "{differ} of {n} differ"
+        );
+    }
+
+    #[test]
+    fn different_offsets_and_seeds_draw_independent_masks() {
+        let base = DropoutRng::new(0.5, 99, 0).unwrap();
+        disagreements_are_independent(&base, &DropoutRng::new(0.5, 99, 1).unwrap(), 0.5);
+        disagreements_are_independent(&base, &DropoutRng::new(0.5, 100, 0).unwrap(), 0.5);
+        disagreements_are_independent(&base, &DropoutRng::new(0.5, 99, 1 << 32).unwrap(), 0.5);
+    }
+
+    #[test]
+    fn every_coordinate_moves_the_draw() {
+        let rng = DropoutRng::new(0.5, 5, 5).unwrap();
+        let key = rng.key();
+        let base = DropoutRng::draws(key, 1, 1, 1, 1);
+        for other in [
+            DropoutRng::draws(key, 2, 1, 1, 1),
+            DropoutRng::draws(key, 1, 2, 1, 1),
+            DropoutRng::draws(key, 1, 1, 2, 1),
+            DropoutRng::draws(key, 1, 1, 1, 2),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
 }

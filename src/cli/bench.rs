@@ -154,7 +154,7 @@ fn bench_materialized<'a>(
         (&host[0], &host[1], &host[2]),
         &o.to_f32()?,
         &rows,
-    );
+    )?;
     Ok(CaseRecord {
         kernel: "materialized",
         pass: "forward",

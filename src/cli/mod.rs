@@ -1,6 +1,7 @@
 //! Subcommands of `flash-attn`, one module each.
 
 mod bench;
+mod ledger;
 mod ptx;
 mod run;
 
@@ -23,6 +24,8 @@ enum Command {
     Run(run::RunArgs),
     /// Time kernels on the anchor shapes; writes an evidence bundle (JSON) per run.
     Bench(bench::BenchArgs),
+    /// Block sizes, visit counts and the paper's forward/backward IO ledgers by term.
+    Ledger(ledger::LedgerArgs),
     /// Where the PTX is, its entry points, and each kernel's registers, spills and shared memory.
     Ptx(ptx::PtxArgs),
 }
@@ -35,6 +38,7 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Ptx(args) => ptx::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Ledger(args) => ledger::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
