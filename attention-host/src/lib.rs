@@ -4,6 +4,7 @@
 pub mod buffer;
 pub mod dtype;
 pub mod error;
+pub mod flash;
 pub mod materialized;
 pub mod options;
 pub mod runtime;
@@ -12,5 +13,6 @@ pub use attention_kernels::params::AttentionShape;
 pub use buffer::{DeviceF32, DeviceTensor};
 pub use dtype::DType;
 pub use error::{AttentionError, Result};
+pub use flash::{flash_backward, flash_forward, BlockSizes, FlashOptions, ForwardOutput, Gradients, Schedule};
 pub use options::{AttentionOptions, Dropout, Lengths};
 pub use runtime::{Gpu, LaunchConfig};

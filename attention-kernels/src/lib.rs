@@ -10,6 +10,7 @@
     feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
 )]
 
+pub mod flash;
 pub mod params;
 pub mod philox;
 pub mod storage;
