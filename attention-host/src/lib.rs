@@ -13,6 +13,8 @@ pub use attention_kernels::params::AttentionShape;
 pub use buffer::{DeviceF32, DeviceTensor};
 pub use dtype::DType;
 pub use error::{AttentionError, Result};
-pub use flash::{flash_backward, flash_forward, BlockSizes, FlashOptions, ForwardOutput, Gradients, Schedule};
+pub use flash::{
+    BlockSizes, FlashOptions, ForwardOutput, Gradients, Schedule, flash_backward, flash_forward,
+};
 pub use options::{AttentionOptions, Dropout, Lengths};
 pub use runtime::{Gpu, LaunchConfig};

@@ -5,13 +5,13 @@ use attention_kernels::flash::params::{BlockSizes, FlashBackwardParams};
 use attention_kernels::params::AttentionShape;
 use cust::memory::DeviceBuffer;
 
+use super::THREADS;
 use super::blocks::KernelFamily;
 use super::forward::{check_call, settle_uploads};
 use super::layout::DeviceLayout;
 use super::options::FlashOptions;
-use super::THREADS;
 use crate::buffer::{DeviceF32, DeviceTensor};
-use crate::error::{invalid, CudaContext, Result};
+use crate::error::{CudaContext, Result, invalid};
 use crate::runtime::{Gpu, LaunchConfig};
 
 /// dQ (shape of Q), dK and dV (shape of K), in the inputs' dtype.
@@ -52,7 +52,11 @@ pub fn flash_backward(
         }
     }
     if lse.len() != shape.row_elems() {
-        return Err(invalid!("lse holds {} values, the shape needs {}", lse.len(), shape.row_elems()));
+        return Err(invalid!(
+            "lse holds {} values, the shape needs {}",
+            lse.len(),
+            shape.row_elems()
+        ));
     }
     let layout = DeviceLayout::upload(shape, &options.attention.lengths)?;
     let dtype = q.dtype();
@@ -91,11 +95,19 @@ pub fn flash_backward(
     settle_uploads()?;
 
     let rows = shape.row_elems() as u32;
-    let delta_cfg = LaunchConfig { grid: (rows.div_ceil(DELTA_WARPS), 1, 1), block: (THREADS, 1, 1), shared_bytes: 0 };
+    let delta_cfg = LaunchConfig {
+        grid: (rows.div_ceil(DELTA_WARPS), 1, 1),
+        block: (THREADS, 1, 1),
+        shared_bytes: 0,
+    };
     gpu.launch(&format!("flash_backward_delta_{dtype}"), delta_cfg, &params)?;
 
     let kv_cfg = LaunchConfig {
-        grid: (layout.max_k_rows.div_ceil(blocks.block_cols), shape.heads_kv, sequences),
+        grid: (
+            layout.max_k_rows.div_ceil(blocks.block_cols),
+            shape.heads_kv,
+            sequences,
+        ),
         block: (THREADS, 1, 1),
         shared_bytes,
     };
@@ -103,7 +115,11 @@ pub fn flash_backward(
 
     if options.deterministic {
         let dq_cfg = LaunchConfig {
-            grid: (layout.max_q_len.div_ceil(blocks.block_rows), shape.heads_q, sequences),
+            grid: (
+                layout.max_q_len.div_ceil(blocks.block_rows),
+                shape.heads_q,
+                sequences,
+            ),
             block: (THREADS, 1, 1),
             shared_bytes,
         };
@@ -115,8 +131,17 @@ pub fn flash_backward(
             block: (THREADS, 1, 1),
             shared_bytes: 0,
         };
-        gpu.launch(&format!("flash_backward_dq_convert_{dtype}"), convert_cfg, &params)?;
+        gpu.launch(
+            &format!("flash_backward_dq_convert_{dtype}"),
+            convert_cfg,
+            &params,
+        )?;
     }
     gpu.synchronize()?;
-    Ok(Gradients { dq, dk, dv, block_sizes: blocks })
+    Ok(Gradients {
+        dq,
+        dk,
+        dv,
+        block_sizes: blocks,
+    })
 }

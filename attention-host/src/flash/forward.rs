@@ -3,12 +3,12 @@
 use attention_kernels::flash::params::{BlockSizes, FlashForwardParams};
 use attention_kernels::params::AttentionShape;
 
-use super::blocks::{choose_block_sizes, KernelFamily};
+use super::THREADS;
+use super::blocks::{KernelFamily, choose_block_sizes};
 use super::layout::DeviceLayout;
 use super::options::{FlashOptions, Schedule};
-use super::THREADS;
 use crate::buffer::{DeviceF32, DeviceTensor};
-use crate::error::{invalid, Result};
+use crate::error::{Result, invalid};
 use crate::materialized::check_qkv;
 use crate::runtime::{Gpu, LaunchConfig};
 
@@ -39,16 +39,26 @@ pub(crate) fn check_call(
     check_qkv(shape, q, k, v)?;
     options.attention.validate(shape)?;
     if shape.head_dim > MAX_HEAD_DIM {
-        return Err(invalid!("head_dim {} exceeds the supported {MAX_HEAD_DIM}", shape.head_dim));
+        return Err(invalid!(
+            "head_dim {} exceeds the supported {MAX_HEAD_DIM}",
+            shape.head_dim
+        ));
     }
     let sequences = match &options.attention.lengths {
         crate::options::Lengths::Packed { cu_seqlens_q, .. } => cu_seqlens_q.len() as u32 - 1,
         _ => shape.batch,
     };
     if shape.heads_q > MAX_GRID_YZ || sequences > MAX_GRID_YZ {
-        return Err(invalid!("heads_q and the number of sequences must be at most {MAX_GRID_YZ}"));
+        return Err(invalid!(
+            "heads_q and the number of sequences must be at most {MAX_GRID_YZ}"
+        ));
     }
-    choose_block_sizes(family, shape.head_dim, gpu.max_shared_per_block()?, options.block_sizes)
+    choose_block_sizes(
+        family,
+        shape.head_dim,
+        gpu.max_shared_per_block()?,
+        options.block_sizes,
+    )
 }
 
 /// Inputs uploaded through the legacy stream must land before kernels on the call's
@@ -93,7 +103,11 @@ pub fn flash_forward(
         last: 1,
     };
     let cfg = LaunchConfig {
-        grid: (layout.max_q_len.div_ceil(blocks.block_rows), shape.heads_q, layout.params.sequences),
+        grid: (
+            layout.max_q_len.div_ceil(blocks.block_rows),
+            shape.heads_q,
+            layout.params.sequences,
+        ),
         block: (THREADS, 1, 1),
         shared_bytes: KernelFamily::Forward.shared_bytes(blocks, shape.head_dim) as u32,
     };
@@ -120,5 +134,9 @@ pub fn flash_forward(
         }
     }
     gpu.synchronize()?;
-    Ok(ForwardOutput { o, lse, block_sizes: blocks })
+    Ok(ForwardOutput {
+        o,
+        lse,
+        block_sizes: blocks,
+    })
 }

@@ -1,6 +1,6 @@
 //! The sequence layout on the device: which rows and keys form each sequence.
 
-use attention_kernels::flash::params::{SequenceLayout, LENGTHS_FULL, LENGTHS_KEY, LENGTHS_PACKED};
+use attention_kernels::flash::params::{LENGTHS_FULL, LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout};
 use attention_kernels::params::AttentionShape;
 use cust::memory::DeviceBuffer;
 
@@ -20,7 +20,10 @@ impl DeviceLayout {
     /// Uploads the arrays of `lengths`, which `AttentionOptions::validate` has accepted for `shape`.
     pub fn upload(shape: &AttentionShape, lengths: &Lengths) -> Result<DeviceLayout> {
         let upload = |v: &[u32]| DeviceBuffer::from_slice(v).cuda("uploading sequence lengths");
-        let mut params = SequenceLayout { sequences: shape.batch, ..Default::default() };
+        let mut params = SequenceLayout {
+            sequences: shape.batch,
+            ..Default::default()
+        };
         let (mut max_q_len, mut max_k_rows) = (shape.n_q, shape.n_k);
         let arrays = match lengths {
             Lengths::Full => {
@@ -33,7 +36,10 @@ impl DeviceLayout {
                 params.key_lengths = a.as_device_ptr().as_raw();
                 vec![a]
             }
-            Lengths::Packed { cu_seqlens_q, cu_seqlens_k } => {
+            Lengths::Packed {
+                cu_seqlens_q,
+                cu_seqlens_k,
+            } => {
                 params.mode = LENGTHS_PACKED;
                 params.sequences = cu_seqlens_q.len() as u32 - 1;
                 let widest = |cu: &[u32]| cu.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
@@ -44,6 +50,11 @@ impl DeviceLayout {
                 vec![q, k]
             }
         };
-        Ok(DeviceLayout { params, max_q_len, max_k_rows, _arrays: arrays })
+        Ok(DeviceLayout {
+            params,
+            max_q_len,
+            max_k_rows,
+            _arrays: arrays,
+        })
     }
 }

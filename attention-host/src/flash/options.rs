@@ -22,7 +22,9 @@ impl std::str::FromStr for Schedule {
         match s {
             "row-owned" | "row_owned" => Ok(Schedule::RowOwned),
             "paper" => Ok(Schedule::Paper),
-            _ => Err(format!("unknown schedule {s:?} (expected row-owned or paper)")),
+            _ => Err(format!(
+                "unknown schedule {s:?} (expected row-owned or paper)"
+            )),
         }
     }
 }
@@ -42,14 +44,20 @@ pub struct FlashOptions {
 
 impl FlashOptions {
     pub fn new(attention: AttentionOptions) -> Self {
-        FlashOptions { attention, ..Default::default() }
+        FlashOptions {
+            attention,
+            ..Default::default()
+        }
     }
     pub fn schedule(mut self, schedule: Schedule) -> Self {
         self.schedule = schedule;
         self
     }
     pub fn block_sizes(mut self, block_rows: u32, block_cols: u32) -> Self {
-        self.block_sizes = Some(BlockSizes { block_rows, block_cols });
+        self.block_sizes = Some(BlockSizes {
+            block_rows,
+            block_cols,
+        });
         self
     }
     pub fn deterministic(mut self, deterministic: bool) -> Self {

@@ -10,16 +10,16 @@
 //! and `dq_convert` (f32 atomics buffer to the storage type).
 
 use crate::device::{
-    block_dim_x, block_x, block_y, block_z, entry_points, exp, grid_dim_x, sync_threads, thread_x, warp_sum,
-    atomic_add_global,
+    atomic_add_global, block_dim_x, block_x, block_y, block_z, entry_points, exp, grid_dim_x,
+    sync_threads, thread_x, warp_sum,
 };
 use crate::flash::params::FlashBackwardParams;
 use crate::flash::sequence::Sequence;
 use crate::flash::smem::padded;
 use crate::flash::tile::{
-    dot, dropout_multiplier, fill, for_each, load_rows, mul_acc, mul_t_acc, store_rows, Arena, Tile,
+    Arena, Tile, dot, dropout_multiplier, fill, for_each, load_rows, mul_acc, mul_t_acc, store_rows,
 };
-use crate::storage::{Bf16, Storage, F16};
+use crate::storage::{Bf16, F16, Storage};
 
 /// D = rowsum(dO ∘ O) for every (batch, head, row), in LSE's layout. One warp per row.
 unsafe fn delta<T: Storage>(p: &FlashBackwardParams) {
@@ -34,13 +34,15 @@ unsafe fn delta<T: Storage>(p: &FlashBackwardParams) {
     let h = (row / s.n_q) % s.heads_q;
     let b = row / (s.n_q * s.heads_q);
     let d = s.head_dim;
-    let at = ((b as usize * s.n_q as usize + i as usize) * s.heads_q as usize + h as usize) * d as usize;
+    let at =
+        ((b as usize * s.n_q as usize + i as usize) * s.heads_q as usize + h as usize) * d as usize;
     let mut acc = 0.0f32;
     let mut x = lane;
     while x < d {
         // SAFETY: `at + x` is inside O and dO.
         unsafe {
-            acc += (*(p.d_o as *const T).add(at + x as usize)).to_f32() * (*(p.o as *const T).add(at + x as usize)).to_f32();
+            acc += (*(p.d_o as *const T).add(at + x as usize)).to_f32()
+                * (*(p.o as *const T).add(at + x as usize)).to_f32();
         }
         x += 32;
     }
@@ -59,14 +61,33 @@ struct QueryTiles {
     delta: Tile,
 }
 
-unsafe fn load_query_block<T: Storage>(p: &FlashBackwardParams, seq: &Sequence, t: &QueryTiles, h: u32, i0: u32, rows: u32) {
+unsafe fn load_query_block<T: Storage>(
+    p: &FlashBackwardParams,
+    seq: &Sequence,
+    t: &QueryTiles,
+    h: u32,
+    i0: u32,
+    rows: u32,
+) {
     let s = &p.shape;
     let at = seq.q_offset(s, i0, h);
     let stride = (s.heads_q * s.head_dim) as usize;
     // SAFETY: rows i0 .. i0 + rows of the sequence exist in Q, dO, LSE and D.
     unsafe {
-        load_rows(t.q, (p.q as *const T).wrapping_add(at), stride, rows, s.head_dim);
-        load_rows(t.d_o, (p.d_o as *const T).wrapping_add(at), stride, rows, s.head_dim);
+        load_rows(
+            t.q,
+            (p.q as *const T).wrapping_add(at),
+            stride,
+            rows,
+            s.head_dim,
+        );
+        load_rows(
+            t.d_o,
+            (p.d_o as *const T).wrapping_add(at),
+            stride,
+            rows,
+            s.head_dim,
+        );
         for_each(rows, |r| {
             let row = seq.row_index(s, i0 + r, h);
             t.lse.set(0, r, *(p.lse as *const f32).add(row));
@@ -75,14 +96,34 @@ unsafe fn load_query_block<T: Storage>(p: &FlashBackwardParams, seq: &Sequence, 
     }
 }
 
-unsafe fn load_kv_block<T: Storage>(p: &FlashBackwardParams, seq: &Sequence, k: Tile, v: Tile, hk: u32, j0: u32, cols: u32) {
+unsafe fn load_kv_block<T: Storage>(
+    p: &FlashBackwardParams,
+    seq: &Sequence,
+    k: Tile,
+    v: Tile,
+    hk: u32,
+    j0: u32,
+    cols: u32,
+) {
     let s = &p.shape;
     let at = seq.k_offset(s, j0, hk);
     let stride = (s.heads_kv * s.head_dim) as usize;
     // SAFETY: keys j0 .. j0 + cols of the sequence exist in K and V.
     unsafe {
-        load_rows(k, (p.k as *const T).wrapping_add(at), stride, cols, s.head_dim);
-        load_rows(v, (p.v as *const T).wrapping_add(at), stride, cols, s.head_dim);
+        load_rows(
+            k,
+            (p.k as *const T).wrapping_add(at),
+            stride,
+            cols,
+            s.head_dim,
+        );
+        load_rows(
+            v,
+            (p.v as *const T).wrapping_add(at),
+            stride,
+            cols,
+            s.head_dim,
+        );
     }
 }
 
@@ -145,7 +186,12 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
     let (dk, dv) = (a.tile(bc, d), a.tile(bc, d));
     let (q, d_o) = (a.tile(br, padded(d)), a.tile(br, padded(d)));
     let (p_drop, ds) = (a.tile(br, bc), a.tile(br, bc));
-    let qt = QueryTiles { q, d_o, lse: a.vector(br), delta: a.vector(br) };
+    let qt = QueryTiles {
+        q,
+        d_o,
+        lse: a.vector(br),
+        delta: a.vector(br),
+    };
     let key = p.dropout.key();
     let group = s.heads_q / s.heads_kv;
     let causal = p.causal != 0;
@@ -165,7 +211,21 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
                     sync_threads();
                     load_query_block::<T>(p, &seq, &qt, h, i0, rows);
                     sync_threads();
-                    recompute_tile(p, &seq, &qt, k, v, ds, Some(p_drop), h, i0, rows, j0, cols, key);
+                    recompute_tile(
+                        p,
+                        &seq,
+                        &qt,
+                        k,
+                        v,
+                        ds,
+                        Some(p_drop),
+                        h,
+                        i0,
+                        rows,
+                        j0,
+                        cols,
+                        key,
+                    );
                     sync_threads();
                     mul_t_acc(dv, p_drop, qt.d_o, cols, d, rows);
                     mul_t_acc(dk, ds, qt.q, cols, d, rows);
@@ -178,7 +238,10 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
                             for c in 0..cols {
                                 sum += ds.get(r, c) * k.get(c, x);
                             }
-                            atomic_add_global(dq.add(r as usize * stride + x as usize), p.scale * sum);
+                            atomic_add_global(
+                                dq.add(r as usize * stride + x as usize),
+                                p.scale * sum,
+                            );
                         });
                     }
                 }
@@ -188,7 +251,14 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
         sync_threads();
         let at = seq.k_offset(s, j0, hk);
         let stride = (s.heads_kv * d) as usize;
-        store_rows((p.dk as *mut T).wrapping_add(at), stride, dk, p.scale, cols, d);
+        store_rows(
+            (p.dk as *mut T).wrapping_add(at),
+            stride,
+            dk,
+            p.scale,
+            cols,
+            d,
+        );
         store_rows((p.dv as *mut T).wrapping_add(at), stride, dv, 1.0, cols, d);
     }
 }
@@ -212,7 +282,12 @@ unsafe fn dq<T: Storage>(p: &FlashBackwardParams) {
     let (k, v) = (a.tile(bc, padded(d)), a.tile(bc, padded(d)));
     let ds = a.tile(br, bc);
     let dq_acc = a.tile(br, d);
-    let qt = QueryTiles { q, d_o, lse: a.vector(br), delta: a.vector(br) };
+    let qt = QueryTiles {
+        q,
+        d_o,
+        lse: a.vector(br),
+        delta: a.vector(br),
+    };
     let key = p.dropout.key();
     // SAFETY: tiles are sized by the host from `smem::backward_dq_floats`; buffers by validation.
     unsafe {
@@ -232,7 +307,14 @@ unsafe fn dq<T: Storage>(p: &FlashBackwardParams) {
         }
         sync_threads();
         let stride = (s.heads_q * d) as usize;
-        store_rows((p.dq as *mut T).wrapping_add(seq.q_offset(s, i0, h)), stride, dq_acc, p.scale, rows, d);
+        store_rows(
+            (p.dq as *mut T).wrapping_add(seq.q_offset(s, i0, h)),
+            stride,
+            dq_acc,
+            p.scale,
+            rows,
+            d,
+        );
     }
 }
 

@@ -6,12 +6,17 @@
 //!
 //! Grid `(Q blocks, heads_q, sequences)`, any block size that is a multiple of 32.
 
-use crate::device::{block_dim_x, block_x, block_y, block_z, entry_points, exp, ln, sync_threads, thread_x, warp_max, warp_sum};
+use crate::device::{
+    block_dim_x, block_x, block_y, block_z, entry_points, exp, ln, sync_threads, thread_x,
+    warp_max, warp_sum,
+};
 use crate::flash::params::FlashForwardParams;
 use crate::flash::sequence::Sequence;
 use crate::flash::smem::padded;
-use crate::flash::tile::{dot, dropout_multiplier, fill, for_each, load_rows, mul_acc, Arena, Tile};
-use crate::storage::{Bf16, Storage, F16};
+use crate::flash::tile::{
+    Arena, Tile, dot, dropout_multiplier, fill, for_each, load_rows, mul_acc,
+};
+use crate::storage::{Bf16, F16, Storage};
 
 /// The query block a thread block owns: rows `i0 .. i0 + rows` (local) of head `h` of `seq`.
 struct QueryBlock {
@@ -33,7 +38,13 @@ impl QueryBlock {
         }
         let h = block_y();
         let rows = p.blocks.block_rows.min(seq.q_len - i0);
-        Some(QueryBlock { seq, h, hk: p.shape.kv_head(h), i0, rows })
+        Some(QueryBlock {
+            seq,
+            h,
+            hk: p.shape.kv_head(h),
+            i0,
+            rows,
+        })
     }
 }
 
@@ -70,14 +81,28 @@ unsafe fn load_query<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &Ti
     let s = &p.shape;
     let q = (p.q as *const T).wrapping_add(qb.seq.q_offset(s, qb.i0, qb.h));
     // SAFETY: rows i0 .. i0 + rows of the sequence exist in Q.
-    unsafe { load_rows(t.q, q, (s.heads_q * s.head_dim) as usize, qb.rows, s.head_dim) };
+    unsafe {
+        load_rows(
+            t.q,
+            q,
+            (s.heads_q * s.head_dim) as usize,
+            qb.rows,
+            s.head_dim,
+        )
+    };
 }
 
 /// Merges K/V block `j0 .. j0 + B_c` into the row states (m_i, ℓ_i) and the unnormalised O_i
 /// accumulator: S = τ·Q_i K_jᵀ masked before the row max, m_new = max(m, rowmax S),
 /// P̃ = exp(S − m_new), ℓ ← e^{m − m_new}ℓ + rowsum P̃, O ← e^{m − m_new}O + (Z ∘ P̃)V_j.
 /// A row whose state and tile are both empty keeps m = −∞ and takes the identity branch.
-unsafe fn merge_kv_block<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &Tiles, j0: u32, key: [u32; 2]) {
+unsafe fn merge_kv_block<T: Storage>(
+    p: &FlashForwardParams,
+    qb: &QueryBlock,
+    t: &Tiles,
+    j0: u32,
+    key: [u32; 2],
+) {
     let s = &p.shape;
     let d = s.head_dim;
     let cols = p.blocks.block_cols.min(qb.seq.k_rows - j0);
@@ -87,8 +112,20 @@ unsafe fn merge_kv_block<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t:
     sync_threads();
     // SAFETY: keys j0 .. j0 + cols of the sequence exist in K and V; the tiles hold B_c rows.
     unsafe {
-        load_rows(t.k, (p.k as *const T).wrapping_add(kv_at), kv_stride, cols, d);
-        load_rows(t.v, (p.v as *const T).wrapping_add(kv_at), kv_stride, cols, d);
+        load_rows(
+            t.k,
+            (p.k as *const T).wrapping_add(kv_at),
+            kv_stride,
+            cols,
+            d,
+        );
+        load_rows(
+            t.v,
+            (p.v as *const T).wrapping_add(kv_at),
+            kv_stride,
+            cols,
+            d,
+        );
     }
     sync_threads();
 
@@ -98,7 +135,11 @@ unsafe fn merge_kv_block<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t:
         let allowed = j0 + c < qb.seq.key_end(qb.i0 + r, causal);
         // SAFETY: r < B_r, c < B_c.
         unsafe {
-            let score = if allowed { p.scale * dot(t.q.row(r), t.k.row(c), d) } else { f32::NEG_INFINITY };
+            let score = if allowed {
+                p.scale * dot(t.q.row(r), t.k.row(c), d)
+            } else {
+                f32::NEG_INFINITY
+            };
             t.s.set(r, c, score);
         }
     });
@@ -122,7 +163,11 @@ unsafe fn merge_kv_block<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t:
             c = lane;
             while c < cols {
                 // Identity branch: with m_new = −∞ every score is −∞ and P̃ is 0, never exp(NaN).
-                let pr = if m_new == f32::NEG_INFINITY { 0.0 } else { exp(t.s.get(r, c) - m_new) };
+                let pr = if m_new == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    exp(t.s.get(r, c) - m_new)
+                };
                 tile_sum += pr;
                 // ℓ sums the undropped P̃; only the product with V sees the dropout multiplier.
                 let z = dropout_multiplier(&p.dropout, key, qb.seq.index, qb.h, qb.i0 + r, j0 + c);
@@ -131,7 +176,11 @@ unsafe fn merge_kv_block<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t:
             }
             let tile_sum = warp_sum(tile_sum);
             if lane == 0 {
-                let alpha = if m_new == f32::NEG_INFINITY { 1.0 } else { exp(m_old - m_new) };
+                let alpha = if m_new == f32::NEG_INFINITY {
+                    1.0
+                } else {
+                    exp(m_old - m_new)
+                };
                 t.rescale.set(0, r, alpha);
                 t.row_sum.set(0, r, alpha * t.row_sum.get(0, r) + tile_sum);
                 t.row_max.set(0, r, m_new);
@@ -165,7 +214,11 @@ unsafe fn write_output<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &
         // SAFETY: r < rows of the block; LSE holds every row.
         unsafe {
             let l = t.row_sum.get(0, r);
-            let lse = if l > 0.0 { t.row_max.get(0, r) + ln(l) } else { f32::NEG_INFINITY };
+            let lse = if l > 0.0 {
+                t.row_max.get(0, r) + ln(l)
+            } else {
+                f32::NEG_INFINITY
+            };
             *(p.lse as *mut f32).add(qb.seq.row_index(s, qb.i0 + r, qb.h)) = lse;
         }
     });
@@ -183,7 +236,9 @@ unsafe fn init_state(qb: &QueryBlock, t: &Tiles, d: u32) {
 
 unsafe fn row_owned<T: Storage>(p: &FlashForwardParams) {
     // SAFETY: the host launched the grid the parameters describe.
-    let Some(qb) = (unsafe { QueryBlock::locate(p) }) else { return };
+    let Some(qb) = (unsafe { QueryBlock::locate(p) }) else {
+        return;
+    };
     let d = p.shape.head_dim;
     let t = Tiles::carve(p.blocks.block_rows, p.blocks.block_cols, d);
     let key = p.dropout.key();
@@ -204,7 +259,9 @@ unsafe fn row_owned<T: Storage>(p: &FlashForwardParams) {
 
 unsafe fn paper<T: Storage>(p: &FlashForwardParams) {
     // SAFETY: the host launched the grid the parameters describe.
-    let Some(qb) = (unsafe { QueryBlock::locate(p) }) else { return };
+    let Some(qb) = (unsafe { QueryBlock::locate(p) }) else {
+        return;
+    };
     let s = &p.shape;
     let d = s.head_dim;
     let t = Tiles::carve(p.blocks.block_rows, p.blocks.block_cols, d);
@@ -225,7 +282,8 @@ unsafe fn paper<T: Storage>(p: &FlashForwardParams) {
             for_each(qb.rows * d, |e| {
                 let (r, x) = (e / d, e % d);
                 let l = *(p.row_sum as *const f32).add(row(r));
-                t.acc.set(r, x, l * *o_state.add(r as usize * stride + x as usize));
+                t.acc
+                    .set(r, x, l * *o_state.add(r as usize * stride + x as usize));
             });
         }
         let j0 = p.kv_block * p.blocks.block_cols;
@@ -240,7 +298,8 @@ unsafe fn paper<T: Storage>(p: &FlashForwardParams) {
         for_each(qb.rows * d, |e| {
             let (r, x) = (e / d, e % d);
             let l = t.row_sum.get(0, r);
-            *o_state.add(r as usize * stride + x as usize) = if l > 0.0 { t.acc.get(r, x) / l } else { 0.0 };
+            *o_state.add(r as usize * stride + x as usize) =
+                if l > 0.0 { t.acc.get(r, x) / l } else { 0.0 };
         });
         for_each(qb.rows, |r| {
             *(p.row_max as *mut f32).add(row(r)) = t.row_max.get(0, r);

@@ -43,10 +43,15 @@ pub struct Arena {
 
 impl Arena {
     pub fn new() -> Arena {
-        Arena { next: shared_base() as *mut f32 }
+        Arena {
+            next: shared_base() as *mut f32,
+        }
     }
     pub fn tile(&mut self, rows: u32, pitch: u32) -> Tile {
-        let t = Tile { ptr: self.next, pitch: pitch as usize };
+        let t = Tile {
+            ptr: self.next,
+            pitch: pitch as usize,
+        };
         self.next = self.next.wrapping_add(rows as usize * pitch as usize);
         t
     }
@@ -71,12 +76,24 @@ pub fn for_each(count: u32, mut f: impl FnMut(u32)) {
 /// # Safety
 /// The `rows` source rows are readable and `dst` holds `rows × d`.
 #[inline(always)]
-pub unsafe fn load_rows<T: Storage>(dst: Tile, src: *const T, row_stride: usize, rows: u32, d: u32) {
+pub unsafe fn load_rows<T: Storage>(
+    dst: Tile,
+    src: *const T,
+    row_stride: usize,
+    rows: u32,
+    d: u32,
+) {
     // Consecutive threads read consecutive elements of a row: coalesced global loads.
     for_each(rows * d, |e| {
         let (r, c) = (e / d, e % d);
         // SAFETY: r < rows and c < d, inside both source and tile.
-        unsafe { dst.set(r, c, (*src.add(r as usize * row_stride + c as usize)).to_f32()) }
+        unsafe {
+            dst.set(
+                r,
+                c,
+                (*src.add(r as usize * row_stride + c as usize)).to_f32(),
+            )
+        }
     });
 }
 
@@ -85,11 +102,20 @@ pub unsafe fn load_rows<T: Storage>(dst: Tile, src: *const T, row_stride: usize,
 /// # Safety
 /// The `rows` destination rows are writable and `src` holds `rows × d`.
 #[inline(always)]
-pub unsafe fn store_rows<T: Storage>(dst: *mut T, row_stride: usize, src: Tile, scale: f32, rows: u32, d: u32) {
+pub unsafe fn store_rows<T: Storage>(
+    dst: *mut T,
+    row_stride: usize,
+    src: Tile,
+    scale: f32,
+    rows: u32,
+    d: u32,
+) {
     for_each(rows * d, |e| {
         let (r, c) = (e / d, e % d);
         // SAFETY: r < rows and c < d, inside both tile and destination.
-        unsafe { *dst.add(r as usize * row_stride + c as usize) = T::from_f32(scale * src.get(r, c)) }
+        unsafe {
+            *dst.add(r as usize * row_stride + c as usize) = T::from_f32(scale * src.get(r, c))
+        }
     });
 }
 
@@ -164,7 +190,14 @@ pub unsafe fn mul_t_acc(acc: Tile, a: Tile, b: Tile, m: u32, n: u32, k: u32) {
 /// The inverted-dropout multiplier `Z` of (batch, head, row, col) given the call's Philox `key`:
 /// the same decision as `DropoutRng::keep`, without recomputing the key per element.
 #[inline(always)]
-pub fn dropout_multiplier(rng: &DropoutRng, key: [u32; 2], batch: u32, head: u32, row: u32, col: u32) -> f32 {
+pub fn dropout_multiplier(
+    rng: &DropoutRng,
+    key: [u32; 2],
+    batch: u32,
+    head: u32,
+    row: u32,
+    col: u32,
+) -> f32 {
     if !rng.enabled() {
         return 1.0;
     }
@@ -176,5 +209,9 @@ pub fn dropout_multiplier(rng: &DropoutRng, key: [u32; 2], batch: u32, head: u32
         2 => w[2],
         _ => w[3],
     };
-    if draw >= rng.threshold { rng.keep_scale } else { 0.0 }
+    if draw >= rng.threshold {
+        rng.keep_scale
+    } else {
+        0.0
+    }
 }
