@@ -5,6 +5,10 @@
 
 pub use attention_host::*;
 
+pub mod api;
+pub mod npy;
+pub use api::{HostForward, HostGradients, backward_host, forward_host};
+
 /// The PTX of every kernel, compiled from `attention-kernels` for [`PTX_ARCH`].
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/attention_kernels.ptx"));
 /// Architecture the embedded PTX targets (`FLASH_ATTN_ARCH` at build time, default `sm_90`).

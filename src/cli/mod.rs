@@ -1,0 +1,2 @@
+pub mod backward;
+pub mod forward;
