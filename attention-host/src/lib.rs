@@ -7,6 +7,7 @@ pub mod error;
 pub mod flash;
 pub mod materialized;
 pub mod options;
+pub mod reference;
 pub mod runtime;
 
 pub use attention_kernels::params::AttentionShape;

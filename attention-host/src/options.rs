@@ -42,7 +42,9 @@ pub struct AttentionOptions {
     /// `τ`; `None` means `1/√head_dim`.
     pub scale: Option<f32>,
     /// Causal mask, bottom-right aligned: row `i` of a sequence with `n_q` rows and `n_k` keys sees
-    /// keys `j <= i + n_k - n_q` (see `attention_kernels::params::causal_key_end`).
+    /// keys `j <= i + n_k - n_q` (see `attention_kernels::params::causal_key_end`). With
+    /// `KeyLengths` the item's `n_k` is its key length; with `Packed`, `n_q`/`n_k` are the
+    /// sequence's own counts (`attention_kernels::params::allowed_key_end`).
     pub causal: bool,
     pub lengths: Lengths,
     pub dropout: Option<Dropout>,
