@@ -183,3 +183,11 @@ macro_rules! entry_points {
 }
 
 pub(crate) use entry_points;
+
+/// Barrier over the 32 lanes of a warp: orders their shared-memory accesses (lanes are scheduled
+/// independently since Volta, so a shuffle alone does not order plain loads against stores).
+#[inline(always)]
+pub fn sync_warp() {
+    // SAFETY: all 32 lanes execute this together.
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) }
+}

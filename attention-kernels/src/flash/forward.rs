@@ -7,8 +7,8 @@
 //! Grid `(Q blocks, heads_q, sequences)`, any block size that is a multiple of 32.
 
 use crate::device::{
-    block_dim_x, block_x, block_y, block_z, entry_points, exp, ln, sync_threads, thread_x,
-    warp_max, warp_sum,
+    block_dim_x, block_x, block_y, block_z, entry_points, exp, ln, sync_threads, sync_warp,
+    thread_x, warp_max, warp_sum,
 };
 use crate::flash::params::FlashForwardParams;
 use crate::flash::sequence::Sequence;
@@ -175,6 +175,8 @@ unsafe fn merge_kv_block<T: Storage>(
                 c += 32;
             }
             let tile_sum = warp_sum(tile_sum);
+            // Every lane has read m_old before lane 0 overwrites the row's state.
+            sync_warp();
             if lane == 0 {
                 let alpha = if m_new == f32::NEG_INFINITY {
                     1.0
