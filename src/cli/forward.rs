@@ -1,6 +1,6 @@
 //! `flash-attn forward`: O and LSE of Q, K, V read from `.npy` files (`[batch, seq, heads, head_dim]`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use flash_attn::api::KernelFamily;
 use flash_attn::npy::{self, NpyArray, NpyDType};
@@ -100,9 +100,9 @@ pub struct ForwardArgs {
 
 /// Q, K, V read, checked against each other, and the shape they give.
 pub fn read_qkv(
-    q: &PathBuf,
-    k: &PathBuf,
-    v: &PathBuf,
+    q: &Path,
+    k: &Path,
+    v: &Path,
 ) -> Result<([NpyArray; 3], AttentionShape), Box<dyn std::error::Error>> {
     let (q, k, v) = (npy::read(q)?, npy::read(k)?, npy::read(v)?);
     for (name, a) in [("q", &q), ("k", &k), ("v", &v)] {
