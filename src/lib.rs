@@ -3,13 +3,17 @@
 //! The kernels live in `attention-kernels`, are compiled to PTX by this crate's `build.rs` and are
 //! embedded here as [`PTX`]; `attention-host` loads and launches them through cust.
 
+pub mod api;
 pub mod bench;
 pub mod inputs;
+pub mod npy;
 pub mod ptx_info;
 pub mod sampled_rows;
 pub mod testing;
 
 pub use attention_host::*;
+
+pub use api::{HostForward, HostGradients, backward_host, forward_host};
 
 /// The PTX of every kernel, compiled from `attention-kernels` for [`PTX_ARCH`].
 pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/attention_kernels.ptx"));

@@ -4,6 +4,7 @@
 pub mod buffer;
 pub mod dtype;
 pub mod error;
+pub mod flash;
 pub mod ledger;
 pub mod materialized;
 pub mod memory;
@@ -17,5 +18,8 @@ pub use attention_kernels::params::AttentionShape;
 pub use buffer::{DeviceF32, DeviceTensor};
 pub use dtype::DType;
 pub use error::{AttentionError, Result};
+pub use flash::{
+    BlockSizes, FlashOptions, ForwardOutput, Gradients, Schedule, flash_backward, flash_forward,
+};
 pub use options::{AttentionOptions, Dropout, Lengths};
 pub use runtime::{Gpu, LaunchConfig};

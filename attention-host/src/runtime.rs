@@ -48,7 +48,9 @@ impl Gpu {
         let module = Module::from_ptx(ptx, &[]).map_err(|e| {
             AttentionError::Module(format!("loading PTX ({} bytes): {e}", ptx.len()))
         })?;
-        let stream = Stream::new(StreamFlags::NON_BLOCKING, None).cuda("creating a stream")?;
+        // A blocking stream: it orders after the legacy default stream, where cust's uploads and
+        // downloads run, so a launch never reads an input before its copy has landed.
+        let stream = Stream::new(StreamFlags::DEFAULT, None).cuda("creating a stream")?;
         Ok(Gpu {
             stream,
             module,

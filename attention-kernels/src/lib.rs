@@ -14,6 +14,7 @@
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
 
+pub mod flash;
 pub mod online_state;
 pub mod params;
 pub mod philox;

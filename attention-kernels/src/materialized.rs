@@ -5,8 +5,8 @@
 //! (`[batch, heads_q, n_q, n_k]`, in the storage type) instead of fusing them away.
 
 use crate::device::{
-    block_dim_x, block_x, block_y, block_z, exp, shared_base, sync_threads, thread_x, thread_y,
-    warp_max, warp_sum,
+    block_dim_x, block_x, block_y, block_z, entry_points, exp, shared_base, sync_threads, thread_x,
+    thread_y, warp_max, warp_sum,
 };
 use crate::params::{
     MaterializedOutputParams, MaterializedScoresParams, MaterializedSoftmaxParams, causal_key_end,
@@ -189,16 +189,6 @@ unsafe fn output<T: Storage>(p: &MaterializedOutputParams) {
         // SAFETY: `at` is inside O.
         unsafe { *(p.o as *mut T).add(at) = T::from_f32(acc) };
     }
-}
-
-macro_rules! entry_points {
-    ($($name:ident => $body:ident::<$t:ty>($params:ty);)*) => {$(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: $params) {
-            // SAFETY: the host validated the buffers against `p` before launching.
-            unsafe { $body::<$t>(&p) }
-        }
-    )*};
 }
 
 entry_points! {

@@ -1,6 +1,8 @@
 //! Subcommands of `flash-attn`, one module each.
 
+mod backward;
 mod bench;
+mod forward;
 mod ledger;
 mod ptx;
 mod run;
@@ -22,6 +24,10 @@ enum Command {
     /// The main job: attention on the article's running fixture (B=1, S=4096, H=32, d=128, bf16)
     /// on the GPU, checked against the CPU; without a GPU, the CPU path on a small input.
     Run(run::RunArgs),
+    /// O and LSE from Q, K, V given as .npy files ([batch, seq, heads, head_dim]).
+    Forward(forward::ForwardArgs),
+    /// dQ, dK, dV from Q, K, V, dO given as .npy files ([batch, seq, heads, head_dim]).
+    Backward(backward::BackwardArgs),
     /// Time kernels on the anchor shapes; writes an evidence bundle (JSON) per run.
     Bench(bench::BenchArgs),
     /// Block sizes, visit counts and the paper's forward/backward IO ledgers by term.
@@ -37,6 +43,8 @@ pub fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Run(args) => run::run(args),
         Command::Ptx(args) => ptx::run(args),
+        Command::Forward(args) => forward::run(args),
+        Command::Backward(args) => backward::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Ledger(args) => ledger::run(args),
     };

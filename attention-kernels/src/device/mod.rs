@@ -145,3 +145,49 @@ pub fn cvt_f32_f16(h: u16) -> f32 {
     }
     r
 }
+
+/// Natural logarithm through the hardware `lg2` with `ln 2` folded in.
+#[inline(always)]
+pub fn ln(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic instruction.
+    unsafe {
+        asm!("lg2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+             options(pure, nomem, nostack));
+    }
+    r * core::f32::consts::LN_2
+}
+
+/// `*p += x` in global memory, atomically with respect to other threads' additions.
+///
+/// # Safety
+/// `p` must be a valid, 4-byte aligned global address of an f32.
+#[inline(always)]
+pub unsafe fn atomic_add_global(p: *mut f32, x: f32) {
+    // SAFETY: the caller guarantees `p` addresses an f32 in global memory.
+    unsafe {
+        asm!("red.global.add.f32 [{p}], {x};", p = in(reg64) p, x = in(reg32) x, options(nostack));
+    }
+}
+
+/// Defines `extern "ptx-kernel"` entry points, one per storage type, over a generic body that
+/// takes the kernel's `#[repr(C)]` parameter struct by reference.
+macro_rules! entry_points {
+    ($($name:ident => $body:ident::<$t:ty>($params:ty);)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: $params) {
+            // SAFETY: the host validated the buffers against `p` before launching.
+            unsafe { $body::<$t>(&p) }
+        }
+    )*};
+}
+
+pub(crate) use entry_points;
+
+/// Barrier over the 32 lanes of a warp: orders their shared-memory accesses (lanes are scheduled
+/// independently since Volta, so a shuffle alone does not order plain loads against stores).
+#[inline(always)]
+pub fn sync_warp() {
+    // SAFETY: all 32 lanes execute this together.
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) }
+}

@@ -1,0 +1,18 @@
+//! Host side of the tiled kernels: options, the paper's block-size rule, the sequence layout on
+//! the device, and the forward and backward launchers. Every input is checked before any launch.
+
+pub mod backward;
+pub mod blocks;
+pub mod forward;
+pub mod layout;
+pub mod options;
+
+pub use attention_kernels::flash::params::BlockSizes;
+pub use backward::{Gradients, flash_backward};
+pub use blocks::{KernelFamily, choose_block_sizes, paper_block_sizes};
+pub use forward::{ForwardOutput, flash_forward};
+pub use options::{FlashOptions, Schedule};
+
+/// Threads per block of every tiled kernel: 8 warps, enough to hide shared-memory latency while
+/// the tiles fit one block per multiprocessor.
+pub const THREADS: u32 = 256;

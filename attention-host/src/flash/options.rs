@@ -1,0 +1,67 @@
+//! Options of one tiled call: the attention semantics plus how the kernels execute them.
+
+use attention_kernels::flash::params::BlockSizes;
+
+use crate::options::AttentionOptions;
+
+/// Forward loop order (the article's 0x0AA).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Schedule {
+    /// A thread block owns a Q block and streams every K/V block; (m, ℓ, O) stay on chip and O and
+    /// LSE are written once.
+    #[default]
+    RowOwned,
+    /// Algorithm 1 as written: K/V blocks outer (one launch each), Q blocks inner, O, ℓ, m kept in
+    /// global memory (f32) between K/V blocks.
+    Paper,
+}
+
+impl std::str::FromStr for Schedule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "row-owned" | "row_owned" => Ok(Schedule::RowOwned),
+            "paper" => Ok(Schedule::Paper),
+            _ => Err(format!(
+                "unknown schedule {s:?} (expected row-owned or paper)"
+            )),
+        }
+    }
+}
+
+/// Everything one call needs besides its tensors. `FlashOptions::default()`: plain attention,
+/// row-owned schedule, the paper's block sizes for this device, dQ by atomics.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FlashOptions {
+    pub attention: AttentionOptions,
+    pub schedule: Schedule,
+    /// Explicit `(B_r, B_c)`; `None` derives them from the device's shared memory (`blocks`).
+    pub block_sizes: Option<BlockSizes>,
+    /// Gradients bitwise identical run to run: dQ from a separate row-owned pass instead of
+    /// atomics (whose order of addition varies).
+    pub deterministic: bool,
+}
+
+impl FlashOptions {
+    pub fn new(attention: AttentionOptions) -> Self {
+        FlashOptions {
+            attention,
+            ..Default::default()
+        }
+    }
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedule = schedule;
+        self
+    }
+    pub fn block_sizes(mut self, block_rows: u32, block_cols: u32) -> Self {
+        self.block_sizes = Some(BlockSizes {
+            block_rows,
+            block_cols,
+        });
+        self
+    }
+    pub fn deterministic(mut self, deterministic: bool) -> Self {
+        self.deterministic = deterministic;
+        self
+    }
+}

@@ -1,0 +1,320 @@
+//! Algorithm 1 forward in two schedules over the same tile step (`merge_kv_block`):
+//! - row-owned: a thread block owns Q_i and streams every K/V block, keeping (m_i, ℓ_i, O_i) on
+//!   chip and writing O_i and LSE_i once;
+//! - paper: one launch per K/V block j (K/V outer), the grid over Q blocks (inner); O (normalised,
+//!   f32), ℓ and m live in global memory between launches, the last launch writes O and LSE.
+//!
+//! Grid `(Q blocks, heads_q, sequences)`, any block size that is a multiple of 32.
+
+use crate::device::{
+    block_dim_x, block_x, block_y, block_z, entry_points, exp, ln, sync_threads, sync_warp,
+    thread_x, warp_max, warp_sum,
+};
+use crate::flash::params::FlashForwardParams;
+use crate::flash::sequence::Sequence;
+use crate::flash::smem::padded;
+use crate::flash::tile::{
+    Arena, Tile, dot, dropout_multiplier, fill, for_each, load_rows, mul_acc,
+};
+use crate::storage::{Bf16, F16, Storage};
+
+/// The query block a thread block owns: rows `i0 .. i0 + rows` (local) of head `h` of `seq`.
+struct QueryBlock {
+    seq: Sequence,
+    h: u32,
+    hk: u32,
+    i0: u32,
+    rows: u32,
+}
+
+impl QueryBlock {
+    /// `None` when the sequence has fewer query blocks than the grid (packed sequences differ).
+    unsafe fn locate(p: &FlashForwardParams) -> Option<QueryBlock> {
+        // SAFETY: the grid's z extent is the number of sequences.
+        let seq = unsafe { Sequence::locate(&p.layout, &p.shape, block_z()) };
+        let i0 = block_x() * p.blocks.block_rows;
+        if i0 >= seq.q_len {
+            return None;
+        }
+        let h = block_y();
+        let rows = p.blocks.block_rows.min(seq.q_len - i0);
+        Some(QueryBlock {
+            seq,
+            h,
+            hk: p.shape.kv_head(h),
+            i0,
+            rows,
+        })
+    }
+}
+
+/// The shared-memory tiles, carved in the order of `smem::forward_floats`.
+struct Tiles {
+    q: Tile,
+    k: Tile,
+    v: Tile,
+    s: Tile,
+    acc: Tile,
+    row_max: Tile,
+    row_sum: Tile,
+    rescale: Tile,
+}
+
+impl Tiles {
+    fn carve(br: u32, bc: u32, d: u32) -> Tiles {
+        let mut a = Arena::new();
+        Tiles {
+            q: a.tile(br, padded(d)),
+            k: a.tile(bc, padded(d)),
+            v: a.tile(bc, d),
+            s: a.tile(br, bc),
+            acc: a.tile(br, d),
+            row_max: a.vector(br),
+            row_sum: a.vector(br),
+            rescale: a.vector(br),
+        }
+    }
+}
+
+/// Loads Q_i (stays resident for every K/V block).
+unsafe fn load_query<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &Tiles) {
+    let s = &p.shape;
+    let q = (p.q as *const T).wrapping_add(qb.seq.q_offset(s, qb.i0, qb.h));
+    // SAFETY: rows i0 .. i0 + rows of the sequence exist in Q.
+    unsafe {
+        load_rows(
+            t.q,
+            q,
+            (s.heads_q * s.head_dim) as usize,
+            qb.rows,
+            s.head_dim,
+        )
+    };
+}
+
+/// Merges K/V block `j0 .. j0 + B_c` into the row states (m_i, ℓ_i) and the unnormalised O_i
+/// accumulator: S = τ·Q_i K_jᵀ masked before the row max, m_new = max(m, rowmax S),
+/// P̃ = exp(S − m_new), ℓ ← e^{m − m_new}ℓ + rowsum P̃, O ← e^{m − m_new}O + (Z ∘ P̃)V_j.
+/// A row whose state and tile are both empty keeps m = −∞ and takes the identity branch.
+unsafe fn merge_kv_block<T: Storage>(
+    p: &FlashForwardParams,
+    qb: &QueryBlock,
+    t: &Tiles,
+    j0: u32,
+    key: [u32; 2],
+) {
+    let s = &p.shape;
+    let d = s.head_dim;
+    let cols = p.blocks.block_cols.min(qb.seq.k_rows - j0);
+    let kv_stride = (s.heads_kv * d) as usize;
+    let kv_at = qb.seq.k_offset(s, j0, qb.hk);
+    // The previous block's readers of K_j, V_j and S are done before they are overwritten.
+    sync_threads();
+    // SAFETY: keys j0 .. j0 + cols of the sequence exist in K and V; the tiles hold B_c rows.
+    unsafe {
+        load_rows(
+            t.k,
+            (p.k as *const T).wrapping_add(kv_at),
+            kv_stride,
+            cols,
+            d,
+        );
+        load_rows(
+            t.v,
+            (p.v as *const T).wrapping_add(kv_at),
+            kv_stride,
+            cols,
+            d,
+        );
+    }
+    sync_threads();
+
+    let causal = p.causal != 0;
+    for_each(qb.rows * cols, |e| {
+        let (r, c) = (e / cols, e % cols);
+        let allowed = j0 + c < qb.seq.key_end(qb.i0 + r, causal);
+        // SAFETY: r < B_r, c < B_c.
+        unsafe {
+            let score = if allowed {
+                p.scale * dot(t.q.row(r), t.k.row(c), d)
+            } else {
+                f32::NEG_INFINITY
+            };
+            t.s.set(r, c, score);
+        }
+    });
+    sync_threads();
+
+    // One warp per row: row max, exponentials, row sum; the rescale factor for the accumulator.
+    let (warp, lane, warps) = (thread_x() / 32, thread_x() % 32, block_dim_x() / 32);
+    let mut r = warp;
+    while r < qb.rows {
+        // SAFETY: r < rows, columns below `cols`, state vectors hold B_r.
+        unsafe {
+            let m_old = t.row_max.get(0, r);
+            let mut tile_max = f32::NEG_INFINITY;
+            let mut c = lane;
+            while c < cols {
+                tile_max = tile_max.max(t.s.get(r, c));
+                c += 32;
+            }
+            let m_new = m_old.max(warp_max(tile_max));
+            let mut tile_sum = 0.0f32;
+            c = lane;
+            while c < cols {
+                // Identity branch: with m_new = −∞ every score is −∞ and P̃ is 0, never exp(NaN).
+                let pr = if m_new == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    exp(t.s.get(r, c) - m_new)
+                };
+                tile_sum += pr;
+                // ℓ sums the undropped P̃; only the product with V sees the dropout multiplier.
+                let z = dropout_multiplier(&p.dropout, key, qb.seq.index, qb.h, qb.i0 + r, j0 + c);
+                t.s.set(r, c, pr * z);
+                c += 32;
+            }
+            let tile_sum = warp_sum(tile_sum);
+            // Every lane has read m_old before lane 0 overwrites the row's state.
+            sync_warp();
+            if lane == 0 {
+                let alpha = if m_new == f32::NEG_INFINITY {
+                    1.0
+                } else {
+                    exp(m_old - m_new)
+                };
+                t.rescale.set(0, r, alpha);
+                t.row_sum.set(0, r, alpha * t.row_sum.get(0, r) + tile_sum);
+                t.row_max.set(0, r, m_new);
+            }
+        }
+        r += warps;
+    }
+    sync_threads();
+    // SAFETY: extents are inside the carved tiles.
+    unsafe { mul_acc(t.acc, Some(t.rescale), t.s, t.v, qb.rows, d, cols) };
+}
+
+/// Writes O_i = acc / ℓ_i in the storage type and LSE_i = m_i + log ℓ_i; a row with no allowed
+/// key (ℓ = 0) gets O = 0 and LSE = −∞.
+unsafe fn write_output<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &Tiles) {
+    let s = &p.shape;
+    let d = s.head_dim;
+    let o = (p.o as *mut T).wrapping_add(qb.seq.q_offset(s, qb.i0, qb.h));
+    let stride = (s.heads_q * d) as usize;
+    sync_threads();
+    for_each(qb.rows * d, |e| {
+        let (r, x) = (e / d, e % d);
+        // SAFETY: r < rows of the block, x < d.
+        unsafe {
+            let l = t.row_sum.get(0, r);
+            let out = if l > 0.0 { t.acc.get(r, x) / l } else { 0.0 };
+            *o.add(r as usize * stride + x as usize) = T::from_f32(out);
+        }
+    });
+    for_each(qb.rows, |r| {
+        // SAFETY: r < rows of the block; LSE holds every row.
+        unsafe {
+            let l = t.row_sum.get(0, r);
+            let lse = if l > 0.0 {
+                t.row_max.get(0, r) + ln(l)
+            } else {
+                f32::NEG_INFINITY
+            };
+            *(p.lse as *mut f32).add(qb.seq.row_index(s, qb.i0 + r, qb.h)) = lse;
+        }
+    });
+}
+
+/// Empty state: m = −∞, ℓ = 0, O = 0.
+unsafe fn init_state(qb: &QueryBlock, t: &Tiles, d: u32) {
+    // SAFETY: extents are inside the carved tiles.
+    unsafe {
+        fill(t.row_max, 1, qb.rows, f32::NEG_INFINITY);
+        fill(t.row_sum, 1, qb.rows, 0.0);
+        fill(t.acc, qb.rows, d, 0.0);
+    }
+}
+
+unsafe fn row_owned<T: Storage>(p: &FlashForwardParams) {
+    // SAFETY: the host launched the grid the parameters describe.
+    let Some(qb) = (unsafe { QueryBlock::locate(p) }) else {
+        return;
+    };
+    let d = p.shape.head_dim;
+    let t = Tiles::carve(p.blocks.block_rows, p.blocks.block_cols, d);
+    let key = p.dropout.key();
+    // SAFETY: tiles are sized by the host from `smem::forward_floats`.
+    unsafe {
+        load_query::<T>(p, &qb, &t);
+        init_state(&qb, &t, d);
+        // key_end grows with the row, so the last row bounds the K/V blocks any row needs.
+        let kv_end = qb.seq.key_end(qb.i0 + qb.rows - 1, p.causal != 0);
+        let mut j0 = 0;
+        while j0 < kv_end {
+            merge_kv_block::<T>(p, &qb, &t, j0, key);
+            j0 += p.blocks.block_cols;
+        }
+        write_output::<T>(p, &qb, &t);
+    }
+}
+
+unsafe fn paper<T: Storage>(p: &FlashForwardParams) {
+    // SAFETY: the host launched the grid the parameters describe.
+    let Some(qb) = (unsafe { QueryBlock::locate(p) }) else {
+        return;
+    };
+    let s = &p.shape;
+    let d = s.head_dim;
+    let t = Tiles::carve(p.blocks.block_rows, p.blocks.block_cols, d);
+    let stride = (s.heads_q * d) as usize;
+    let o_state = (p.o_state as *mut f32).wrapping_add(qb.seq.q_offset(s, qb.i0, qb.h));
+    let row = |r: u32| qb.seq.row_index(s, qb.i0 + r, qb.h);
+    // SAFETY: tiles are sized by the host; the state buffers hold every row of O and LSE.
+    unsafe {
+        load_query::<T>(p, &qb, &t);
+        if p.kv_block == 0 {
+            init_state(&qb, &t, d);
+        } else {
+            // Resume (m_i, ℓ_i, O_i) from global memory; the accumulator holds ℓ_i·O_i.
+            for_each(qb.rows, |r| {
+                t.row_max.set(0, r, *(p.row_max as *const f32).add(row(r)));
+                t.row_sum.set(0, r, *(p.row_sum as *const f32).add(row(r)));
+            });
+            for_each(qb.rows * d, |e| {
+                let (r, x) = (e / d, e % d);
+                let l = *(p.row_sum as *const f32).add(row(r));
+                t.acc
+                    .set(r, x, l * *o_state.add(r as usize * stride + x as usize));
+            });
+        }
+        let j0 = p.kv_block * p.blocks.block_cols;
+        if j0 < qb.seq.k_rows {
+            merge_kv_block::<T>(p, &qb, &t, j0, p.dropout.key());
+        }
+        if p.last != 0 {
+            write_output::<T>(p, &qb, &t);
+            return;
+        }
+        sync_threads();
+        for_each(qb.rows * d, |e| {
+            let (r, x) = (e / d, e % d);
+            let l = t.row_sum.get(0, r);
+            *o_state.add(r as usize * stride + x as usize) =
+                if l > 0.0 { t.acc.get(r, x) / l } else { 0.0 };
+        });
+        for_each(qb.rows, |r| {
+            *(p.row_max as *mut f32).add(row(r)) = t.row_max.get(0, r);
+            *(p.row_sum as *mut f32).add(row(r)) = t.row_sum.get(0, r);
+        });
+    }
+}
+
+entry_points! {
+    flash_forward_f32 => row_owned::<f32>(FlashForwardParams);
+    flash_forward_f16 => row_owned::<F16>(FlashForwardParams);
+    flash_forward_bf16 => row_owned::<Bf16>(FlashForwardParams);
+    flash_forward_paper_f32 => paper::<f32>(FlashForwardParams);
+    flash_forward_paper_f16 => paper::<F16>(FlashForwardParams);
+    flash_forward_paper_bf16 => paper::<Bf16>(FlashForwardParams);
+}

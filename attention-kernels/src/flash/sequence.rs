@@ -1,0 +1,97 @@
+//! Locating one sequence (a batch item or one packed sequence) and its rows in the tensors.
+
+use crate::flash::params::{LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout};
+use crate::params::AttentionShape;
+use crate::params::allowed_key_end;
+
+/// Rows and keys of one sequence. Row and key indices inside it are local (`0 .. q_len`).
+#[derive(Clone, Copy)]
+pub struct Sequence {
+    /// Batch index of the tensors holding the sequence (0 for packed sequences).
+    pub batch: u32,
+    /// The `batch` coordinate of the dropout RNG: the batch item, or the packed sequence index.
+    pub index: u32,
+    pub q_start: u32,
+    pub q_len: u32,
+    pub k_start: u32,
+    /// Key rows the sequence owns in K/V (and so writes in dK/dV): `n_k`, or the packed length.
+    pub k_rows: u32,
+    /// Keys any row may see (`k_len <= k_rows`; smaller only with key lengths).
+    pub k_len: u32,
+}
+
+impl Sequence {
+    /// # Safety
+    /// `s < layout.sequences`, and the layout's arrays are valid device arrays of its mode.
+    #[inline(always)]
+    pub unsafe fn locate(layout: &SequenceLayout, shape: &AttentionShape, s: u32) -> Sequence {
+        let read = |p: u64, i: u32| unsafe { *(p as *const u32).add(i as usize) };
+        match layout.mode {
+            LENGTHS_PACKED => {
+                let (q0, q1) = (
+                    read(layout.cu_seqlens_q, s),
+                    read(layout.cu_seqlens_q, s + 1),
+                );
+                let (k0, k1) = (
+                    read(layout.cu_seqlens_k, s),
+                    read(layout.cu_seqlens_k, s + 1),
+                );
+                Sequence {
+                    batch: 0,
+                    index: s,
+                    q_start: q0,
+                    q_len: q1 - q0,
+                    k_start: k0,
+                    k_rows: k1 - k0,
+                    k_len: k1 - k0,
+                }
+            }
+            mode => {
+                let k_len = if mode == LENGTHS_KEY {
+                    read(layout.key_lengths, s)
+                } else {
+                    shape.n_k
+                };
+                Sequence {
+                    batch: s,
+                    index: s,
+                    q_start: 0,
+                    q_len: shape.n_q,
+                    k_start: 0,
+                    k_rows: shape.n_k,
+                    k_len,
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub fn key_end(&self, i: u32, causal: bool) -> u32 {
+        allowed_key_end(i, self.q_len, self.k_len, causal)
+    }
+
+    /// Element offset of (local query row `i`, head `h`) in Q, O, dQ or dO.
+    #[inline(always)]
+    pub fn q_offset(&self, shape: &AttentionShape, i: u32, h: u32) -> usize {
+        ((self.batch as usize * shape.n_q as usize + (self.q_start + i) as usize)
+            * shape.heads_q as usize
+            + h as usize)
+            * shape.head_dim as usize
+    }
+
+    /// Element offset of (local key `j`, K/V head `hk`) in K, V, dK or dV.
+    #[inline(always)]
+    pub fn k_offset(&self, shape: &AttentionShape, j: u32, hk: u32) -> usize {
+        ((self.batch as usize * shape.n_k as usize + (self.k_start + j) as usize)
+            * shape.heads_kv as usize
+            + hk as usize)
+            * shape.head_dim as usize
+    }
+
+    /// Index of (local query row `i`, head `h`) in LSE or D.
+    #[inline(always)]
+    pub fn row_index(&self, shape: &AttentionShape, i: u32, h: u32) -> usize {
+        (self.batch as usize * shape.heads_q as usize + h as usize) * shape.n_q as usize
+            + (self.q_start + i) as usize
+    }
+}

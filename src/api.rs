@@ -1,0 +1,84 @@
+//! The public attention API: exact tiled forward (O, LSE) and recompute backward (dQ, dK, dV),
+//! on device tensors or on host slices.
+//!
+//! Options are one value, [`FlashOptions`]: the semantics ([`AttentionOptions`]: scale, causal,
+//! key lengths / packed sequences, dropout), the forward [`Schedule`], optional explicit
+//! [`BlockSizes`] and the deterministic-gradient switch. Inputs that cannot run are refused with
+//! `AttentionError::InvalidInput` before anything is launched.
+
+pub use attention_host::flash::{
+    BlockSizes, FlashOptions, ForwardOutput, Gradients, KernelFamily, Schedule, choose_block_sizes,
+    flash_backward as backward, flash_forward as forward, paper_block_sizes,
+};
+pub use attention_host::{
+    AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu, Lengths,
+};
+
+use attention_host::Result;
+
+/// O and LSE downloaded: O widened to f32 from the compute dtype, LSE `[batch, heads_q, n_q]`.
+#[derive(Clone, Debug)]
+pub struct HostForward {
+    pub o: Vec<f32>,
+    pub lse: Vec<f32>,
+    pub block_sizes: BlockSizes,
+}
+
+/// dQ, dK, dV downloaded and widened to f32.
+#[derive(Clone, Debug)]
+pub struct HostGradients {
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+    pub block_sizes: BlockSizes,
+}
+
+/// Forward on host slices (`[batch, seq, heads, head_dim]`), computed in `dtype` (inputs rounded to
+/// it on upload).
+pub fn forward_host(
+    gpu: &Gpu,
+    dtype: DType,
+    shape: &AttentionShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    options: &FlashOptions,
+) -> Result<HostForward> {
+    let (q, k, v) = (
+        DeviceTensor::from_f32(dtype, q)?,
+        DeviceTensor::from_f32(dtype, k)?,
+        DeviceTensor::from_f32(dtype, v)?,
+    );
+    let out = forward(gpu, shape, &q, &k, &v, options)?;
+    Ok(HostForward {
+        o: out.o.to_f32()?,
+        lse: out.lse.to_vec()?,
+        block_sizes: out.block_sizes,
+    })
+}
+
+/// Backward on host slices; `o` and `lse` are the forward's outputs for the same inputs and options.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_host(
+    gpu: &Gpu,
+    dtype: DType,
+    shape: &AttentionShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    o: &[f32],
+    lse: &[f32],
+    d_o: &[f32],
+    options: &FlashOptions,
+) -> Result<HostGradients> {
+    let up = |x: &[f32]| DeviceTensor::from_f32(dtype, x);
+    let (q, k, v, o, d_o) = (up(q)?, up(k)?, up(v)?, up(o)?, up(d_o)?);
+    let lse = DeviceF32::from_slice(lse)?;
+    let g = backward(gpu, shape, &q, &k, &v, &o, &lse, &d_o, options)?;
+    Ok(HostGradients {
+        dq: g.dq.to_f32()?,
+        dk: g.dk.to_f32()?,
+        dv: g.dv.to_f32()?,
+        block_sizes: g.block_sizes,
+    })
+}

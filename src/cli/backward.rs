@@ -1,0 +1,74 @@
+//! `flash-attn backward`: dQ, dK, dV from Q, K, V, dO `.npy` files. O and LSE are recomputed by
+//! the forward with the same options unless given (`--o` and `--lse`, from `flash-attn forward`).
+
+use std::path::PathBuf;
+
+use flash_attn::api::KernelFamily;
+use flash_attn::npy;
+
+use super::forward::{CallArgs, read_qkv, report_block_sizes};
+
+#[derive(clap::Args, Debug)]
+pub struct BackwardArgs {
+    #[arg(long)]
+    pub q: PathBuf,
+    #[arg(long)]
+    pub k: PathBuf,
+    #[arg(long)]
+    pub v: PathBuf,
+    /// Gradient of the loss with respect to O (shape of Q).
+    #[arg(long = "do")]
+    pub d_o: PathBuf,
+    /// O and LSE of the forward (both or neither).
+    #[arg(long, requires = "lse")]
+    pub o: Option<PathBuf>,
+    #[arg(long, requires = "o")]
+    pub lse: Option<PathBuf>,
+    #[arg(long)]
+    pub dq: PathBuf,
+    #[arg(long)]
+    pub dk: PathBuf,
+    #[arg(long)]
+    pub dv: PathBuf,
+    /// Bitwise reproducible gradients (dQ from a separate pass instead of atomics).
+    #[arg(long)]
+    pub deterministic: bool,
+    #[command(flatten)]
+    pub call: CallArgs,
+}
+
+pub fn run(args: &BackwardArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let ([q, k, v], shape) = read_qkv(&args.q, &args.k, &args.v)?;
+    let d_o = npy::read(&args.d_o)?;
+    if d_o.shape != q.shape || d_o.dtype != q.dtype {
+        return Err(format!(
+            "do must match q: {:?} {:?} vs {:?} {:?}",
+            d_o.shape, d_o.dtype, q.shape, q.dtype
+        )
+        .into());
+    }
+    let dtype = args.call.dtype(q.dtype);
+    let options = args.call.options().deterministic(args.deterministic);
+    let gpu = flash_attn::gpu()?;
+    let (o, lse) = match (&args.o, &args.lse) {
+        (Some(o), Some(lse)) => (npy::read(o)?.data, npy::read(lse)?.data),
+        _ => {
+            let f =
+                flash_attn::forward_host(&gpu, dtype, &shape, &q.data, &k.data, &v.data, &options)?;
+            (f.o, f.lse)
+        }
+    };
+    let g = flash_attn::backward_host(
+        &gpu, dtype, &shape, &q.data, &k.data, &v.data, &o, &lse, &d_o.data, &options,
+    )?;
+    report_block_sizes(
+        args.call.print_block_sizes,
+        KernelFamily::Backward,
+        g.block_sizes,
+        shape.head_dim,
+    );
+    npy::write(&args.dq, &q.shape, q.dtype, &g.dq)?;
+    npy::write(&args.dk, &k.shape, q.dtype, &g.dk)?;
+    npy::write(&args.dv, &v.shape, q.dtype, &g.dv)?;
+    Ok(())
+}

@@ -1,0 +1,185 @@
+//! `flash-attn forward`: O and LSE of Q, K, V read from `.npy` files (`[batch, seq, heads, head_dim]`).
+
+use std::path::{Path, PathBuf};
+
+use flash_attn::api::KernelFamily;
+use flash_attn::npy::{self, NpyArray, NpyDType};
+use flash_attn::{AttentionOptions, AttentionShape, BlockSizes, DType, FlashOptions, Schedule};
+
+/// The options both directions take.
+#[derive(clap::Args, Debug)]
+pub struct CallArgs {
+    /// Compute dtype: f32, f16 or bf16 (default: the files' dtype; `.npy` has no bf16, so inputs
+    /// are rounded to bf16 on upload). Outputs are written in the files' dtype.
+    #[arg(long)]
+    pub dtype: Option<DType>,
+    /// Score scale τ (default 1/√head_dim).
+    #[arg(long)]
+    pub scale: Option<f32>,
+    /// Causal mask, bottom-right aligned per sequence.
+    #[arg(long)]
+    pub causal: bool,
+    /// Keys each batch item may see, comma separated (one per batch item).
+    #[arg(long, value_delimiter = ',', conflicts_with = "cu_seqlens_q")]
+    pub key_lengths: Option<Vec<u32>>,
+    /// Packed sequences (batch 1): cumulative query row offsets, e.g. 0,5,12.
+    #[arg(long, value_delimiter = ',', requires = "cu_seqlens_k")]
+    pub cu_seqlens_q: Option<Vec<u32>>,
+    /// Packed sequences: cumulative key offsets, as many as --cu-seqlens-q.
+    #[arg(long, value_delimiter = ',', requires = "cu_seqlens_q")]
+    pub cu_seqlens_k: Option<Vec<u32>>,
+    /// Dropout probability on the normalised probabilities.
+    #[arg(long)]
+    pub dropout: Option<f32>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 0)]
+    pub offset: u64,
+    /// Forward schedule: row-owned (default) or paper.
+    #[arg(long, default_value = "row-owned")]
+    pub schedule: Schedule,
+    /// Explicit B_r (with --block-cols); default: the paper's rule for this device.
+    #[arg(long, requires = "block_cols")]
+    pub block_rows: Option<u32>,
+    #[arg(long, requires = "block_rows")]
+    pub block_cols: Option<u32>,
+    /// Print the block sizes the kernels run with.
+    #[arg(long)]
+    pub print_block_sizes: bool,
+}
+
+impl CallArgs {
+    pub fn options(&self) -> FlashOptions {
+        let mut a = AttentionOptions::new().causal(self.causal);
+        a.scale = self.scale;
+        if let Some(l) = &self.key_lengths {
+            a = a.key_lengths(l.clone());
+        }
+        if let (Some(q), Some(k)) = (&self.cu_seqlens_q, &self.cu_seqlens_k) {
+            a = a.packed(q.clone(), k.clone());
+        }
+        if let Some(p) = self.dropout {
+            a = a.dropout(p, self.seed, self.offset);
+        }
+        let mut o = FlashOptions::new(a).schedule(self.schedule);
+        if let (Some(r), Some(c)) = (self.block_rows, self.block_cols) {
+            o.block_sizes = Some(BlockSizes {
+                block_rows: r,
+                block_cols: c,
+            });
+        }
+        o
+    }
+
+    /// The compute dtype: `--dtype`, else the files'.
+    pub fn dtype(&self, files: NpyDType) -> DType {
+        self.dtype.unwrap_or(match files {
+            NpyDType::F32 => DType::F32,
+            NpyDType::F16 => DType::F16,
+        })
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ForwardArgs {
+    #[arg(long)]
+    pub q: PathBuf,
+    #[arg(long)]
+    pub k: PathBuf,
+    #[arg(long)]
+    pub v: PathBuf,
+    /// Where O is written (`[batch, n_q, heads_q, head_dim]`).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Where LSE is written (f32, `[batch, heads_q, n_q]`).
+    #[arg(long)]
+    pub lse: Option<PathBuf>,
+    #[command(flatten)]
+    pub call: CallArgs,
+}
+
+/// Q, K, V read, checked against each other, and the shape they give.
+pub fn read_qkv(
+    q: &Path,
+    k: &Path,
+    v: &Path,
+) -> Result<([NpyArray; 3], AttentionShape), Box<dyn std::error::Error>> {
+    let (q, k, v) = (npy::read(q)?, npy::read(k)?, npy::read(v)?);
+    for (name, a) in [("q", &q), ("k", &k), ("v", &v)] {
+        if a.shape.len() != 4 {
+            return Err(format!(
+                "{name} must be [batch, seq, heads, head_dim], got shape {:?}",
+                a.shape
+            )
+            .into());
+        }
+        if a.dtype != q.dtype {
+            return Err(format!("{name} is {:?} but q is {:?}", a.dtype, q.dtype).into());
+        }
+    }
+    if k.shape != v.shape {
+        return Err(format!("k {:?} and v {:?} differ in shape", k.shape, v.shape).into());
+    }
+    let dim = |a: &NpyArray, i: usize| {
+        u32::try_from(a.shape[i]).map_err(|_| format!("dimension {} too large", a.shape[i]))
+    };
+    let shape = AttentionShape {
+        batch: dim(&q, 0)?,
+        n_q: dim(&q, 1)?,
+        n_k: dim(&k, 1)?,
+        heads_q: dim(&q, 2)?,
+        heads_kv: dim(&k, 2)?,
+        head_dim: dim(&q, 3)?,
+    };
+    if k.shape[0] != q.shape[0] || k.shape[3] != q.shape[3] {
+        return Err(format!(
+            "q {:?} and k {:?} disagree in batch or head_dim",
+            q.shape, k.shape
+        )
+        .into());
+    }
+    Ok(([q, k, v], shape))
+}
+
+/// Prints `B_r`, `B_c` of a call when asked.
+pub fn report_block_sizes(print: bool, family: KernelFamily, b: BlockSizes, head_dim: u32) {
+    if print {
+        println!(
+            "{family:?} block sizes: B_r = {}, B_c = {} (head_dim {head_dim}, {} bytes of shared memory)",
+            b.block_rows,
+            b.block_cols,
+            family.shared_bytes(b, head_dim)
+        );
+    }
+}
+
+pub fn run(args: &ForwardArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let ([q, k, v], shape) = read_qkv(&args.q, &args.k, &args.v)?;
+    let dtype = args.call.dtype(q.dtype);
+    let gpu = flash_attn::gpu()?;
+    let out = flash_attn::forward_host(
+        &gpu,
+        dtype,
+        &shape,
+        &q.data,
+        &k.data,
+        &v.data,
+        &args.call.options(),
+    )?;
+    report_block_sizes(
+        args.call.print_block_sizes,
+        KernelFamily::Forward,
+        out.block_sizes,
+        shape.head_dim,
+    );
+    npy::write(&args.out, &q.shape, q.dtype, &out.o)?;
+    if let Some(path) = &args.lse {
+        let rows = [
+            shape.batch as usize,
+            shape.heads_q as usize,
+            shape.n_q as usize,
+        ];
+        npy::write(path, &rows, NpyDType::F32, &out.lse)?;
+    }
+    Ok(())
+}
