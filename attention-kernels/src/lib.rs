@@ -10,9 +10,11 @@
     feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
 )]
 
+pub mod flash_tc;
 pub mod params;
 pub mod philox;
 pub mod storage;
+pub mod tile;
 
 #[cfg(target_arch = "nvptx64")]
 mod device;

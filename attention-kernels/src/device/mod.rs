@@ -145,3 +145,46 @@ pub fn cvt_f32_f16(h: u16) -> f32 {
     }
     r
 }
+
+/// 32-bit shared-space address of the dynamic shared-memory window (what `ldmatrix`, `cp.async`
+/// and `ld/st.shared` take).
+#[inline(always)]
+pub fn shared_window() -> u32 {
+    let r: u32;
+    // SAFETY: reading the window's address has no preconditions.
+    unsafe {
+        asm!("mov.u32 {r}, SMEM;", r = out(reg32) r, options(pure, nomem, nostack));
+    }
+    r
+}
+
+/// Barrier and memory fence over the 32 lanes of the calling warp.
+#[inline(always)]
+pub fn sync_warp() {
+    // SAFETY: all 32 lanes reach it from warp-uniform control flow.
+    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) }
+}
+
+/// `2^x` (hardware `ex2`, flushes subnormals; `2^-∞ = 0`).
+#[inline(always)]
+pub fn exp2(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic instruction.
+    unsafe {
+        asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+             options(pure, nomem, nostack));
+    }
+    r
+}
+
+/// `log2 x` (hardware `lg2`).
+#[inline(always)]
+pub fn log2(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic instruction.
+    unsafe {
+        asm!("lg2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+             options(pure, nomem, nostack));
+    }
+    r
+}

@@ -1,0 +1,43 @@
+//! FlashAttention-2 forward on the tensor cores (`mma.sync`): tile configuration shared by the
+//! host launcher and the device kernels.
+
+#[cfg(target_arch = "nvptx64")]
+mod forward;
+#[cfg(target_arch = "nvptx64")]
+mod softmax;
+
+/// Tiles of one kernel instance: `warps` warps of 16 query rows each, K/V blocks of `block_keys`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcConfig {
+    pub head_dim: u32,
+    pub warps: u32,
+    pub block_keys: u32,
+}
+
+impl TcConfig {
+    /// Query rows per thread block.
+    pub const fn block_rows(&self) -> u32 {
+        16 * self.warps
+    }
+    pub const fn threads(&self) -> u32 {
+        32 * self.warps
+    }
+    /// The Q tile plus two stages each of K and V, 16-bit elements.
+    pub const fn shared_bytes(&self) -> u32 {
+        (self.block_rows() + 4 * self.block_keys) * self.head_dim * 2
+    }
+}
+
+/// d = 64: 72 KiB of shared memory, up to three blocks per SM when registers allow.
+pub const D64: TcConfig = TcConfig { head_dim: 64, warps: 4, block_keys: 128 };
+/// d = 128: 80 KiB of shared memory, two blocks (8 warps) per SM.
+pub const D128: TcConfig = TcConfig { head_dim: 128, warps: 4, block_keys: 64 };
+
+/// The configuration for a head dimension, `None` where no tensor-core kernel exists.
+pub const fn config(head_dim: u32) -> Option<TcConfig> {
+    match head_dim {
+        64 => Some(D64),
+        128 => Some(D128),
+        _ => None,
+    }
+}
