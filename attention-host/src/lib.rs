@@ -7,6 +7,7 @@ pub mod error;
 pub mod materialized;
 pub mod options;
 pub mod runtime;
+pub mod tensor_core;
 
 pub use attention_kernels::params::AttentionShape;
 pub use buffer::{DeviceF32, DeviceTensor};
@@ -14,3 +15,4 @@ pub use dtype::DType;
 pub use error::{AttentionError, Result};
 pub use options::{AttentionOptions, Dropout, Lengths};
 pub use runtime::{Gpu, LaunchConfig};
+pub use tensor_core::{tensor_core_config, tensor_core_forward, tensor_core_forward_into, ForwardOutput};
