@@ -8,17 +8,26 @@
 //! `NK` (n-tiles of S) and `NP = NK / 2` (k-steps of PV), so every register array has a
 //! compile-time size and every loop over one unrolls.
 
-use crate::device::{block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads, sync_warp, thread_x};
+use crate::device::{
+    block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads, sync_warp, thread_x,
+};
+use crate::flash_tc::VARIANTS;
 use crate::flash_tc::softmax::RowState;
-use crate::flash_tc::{D128, D64};
-use crate::params::{causal_key_end, TensorCoreForwardParams};
+use crate::params::{TensorCoreForwardParams, causal_key_end};
 use crate::storage::{Bf16, F16};
+use crate::tile::SwizzledTile;
 use crate::tile::cp_async::wait_all;
 use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
 use crate::tile::mma::{FragA, FragC, MmaElem};
-use crate::tile::SwizzledTile;
 
-unsafe fn forward<T: MmaElem, const KD: usize, const ND: usize, const NK: usize, const NP: usize, const WARPS: usize>(
+unsafe fn forward<
+    T: MmaElem,
+    const KD: usize,
+    const ND: usize,
+    const NK: usize,
+    const NP: usize,
+    const WARPS: usize,
+>(
     p: &TensorCoreForwardParams,
 ) {
     const { assert!(ND == 2 * KD && NK == 2 * NP && NP > 0 && KD >= 4 && WARPS > 0) };
@@ -28,7 +37,11 @@ unsafe fn forward<T: MmaElem, const KD: usize, const ND: usize, const NK: usize,
     let (tid, warp, lane) = (thread_x(), thread_x() / 32, thread_x() % 32);
     let causal = p.causal != 0;
     // Causal blocks near the end of the sequence do the most work: launch those first.
-    let q_block = if causal { grid_dim_x() - 1 - block_x() } else { block_x() };
+    let q_block = if causal {
+        grid_dim_x() - 1 - block_x()
+    } else {
+        block_x()
+    };
     let (h, b) = (block_y(), block_z());
     let q0 = q_block * br;
 
@@ -54,7 +67,13 @@ unsafe fn forward<T: MmaElem, const KD: usize, const ND: usize, const NK: usize,
         }
     };
 
-    let key_end = |row: u32| if causal { causal_key_end(row, s.n_q, s.n_k) } else { s.n_k };
+    let key_end = |row: u32| {
+        if causal {
+            causal_key_end(row, s.n_q, s.n_k)
+        } else {
+            s.n_k
+        }
+    };
     let last_row = (q0 + br).min(s.n_q) - 1;
     let n_blocks = key_end(last_row).div_ceil(bc);
     // Keys below this are allowed for every row of the block: those blocks skip the mask.
@@ -95,7 +114,8 @@ unsafe fn forward<T: MmaElem, const KD: usize, const ND: usize, const NK: usize,
         for (kk, qf) in q_frag.iter().enumerate() {
             for np in 0..NP {
                 // SAFETY: keys 16 np .. 16 np + 16 are inside the K tile.
-                let [b0, b1] = unsafe { k_tile(stage).load_b_pair(16 * np as u32, kk as u32, lane) };
+                let [b0, b1] =
+                    unsafe { k_tile(stage).load_b_pair(16 * np as u32, kk as u32, lane) };
                 T::mma(&mut sc[2 * np], qf, &b0);
                 T::mma(&mut sc[2 * np + 1], qf, &b1);
             }
@@ -113,7 +133,11 @@ unsafe fn forward<T: MmaElem, const KD: usize, const ND: usize, const NK: usize,
                 for e in 0..4 {
                     let col = col0 + 8 * j as u32 + (e % 2) as u32;
                     let end = if e < 2 { end_lo } else { end_hi };
-                    t.0[e] = if col >= end { f32::NEG_INFINITY } else { t.0[e] };
+                    t.0[e] = if col >= end {
+                        f32::NEG_INFINITY
+                    } else {
+                        t.0[e]
+                    };
                 }
             }
         }
@@ -122,7 +146,8 @@ unsafe fn forward<T: MmaElem, const KD: usize, const ND: usize, const NK: usize,
         for (kk, pa) in pf.iter().enumerate() {
             for dp in 0..KD {
                 // SAFETY: keys 16 kk .. 16 kk + 16 and chunks 2 dp, 2 dp + 1 are inside the V tile.
-                let [b0, b1] = unsafe { v_tile(stage).load_b_pair_trans(16 * kk as u32, 2 * dp as u32, lane) };
+                let [b0, b1] =
+                    unsafe { v_tile(stage).load_b_pair_trans(16 * kk as u32, 2 * dp as u32, lane) };
                 T::mma(&mut o[2 * dp], pa, &b0);
                 T::mma(&mut o[2 * dp + 1], pa, &b1);
             }
@@ -137,8 +162,14 @@ unsafe fn forward<T: MmaElem, const KD: usize, const ND: usize, const NK: usize,
     for (j, f) in o.iter().enumerate() {
         // SAFETY: rows warp_row + g (+ 8) and chunk j are inside the Q tile.
         unsafe {
-            store_shared_u32(q_tile.chunk_addr(warp_row + g, j as u32) + 4 * t, T::pack(f.0[0], f.0[1]));
-            store_shared_u32(q_tile.chunk_addr(warp_row + g + 8, j as u32) + 4 * t, T::pack(f.0[2], f.0[3]));
+            store_shared_u32(
+                q_tile.chunk_addr(warp_row + g, j as u32) + 4 * t,
+                T::pack(f.0[0], f.0[1]),
+            );
+            store_shared_u32(
+                q_tile.chunk_addr(warp_row + g + 8, j as u32) + 4 * t,
+                T::pack(f.0[2], f.0[3]),
+            );
         }
     }
     sync_warp();
@@ -167,6 +198,7 @@ unsafe fn forward<T: MmaElem, const KD: usize, const ND: usize, const NK: usize,
     }
 }
 
+/// One entry point per (dtype, configuration): `flash_tc_forward_<dtype>_d<d>_w<warps>_k<keys>`.
 macro_rules! entry_points {
     ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
         #[unsafe(no_mangle)]
@@ -188,8 +220,14 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_tc_forward_bf16_d64 => Bf16, D64;
-    flash_tc_forward_f16_d64 => F16, D64;
-    flash_tc_forward_bf16_d128 => Bf16, D128;
-    flash_tc_forward_f16_d128 => F16, D128;
+    flash_tc_forward_bf16_d64_w4_k128 => Bf16, VARIANTS[0];
+    flash_tc_forward_f16_d64_w4_k128 => F16, VARIANTS[0];
+    flash_tc_forward_bf16_d128_w4_k64 => Bf16, VARIANTS[1];
+    flash_tc_forward_f16_d128_w4_k64 => F16, VARIANTS[1];
+    flash_tc_forward_bf16_d64_w8_k128 => Bf16, VARIANTS[2];
+    flash_tc_forward_f16_d64_w8_k128 => F16, VARIANTS[2];
+    flash_tc_forward_bf16_d64_w4_k64 => Bf16, VARIANTS[3];
+    flash_tc_forward_f16_d64_w4_k64 => F16, VARIANTS[3];
+    flash_tc_forward_bf16_d128_w8_k64 => Bf16, VARIANTS[4];
+    flash_tc_forward_f16_d128_w8_k64 => F16, VARIANTS[4];
 }

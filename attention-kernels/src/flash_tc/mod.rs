@@ -28,12 +28,42 @@ impl TcConfig {
     }
 }
 
-/// d = 64: 72 KiB of shared memory, up to three blocks per SM when registers allow.
-pub const D64: TcConfig = TcConfig { head_dim: 64, warps: 4, block_keys: 128 };
-/// d = 128: 80 KiB of shared memory, two blocks (8 warps) per SM.
-pub const D128: TcConfig = TcConfig { head_dim: 128, warps: 4, block_keys: 64 };
+/// d = 64: 72 KiB of shared memory, two blocks (8 warps) per SM at 238 registers.
+pub const D64: TcConfig = TcConfig {
+    head_dim: 64,
+    warps: 4,
+    block_keys: 128,
+};
+/// d = 128: 80 KiB of shared memory, two blocks (8 warps) per SM at 254 registers.
+pub const D128: TcConfig = TcConfig {
+    head_dim: 128,
+    warps: 4,
+    block_keys: 64,
+};
 
-/// The configuration for a head dimension, `None` where no tensor-core kernel exists.
+/// Every configuration compiled into the PTX: the defaults first, then the tuning candidates
+/// that the timing example compares against them.
+pub const VARIANTS: [TcConfig; 5] = [
+    D64,
+    D128,
+    TcConfig {
+        head_dim: 64,
+        warps: 8,
+        block_keys: 128,
+    },
+    TcConfig {
+        head_dim: 64,
+        warps: 4,
+        block_keys: 64,
+    },
+    TcConfig {
+        head_dim: 128,
+        warps: 8,
+        block_keys: 64,
+    },
+];
+
+/// The default configuration for a head dimension, `None` where no tensor-core kernel exists.
 pub const fn config(head_dim: u32) -> Option<TcConfig> {
     match head_dim {
         64 => Some(D64),

@@ -29,7 +29,10 @@ fn quad_sum(x: f32) -> f32 {
 impl RowState {
     #[inline(always)]
     pub fn new() -> Self {
-        RowState { m: [f32::NEG_INFINITY; 2], l: [0.0; 2] }
+        RowState {
+            m: [f32::NEG_INFINITY; 2],
+            l: [0.0; 2],
+        }
     }
 
     /// Folds one block of scaled, masked scores `s` (`NK` n-tiles) into the state, rescales the
@@ -51,7 +54,11 @@ impl RowState {
             m_new[r] = quad_max(m_new[r]);
             // A row with nothing allowed yet keeps m = −∞; subtracting 0 instead keeps 2^(−∞) = 0
             // and avoids −∞ − (−∞) = NaN.
-            m_sub[r] = if m_new[r] == f32::NEG_INFINITY { 0.0 } else { m_new[r] };
+            m_sub[r] = if m_new[r] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                m_new[r]
+            };
             alpha[r] = exp2(self.m[r] - m_sub[r]);
             self.m[r] = m_new[r];
             self.l[r] *= alpha[r];

@@ -40,13 +40,26 @@ impl SwizzledTile {
     /// The tile must hold `rows` rows; `src + r · stride` must be readable for the whole row for
     /// every `first + r < limit`.
     #[inline(always)]
-    pub unsafe fn fill_async(&self, src: u64, stride: u64, first: u32, limit: u32, rows: u32, tid: u32, threads: u32) {
+    pub unsafe fn fill_async(
+        &self,
+        src: u64,
+        stride: u64,
+        first: u32,
+        limit: u32,
+        rows: u32,
+        tid: u32,
+        threads: u32,
+    ) {
         let chunks = self.chunks();
         let mut i = tid;
         while i < rows * chunks {
             let (r, c) = (i / chunks, i % chunks);
             let valid = first + r < limit;
-            let at = if valid { src + (first + r) as u64 * stride + c as u64 * 16 } else { src };
+            let at = if valid {
+                src + (first + r) as u64 * stride + c as u64 * 16
+            } else {
+                src
+            };
             // SAFETY: the caller guarantees the tile size and the readable rows.
             unsafe { copy16(self.chunk_addr(r, c), at, valid) };
             i += threads;

@@ -3,8 +3,8 @@
 
 use core::arch::asm;
 
-use super::mma::{FragA, FragB};
 use super::SwizzledTile;
+use super::mma::{FragA, FragB};
 
 /// Lane `l` gives the row address of matrix `l / 8`, row `l % 8`; register `i` of lane `l` receives
 /// row `l / 4`, elements `2(l % 4)` and `2(l % 4) + 1` of matrix `i`.
@@ -62,7 +62,10 @@ impl SwizzledTile {
     #[inline(always)]
     pub unsafe fn load_b_pair(&self, key0: u32, kk: u32, lane: u32) -> [FragB; 2] {
         // Matrices: (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
-        let addr = self.chunk_addr(key0 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1));
+        let addr = self.chunk_addr(
+            key0 + (lane & 7) + ((lane >> 4) << 3),
+            2 * kk + ((lane >> 3) & 1),
+        );
         // SAFETY: forwarded to the caller.
         let r = unsafe { x4(addr) };
         [FragB([r[0], r[1]]), FragB([r[2], r[3]])]

@@ -8,7 +8,9 @@ use core::arch::asm;
 #[inline(always)]
 pub unsafe fn store_shared_u32(addr: u32, v: u32) {
     // SAFETY: the caller guarantees the address.
-    unsafe { asm!("st.shared.b32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack)) }
+    unsafe {
+        asm!("st.shared.b32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack))
+    }
 }
 
 /// # Safety

@@ -8,7 +8,7 @@
 
 use core::arch::asm;
 
-use crate::storage::{Bf16, Storage, F16};
+use crate::storage::{Bf16, F16, Storage};
 
 /// A operand: 16×16, two packed elements per register.
 #[derive(Clone, Copy, Default)]
@@ -70,5 +70,13 @@ macro_rules! mma_elem {
     };
 }
 
-mma_elem!(Bf16, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "cvt.rn.bf16x2.f32");
-mma_elem!(F16, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "cvt.rn.f16x2.f32");
+mma_elem!(
+    Bf16,
+    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+    "cvt.rn.bf16x2.f32"
+);
+mma_elem!(
+    F16,
+    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+    "cvt.rn.f16x2.f32"
+);

@@ -17,8 +17,14 @@ pub struct SwizzledTile {
 impl SwizzledTile {
     #[inline(always)]
     pub const fn new(base: u32, cols: u32) -> Self {
-        assert!(cols >= 64 && cols % 64 == 0, "swizzled rows need a multiple of 8 chunks");
-        SwizzledTile { base, chunks: cols / 8 }
+        assert!(
+            cols >= 64 && cols % 64 == 0,
+            "swizzled rows need a multiple of 8 chunks"
+        );
+        SwizzledTile {
+            base,
+            chunks: cols / 8,
+        }
     }
 
     /// 16-byte chunks per row.
@@ -56,8 +62,12 @@ mod tests {
         for cols in [64, 128, 256] {
             let tile = SwizzledTile::new(0, cols);
             for row in 0..64 {
-                let offsets: HashSet<u32> = (0..tile.chunks()).map(|c| tile.chunk_offset(row, c)).collect();
-                let expected: HashSet<u32> = (0..tile.chunks()).map(|c| (row * tile.chunks() + c) * 16).collect();
+                let offsets: HashSet<u32> = (0..tile.chunks())
+                    .map(|c| tile.chunk_offset(row, c))
+                    .collect();
+                let expected: HashSet<u32> = (0..tile.chunks())
+                    .map(|c| (row * tile.chunks() + c) * 16)
+                    .collect();
                 assert_eq!(offsets, expected, "cols {cols} row {row}");
             }
         }
@@ -70,14 +80,18 @@ mod tests {
             for row0 in (0..64).step_by(8) {
                 for chunk in 0..tile.chunks() {
                     // ldmatrix: eight consecutive rows, one logical chunk.
-                    let groups: HashSet<u32> = (row0..row0 + 8).map(|r| bank_group(tile.chunk_offset(r, chunk))).collect();
+                    let groups: HashSet<u32> = (row0..row0 + 8)
+                        .map(|r| bank_group(tile.chunk_offset(r, chunk)))
+                        .collect();
                     assert_eq!(groups.len(), 8, "cols {cols} rows {row0}.. chunk {chunk}");
                 }
             }
             for row in 0..64 {
                 for chunk0 in (0..tile.chunks()).step_by(8) {
                     // cp.async / 16-byte stores: eight consecutive chunks of one row.
-                    let groups: HashSet<u32> = (chunk0..chunk0 + 8).map(|c| bank_group(tile.chunk_offset(row, c))).collect();
+                    let groups: HashSet<u32> = (chunk0..chunk0 + 8)
+                        .map(|c| bank_group(tile.chunk_offset(row, c)))
+                        .collect();
                     assert_eq!(groups.len(), 8, "cols {cols} row {row} chunks {chunk0}..");
                 }
             }
