@@ -49,6 +49,11 @@ pub fn tensor_core_config(
     Ok(cfg)
 }
 
+/// The PTX entry point that runs `cfg` on `dtype`.
+pub fn kernel_name(dtype: DType, cfg: &TcConfig) -> String {
+    format!("flash_tc_forward_{dtype}_d{}_w{}_k{}", cfg.head_dim, cfg.warps, cfg.block_keys)
+}
+
 /// Runs the forward into fresh outputs (poisoned first, so an unwritten element shows as NaN) and
 /// waits for it.
 pub fn tensor_core_forward(

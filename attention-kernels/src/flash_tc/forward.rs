@@ -11,7 +11,7 @@
 use crate::device::{
     block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads, sync_warp, thread_x,
 };
-use crate::flash_tc::VARIANTS;
+use crate::flash_tc::TcConfig;
 use crate::flash_tc::softmax::RowState;
 use crate::params::{TensorCoreForwardParams, causal_key_end};
 use crate::storage::{Bf16, F16};
@@ -198,7 +198,8 @@ unsafe fn forward<
     }
 }
 
-/// One entry point per (dtype, configuration): `flash_tc_forward_<dtype>_d<d>_w<warps>_k<keys>`.
+/// One entry point per (dtype, configuration), named `flash_tc_forward_<dtype>_d<d>_w<warps>_k<keys>`
+/// as the host formats it; `tests/ptx_entries.rs` checks that every `VARIANTS` entry exists.
 macro_rules! entry_points {
     ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
         #[unsafe(no_mangle)]
@@ -220,14 +221,14 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_tc_forward_bf16_d64_w4_k128 => Bf16, VARIANTS[0];
-    flash_tc_forward_f16_d64_w4_k128 => F16, VARIANTS[0];
-    flash_tc_forward_bf16_d128_w4_k64 => Bf16, VARIANTS[1];
-    flash_tc_forward_f16_d128_w4_k64 => F16, VARIANTS[1];
-    flash_tc_forward_bf16_d64_w8_k128 => Bf16, VARIANTS[2];
-    flash_tc_forward_f16_d64_w8_k128 => F16, VARIANTS[2];
-    flash_tc_forward_bf16_d64_w4_k64 => Bf16, VARIANTS[3];
-    flash_tc_forward_f16_d64_w4_k64 => F16, VARIANTS[3];
-    flash_tc_forward_bf16_d128_w8_k64 => Bf16, VARIANTS[4];
-    flash_tc_forward_f16_d128_w8_k64 => F16, VARIANTS[4];
+    flash_tc_forward_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 };
+    flash_tc_forward_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 };
+    flash_tc_forward_bf16_d64_w4_k128 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 };
+    flash_tc_forward_f16_d64_w4_k128 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 };
+    flash_tc_forward_bf16_d64_w8_k128 => Bf16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 };
+    flash_tc_forward_f16_d64_w8_k128 => F16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 };
+    flash_tc_forward_bf16_d128_w4_k64 => Bf16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 };
+    flash_tc_forward_f16_d128_w4_k64 => F16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 };
+    flash_tc_forward_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 };
+    flash_tc_forward_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 };
 }
