@@ -26,8 +26,14 @@ fn main() {
     }
 
     let kernel_dir = manifest_dir.join(KERNEL_CRATE);
-    println!("cargo:rerun-if-changed={}", kernel_dir.join("src").display());
-    println!("cargo:rerun-if-changed={}", kernel_dir.join("Cargo.toml").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        kernel_dir.join("src").display()
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
+        kernel_dir.join("Cargo.toml").display()
+    );
     println!("cargo:rerun-if-env-changed=FLASH_ATTN_ARCH");
 
     let target_root = target_root(&out_dir);
@@ -101,8 +107,12 @@ fn build_ptx(kernel_dir: &Path, child_target: &Path, arch: &str) -> String {
     let ptx_path = child_target
         .join("nvptx64-nvidia-cuda/release")
         .join(PTX_NAME);
-    let ptx = fs::read_to_string(&ptx_path)
-        .unwrap_or_else(|e| panic!("kernel build succeeded but {} is unreadable: {e}", ptx_path.display()));
+    let ptx = fs::read_to_string(&ptx_path).unwrap_or_else(|e| {
+        panic!(
+            "kernel build succeeded but {} is unreadable: {e}",
+            ptx_path.display()
+        )
+    });
     let expected = format!(".target {arch}");
     if !ptx.contains(&expected) {
         panic!("{} does not contain `{expected}`", ptx_path.display());

@@ -3,7 +3,7 @@
 use cust::memory::{CopyDestination, DeviceBuffer};
 
 use crate::dtype::DType;
-use crate::error::{invalid, CudaContext, Result};
+use crate::error::{CudaContext, Result, invalid};
 
 enum Storage {
     F32(DeviceBuffer<f32>),
@@ -33,10 +33,15 @@ impl DeviceTensor {
     /// Uploads raw 16-bit patterns of `dtype` (f16 or bf16), e.g. from `half::f16::to_bits`.
     pub fn from_bits16(dtype: DType, bits: &[u16]) -> Result<DeviceTensor> {
         if dtype == DType::F32 {
-            return Err(invalid!("from_bits16 takes f16 or bf16 bit patterns, not f32"));
+            return Err(invalid!(
+                "from_bits16 takes f16 or bf16 bit patterns, not f32"
+            ));
         }
         let buf = DeviceBuffer::from_slice(bits).cuda("uploading a tensor")?;
-        Ok(DeviceTensor { dtype, storage: Storage::Bits16(buf) })
+        Ok(DeviceTensor {
+            dtype,
+            storage: Storage::Bits16(buf),
+        })
     }
 
     /// A tensor of `len` elements filled with NaN, so any element a kernel fails to write shows.
@@ -79,7 +84,11 @@ impl DeviceTensor {
                 b.copy_to(&mut out[..]).cuda("downloading a tensor")?;
                 Ok(out)
             }
-            Storage::Bits16(b) => Ok(self.to_bits16_of(b)?.into_iter().map(|x| self.dtype.widen16(x)).collect()),
+            Storage::Bits16(b) => Ok(self
+                .to_bits16_of(b)?
+                .into_iter()
+                .map(|x| self.dtype.widen16(x))
+                .collect()),
         }
     }
 
@@ -103,10 +112,14 @@ pub struct DeviceF32(pub DeviceBuffer<f32>);
 
 impl DeviceF32 {
     pub fn poisoned(len: usize) -> Result<DeviceF32> {
-        Ok(DeviceF32(DeviceBuffer::from_slice(&vec![f32::NAN; len]).cuda("allocating an f32 buffer")?))
+        Ok(DeviceF32(
+            DeviceBuffer::from_slice(&vec![f32::NAN; len]).cuda("allocating an f32 buffer")?,
+        ))
     }
     pub fn from_slice(host: &[f32]) -> Result<DeviceF32> {
-        Ok(DeviceF32(DeviceBuffer::from_slice(host).cuda("uploading an f32 buffer")?))
+        Ok(DeviceF32(
+            DeviceBuffer::from_slice(host).cuda("uploading an f32 buffer")?,
+        ))
     }
     pub fn device_ptr(&self) -> u64 {
         self.0.as_device_ptr().as_raw()
@@ -119,7 +132,9 @@ impl DeviceF32 {
     }
     pub fn to_vec(&self) -> Result<Vec<f32>> {
         let mut out = vec![0.0f32; self.0.len()];
-        self.0.copy_to(&mut out[..]).cuda("downloading an f32 buffer")?;
+        self.0
+            .copy_to(&mut out[..])
+            .cuda("downloading an f32 buffer")?;
         Ok(out)
     }
 }

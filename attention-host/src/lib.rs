@@ -4,9 +4,12 @@
 pub mod buffer;
 pub mod dtype;
 pub mod error;
+pub mod ledger;
 pub mod materialized;
 pub mod options;
+pub mod reference;
 pub mod runtime;
+pub mod schedule;
 pub mod tensor_core;
 
 pub use attention_kernels::params::AttentionShape;

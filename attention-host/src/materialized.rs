@@ -5,7 +5,7 @@ use attention_kernels::params::{
 };
 
 use crate::buffer::DeviceTensor;
-use crate::error::{invalid, Result};
+use crate::error::{Result, invalid};
 use crate::options::{AttentionOptions, Lengths};
 use crate::runtime::{Gpu, LaunchConfig};
 
@@ -14,11 +14,23 @@ const TILE_SHARED_BYTES: u32 = 2 * TILE * (TILE + 1) * 4;
 const SOFTMAX_WARPS: u32 = 4;
 
 /// Checks that `q`, `k`, `v` match `shape` and one dtype.
-pub fn check_qkv(shape: &AttentionShape, q: &DeviceTensor, k: &DeviceTensor, v: &DeviceTensor) -> Result<()> {
+pub fn check_qkv(
+    shape: &AttentionShape,
+    q: &DeviceTensor,
+    k: &DeviceTensor,
+    v: &DeviceTensor,
+) -> Result<()> {
     crate::options::validate_shape(shape)?;
-    for (name, t, want) in [("q", q, shape.q_elems()), ("k", k, shape.kv_elems()), ("v", v, shape.kv_elems())] {
+    for (name, t, want) in [
+        ("q", q, shape.q_elems()),
+        ("k", k, shape.kv_elems()),
+        ("v", v, shape.kv_elems()),
+    ] {
         if t.len() != want {
-            return Err(invalid!("{name} holds {} elements, the shape {shape:?} needs {want}", t.len()));
+            return Err(invalid!(
+                "{name} holds {} elements, the shape {shape:?} needs {want}",
+                t.len()
+            ));
         }
         if t.dtype() != q.dtype() {
             return Err(invalid!("{name} is {} but q is {}", t.dtype(), q.dtype()));
@@ -41,7 +53,9 @@ pub fn materialized_forward(
     check_qkv(shape, q, k, v)?;
     options.validate(shape)?;
     if options.dropout.is_some() || options.lengths != Lengths::Full {
-        return Err(invalid!("the materialized baseline supports scale and causal only"));
+        return Err(invalid!(
+            "the materialized baseline supports scale and causal only"
+        ));
     }
     let dtype = q.dtype();
     let s = DeviceTensor::poisoned(dtype, shape.score_elems())?;
@@ -65,12 +79,33 @@ pub fn materialized_forward(
     gpu.launch(&format!("materialized_scores_{dtype}"), tiles, &scores)?;
 
     let rows = planes * shape.n_q;
-    let softmax = MaterializedSoftmaxParams { s: s.device_ptr(), p: p.device_ptr(), rows, n_k: shape.n_k };
-    let per_row = LaunchConfig { grid: (rows.div_ceil(SOFTMAX_WARPS), 1, 1), block: (32 * SOFTMAX_WARPS, 1, 1), shared_bytes: 0 };
+    let softmax = MaterializedSoftmaxParams {
+        s: s.device_ptr(),
+        p: p.device_ptr(),
+        rows,
+        n_k: shape.n_k,
+    };
+    let per_row = LaunchConfig {
+        grid: (rows.div_ceil(SOFTMAX_WARPS), 1, 1),
+        block: (32 * SOFTMAX_WARPS, 1, 1),
+        shared_bytes: 0,
+    };
     gpu.launch(&format!("materialized_softmax_{dtype}"), per_row, &softmax)?;
 
-    let output = MaterializedOutputParams { p: p.device_ptr(), v: v.device_ptr(), o: o.device_ptr(), shape: *shape };
-    let out_tiles = LaunchConfig { grid: (shape.head_dim.div_ceil(TILE), shape.n_q.div_ceil(TILE), planes), ..tiles };
+    let output = MaterializedOutputParams {
+        p: p.device_ptr(),
+        v: v.device_ptr(),
+        o: o.device_ptr(),
+        shape: *shape,
+    };
+    let out_tiles = LaunchConfig {
+        grid: (
+            shape.head_dim.div_ceil(TILE),
+            shape.n_q.div_ceil(TILE),
+            planes,
+        ),
+        ..tiles
+    };
     gpu.launch(&format!("materialized_output_{dtype}"), out_tiles, &output)?;
     gpu.synchronize()?;
     Ok(o)

@@ -1,0 +1,3 @@
+//! Subcommands of the `flash-attn` tool.
+
+pub mod ledger;
