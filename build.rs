@@ -80,7 +80,13 @@ fn build_ptx(kernel_dir: &Path, child_target: &Path, arch: &str) -> String {
         .arg("--target-dir")
         .arg(child_target)
         .env("RUSTC_BOOTSTRAP", "1")
-        .env("CARGO_ENCODED_RUSTFLAGS", format!("-Ctarget-cpu={arch}"));
+        // The tensor-core kernels index register arrays only in loops that must unroll fully (as
+        // CUDA's `#pragma unroll` would make them); the default threshold leaves some rolled,
+        // which sends the arrays to local memory.
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            format!("-Ctarget-cpu={arch}\x1f-Cllvm-args=-unroll-threshold=1000"),
+        );
     // What the parent cargo exports for its own host build must not leak into the device build.
     for var in [
         "RUSTFLAGS",

@@ -1,5 +1,7 @@
 //! Support for tests that need a GPU: they skip, visibly, where no CUDA device answers.
 
+use std::io::Write;
+
 use crate::{AttentionError, Gpu};
 
 /// The GPU, or `None` after printing a `SKIP` line naming `test` when no CUDA device answers.
@@ -9,7 +11,11 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
     match crate::gpu() {
         Ok(gpu) => Some(gpu),
         Err(AttentionError::NoDevice(why)) => {
-            eprintln!("SKIP {test}: no CUDA device answered ({why})");
+            // Straight to stderr: libtest captures `eprintln!` of passing tests, and a skip must show.
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIP {test}: no CUDA device answered ({why})"
+            );
             None
         }
         Err(e) => panic!("{test}: the GPU runtime failed to start: {e}"),

@@ -17,7 +17,7 @@
 //!
 //! Where no CUDA device answers, each test prints `SKIP <test>: ...` to stderr and returns.
 
-use std::io::Write;
+use flash_attn::testing::gpu_or_skip;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -28,21 +28,6 @@ use flash_attn::{
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-fn gpu_or_skip(test: &str) -> Option<Gpu> {
-    match flash_attn::gpu() {
-        Ok(g) => Some(g),
-        Err(AttentionError::NoDevice(why)) => {
-            // Straight to stderr: libtest captures `eprintln!` of passing tests, and a skip must show.
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIP {test}: no CUDA device answered ({why})"
-            );
-            None
-        }
-        Err(e) => panic!("{test}: creating the GPU context failed: {e}"),
-    }
-}
 
 fn bound(dtype: DType) -> f64 {
     match dtype {

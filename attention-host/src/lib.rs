@@ -12,6 +12,7 @@ pub mod options;
 pub mod reference;
 pub mod runtime;
 pub mod schedule;
+pub mod tensor_core;
 pub mod timing;
 
 pub use attention_kernels::params::AttentionShape;

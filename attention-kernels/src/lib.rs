@@ -15,10 +15,12 @@
 extern crate std;
 
 pub mod flash;
+pub mod flash_tc;
 pub mod online_state;
 pub mod params;
 pub mod philox;
 pub mod storage;
+pub mod tile;
 
 #[cfg(target_arch = "nvptx64")]
 mod device;

@@ -96,3 +96,20 @@ pub struct MaterializedOutputParams {
     pub o: u64,
     pub shape: AttentionShape,
 }
+
+/// The tensor-core forward (`flash_tc`): Q, K, V and O are f16 or bf16 `[batch, seq, heads,
+/// head_dim]`, LSE is f32 `[batch, heads_q, n_q]` in natural log.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TensorCoreForwardParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub shape: AttentionShape,
+    /// `τ · log2 e`: scores go straight to the base-2 exponent.
+    pub scale_log2: f32,
+    /// 1 for the causal mask, 0 for none.
+    pub causal: u32,
+}

@@ -149,13 +149,43 @@ pub fn cvt_f32_f16(h: u16) -> f32 {
 /// Natural logarithm through the hardware `lg2` with `ln 2` folded in.
 #[inline(always)]
 pub fn ln(x: f32) -> f32 {
+    log2(x) * core::f32::consts::LN_2
+}
+
+/// `log2 x` (hardware `lg2`).
+#[inline(always)]
+pub fn log2(x: f32) -> f32 {
     let r: f32;
     // SAFETY: pure arithmetic instruction.
     unsafe {
         asm!("lg2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
              options(pure, nomem, nostack));
     }
-    r * core::f32::consts::LN_2
+    r
+}
+
+/// `2^x` (hardware `ex2`, flushes subnormals; `2^-∞ = 0`).
+#[inline(always)]
+pub fn exp2(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: pure arithmetic instruction.
+    unsafe {
+        asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+             options(pure, nomem, nostack));
+    }
+    r
+}
+
+/// 32-bit shared-space address of the dynamic shared-memory window (what `ldmatrix`, `cp.async`
+/// and `ld/st.shared` take).
+#[inline(always)]
+pub fn shared_window() -> u32 {
+    let r: u32;
+    // SAFETY: reading the window's address has no preconditions.
+    unsafe {
+        asm!("mov.u32 {r}, SMEM;", r = out(reg32) r, options(pure, nomem, nostack));
+    }
+    r
 }
 
 /// `*p += x` in global memory, atomically with respect to other threads' additions.
@@ -184,10 +214,11 @@ macro_rules! entry_points {
 
 pub(crate) use entry_points;
 
-/// Barrier over the 32 lanes of a warp: orders their shared-memory accesses (lanes are scheduled
-/// independently since Volta, so a shuffle alone does not order plain loads against stores).
+/// Barrier and memory fence over the 32 lanes of a warp: orders their shared-memory accesses
+/// (lanes are scheduled independently since Volta, so a shuffle alone does not order plain loads
+/// against stores).
 #[inline(always)]
 pub fn sync_warp() {
-    // SAFETY: all 32 lanes execute this together.
+    // SAFETY: all 32 lanes reach it from warp-uniform control flow.
     unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) }
 }

@@ -1,0 +1,217 @@
+//! Host side of the tensor-core forward (`attention_kernels::flash_tc`): validation and launch.
+
+use attention_kernels::flash_tc::{self, TcConfig};
+use attention_kernels::params::{AttentionShape, TensorCoreForwardParams};
+
+use crate::buffer::{DeviceF32, DeviceTensor};
+use crate::dtype::DType;
+use crate::error::{Result, invalid};
+use crate::materialized::check_qkv;
+use crate::options::{AttentionOptions, Lengths};
+use crate::runtime::{Gpu, LaunchConfig};
+
+/// What the forward returns: `O` (`[batch, n_q, heads_q, head_dim]`, the inputs' dtype) and the
+/// saved `LSE` (f32 `[batch, heads_q, n_q]`, natural log; `−∞` for rows with no allowed key).
+pub struct ForwardOutput {
+    pub o: DeviceTensor,
+    pub lse: DeviceF32,
+}
+
+/// Checks that the tensor-core forward can run `shape` in `dtype` with `options`, and returns the
+/// tile configuration it would use. Needs no device.
+pub fn tensor_core_config(
+    shape: &AttentionShape,
+    dtype: DType,
+    options: &AttentionOptions,
+) -> Result<TcConfig> {
+    options.validate(shape)?;
+    if options.dropout.is_some() || options.lengths != Lengths::Full {
+        return Err(invalid!(
+            "the tensor-core forward supports scale and causal only (no dropout, no length masks)"
+        ));
+    }
+    if dtype == DType::F32 {
+        return Err(invalid!(
+            "the tensor-core forward takes f16 or bf16 inputs, not f32"
+        ));
+    }
+    let Some(cfg) = flash_tc::config(shape.head_dim) else {
+        return Err(invalid!(
+            "the tensor-core forward supports head_dim 64 and 128, not {}",
+            shape.head_dim
+        ));
+    };
+    if shape.heads_q > u16::MAX as u32 || shape.batch > u16::MAX as u32 {
+        return Err(invalid!(
+            "heads_q and batch must be at most 65535 (grid y and z)"
+        ));
+    }
+    Ok(cfg)
+}
+
+/// The PTX entry point that runs `cfg` on `dtype`.
+pub fn kernel_name(dtype: DType, cfg: &TcConfig) -> String {
+    format!(
+        "flash_tc_forward_{dtype}_d{}_w{}_k{}",
+        cfg.head_dim, cfg.warps, cfg.block_keys
+    )
+}
+
+/// Runs the forward into fresh outputs (poisoned first, so an unwritten element shows as NaN) and
+/// waits for it.
+pub fn tensor_core_forward(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    q: &DeviceTensor,
+    k: &DeviceTensor,
+    v: &DeviceTensor,
+    options: &AttentionOptions,
+) -> Result<ForwardOutput> {
+    let out = ForwardOutput {
+        o: DeviceTensor::poisoned(q.dtype(), shape.q_elems())?,
+        lse: DeviceF32::poisoned(shape.row_elems())?,
+    };
+    tensor_core_forward_into(gpu, shape, q, k, v, &out, options)?;
+    gpu.synchronize()?;
+    Ok(out)
+}
+
+/// Launches the forward into existing outputs without waiting (for timing loops).
+pub fn tensor_core_forward_into(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    q: &DeviceTensor,
+    k: &DeviceTensor,
+    v: &DeviceTensor,
+    out: &ForwardOutput,
+    options: &AttentionOptions,
+) -> Result<()> {
+    let cfg = tensor_core_config(shape, q.dtype(), options)?;
+    tensor_core_forward_variant_into(gpu, cfg, shape, q, k, v, out, options)
+}
+
+/// As [`tensor_core_forward_into`] with one of `flash_tc::VARIANTS` instead of the default tiles
+/// (for comparing configurations).
+#[allow(clippy::too_many_arguments)]
+pub fn tensor_core_forward_variant_into(
+    gpu: &Gpu,
+    cfg: TcConfig,
+    shape: &AttentionShape,
+    q: &DeviceTensor,
+    k: &DeviceTensor,
+    v: &DeviceTensor,
+    out: &ForwardOutput,
+    options: &AttentionOptions,
+) -> Result<()> {
+    check_qkv(shape, q, k, v)?;
+    let dtype = q.dtype();
+    tensor_core_config(shape, dtype, options)?;
+    if cfg.head_dim != shape.head_dim || !flash_tc::VARIANTS.contains(&cfg) {
+        return Err(invalid!(
+            "no compiled tensor-core kernel {cfg:?} for head_dim {}",
+            shape.head_dim
+        ));
+    }
+    if out.o.dtype() != dtype || out.o.len() != shape.q_elems() {
+        return Err(invalid!(
+            "o must be {dtype} with {} elements",
+            shape.q_elems()
+        ));
+    }
+    if out.lse.len() != shape.row_elems() {
+        return Err(invalid!(
+            "lse must hold {} elements, it holds {}",
+            shape.row_elems(),
+            out.lse.len()
+        ));
+    }
+    let params = TensorCoreForwardParams {
+        q: q.device_ptr(),
+        k: k.device_ptr(),
+        v: v.device_ptr(),
+        o: out.o.device_ptr(),
+        lse: out.lse.device_ptr(),
+        shape: *shape,
+        scale_log2: options.scale_for(shape.head_dim) * std::f32::consts::LOG2_E,
+        causal: options.causal as u32,
+    };
+    let launch = LaunchConfig {
+        grid: (
+            shape.n_q.div_ceil(cfg.block_rows()),
+            shape.heads_q,
+            shape.batch,
+        ),
+        block: (cfg.threads(), 1, 1),
+        shared_bytes: cfg.shared_bytes(),
+    };
+    let name = format!(
+        "flash_tc_forward_{dtype}_d{}_w{}_k{}",
+        cfg.head_dim, cfg.warps, cfg.block_keys
+    );
+    gpu.launch(&name, launch, &params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(head_dim: u32) -> AttentionShape {
+        AttentionShape {
+            batch: 2,
+            n_q: 100,
+            n_k: 70,
+            heads_q: 4,
+            heads_kv: 2,
+            head_dim,
+        }
+    }
+
+    #[test]
+    fn accepts_half_types_at_head_dims_64_and_128() {
+        for dtype in [DType::F16, DType::Bf16] {
+            for d in [64, 128] {
+                let cfg =
+                    tensor_core_config(&shape(d), dtype, &AttentionOptions::new().causal(true))
+                        .unwrap();
+                assert_eq!(cfg.head_dim, d);
+                assert!(cfg.shared_bytes() <= 227 * 1024);
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_run() {
+        let refused = |s: AttentionShape, dtype, o: AttentionOptions| {
+            matches!(
+                tensor_core_config(&s, dtype, &o),
+                Err(crate::AttentionError::InvalidInput(_))
+            )
+        };
+        let plain = AttentionOptions::new();
+        assert!(refused(shape(128), DType::F32, plain.clone()));
+        for d in [32, 80, 96, 256] {
+            assert!(
+                refused(shape(d), DType::Bf16, plain.clone()),
+                "head_dim {d}"
+            );
+        }
+        assert!(refused(
+            shape(64),
+            DType::F16,
+            plain.clone().dropout(0.1, 1, 0)
+        ));
+        assert!(refused(
+            shape(64),
+            DType::F16,
+            plain.clone().key_lengths(vec![10, 20])
+        ));
+        assert!(refused(
+            AttentionShape {
+                heads_kv: 3,
+                ..shape(64)
+            },
+            DType::F16,
+            plain
+        ));
+    }
+}

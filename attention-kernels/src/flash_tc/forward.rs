@@ -1,0 +1,247 @@
+//! The tensor-core forward, FlashAttention-2 schedule.
+//!
+//! A thread block owns `16 · WARPS` query rows of one (batch, head); each warp owns 16 of them and
+//! keeps their Q fragments in registers for the whole kernel. K/V blocks of `8 · NK` keys stream
+//! through two shared stages: `cp.async` fills block `j + 1` while block `j` is computed, with one
+//! barrier per block. `S = Q·Kᵀ` and `O += P·V` both run on `mma.sync`; P never leaves registers
+//! (see `tile::mma`). Generic over `KD = d / 16` (k-steps of QKᵀ), `ND = d / 8` (n-tiles of O),
+//! `NK` (n-tiles of S) and `NP = NK / 2` (k-steps of PV), so every register array has a
+//! compile-time size and every loop over one unrolls.
+
+use crate::device::{
+    block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads, sync_warp, thread_x,
+};
+use crate::flash_tc::TcConfig;
+use crate::flash_tc::softmax::RowState;
+use crate::params::{TensorCoreForwardParams, causal_key_end};
+use crate::storage::{Bf16, F16};
+use crate::tile::SwizzledTile;
+use crate::tile::cp_async::{GlobalRows, wait_all};
+use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
+use crate::tile::mma::{FragA, FragC, MmaElem};
+
+unsafe fn forward<
+    T: MmaElem,
+    const KD: usize,
+    const ND: usize,
+    const NK: usize,
+    const NP: usize,
+    const WARPS: usize,
+>(
+    p: &TensorCoreForwardParams,
+) {
+    const { assert!(ND == 2 * KD && NK == 2 * NP && NP > 0 && KD >= 4 && WARPS > 0) };
+    let (d, bc, br) = (16 * KD as u32, 8 * NK as u32, 16 * WARPS as u32);
+    let threads = 32 * WARPS as u32;
+    let s = p.shape;
+    let (tid, warp, lane) = (thread_x(), thread_x() / 32, thread_x() % 32);
+    let causal = p.causal != 0;
+    // Causal blocks near the end of the sequence do the most work: launch those first.
+    let q_block = if causal {
+        grid_dim_x() - 1 - block_x()
+    } else {
+        block_x()
+    };
+    let (h, b) = (block_y(), block_z());
+    let q0 = q_block * br;
+
+    let row_bytes = d as u64 * 2;
+    let q_stride = s.heads_q as u64 * row_bytes;
+    let kv_stride = s.heads_kv as u64 * row_bytes;
+    let q_off = (b as u64 * s.n_q as u64 * s.heads_q as u64 + h as u64) * row_bytes;
+    let kv_off = (b as u64 * s.n_k as u64 * s.heads_kv as u64 + s.kv_head(h) as u64) * row_bytes;
+    let o_dst = p.o + q_off;
+    let q_rows = GlobalRows {
+        base: p.q + q_off,
+        stride: q_stride,
+        limit: s.n_q,
+    };
+    let k_rows = GlobalRows {
+        base: p.k + kv_off,
+        stride: kv_stride,
+        limit: s.n_k,
+    };
+    let v_rows = GlobalRows {
+        base: p.v + kv_off,
+        ..k_rows
+    };
+
+    let smem = shared_window();
+    let q_tile = SwizzledTile::new(smem, d);
+    let kv_bytes = bc * d * 2;
+    let kv_base = smem + br * d * 2;
+    let k_tile = |stage: u32| SwizzledTile::new(kv_base + stage * 2 * kv_bytes, d);
+    let v_tile = |stage: u32| SwizzledTile::new(kv_base + stage * 2 * kv_bytes + kv_bytes, d);
+    let fill_kv = |block: u32, stage: u32| {
+        // SAFETY: each stage holds `bc` rows; rows below n_k are inside K and V.
+        unsafe {
+            k_tile(stage).fill_async(k_rows, block * bc, bc, tid, threads);
+            v_tile(stage).fill_async(v_rows, block * bc, bc, tid, threads);
+        }
+    };
+
+    let key_end = |row: u32| {
+        if causal {
+            causal_key_end(row, s.n_q, s.n_k)
+        } else {
+            s.n_k
+        }
+    };
+    let last_row = (q0 + br).min(s.n_q) - 1;
+    let n_blocks = key_end(last_row).div_ceil(bc);
+    // Keys below this are allowed for every row of the block: those blocks skip the mask.
+    let unmasked_end = key_end(q0);
+
+    // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
+    unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };
+    if n_blocks > 0 {
+        fill_kv(0, 0);
+    }
+    wait_all();
+    sync_threads();
+    let warp_row = 16 * warp;
+    let mut q_frag = [FragA::default(); KD];
+    for (kk, f) in q_frag.iter_mut().enumerate() {
+        // SAFETY: the warp's 16 rows are inside the Q tile.
+        *f = unsafe { q_tile.load_a(warp_row, kk as u32, lane) };
+    }
+
+    let (row_lo, row_hi) = (q0 + warp_row + lane / 4, q0 + warp_row + lane / 4 + 8);
+    let (end_lo, end_hi) = (key_end(row_lo), key_end(row_hi));
+    let mut o = [FragC::default(); ND];
+    let mut state = RowState::new();
+    let mut block = 0;
+    while block < n_blocks {
+        if block > 0 {
+            // This block has landed, and every warp is done with the previous one, whose stage
+            // the next fill overwrites.
+            wait_all();
+            sync_threads();
+        }
+        let stage = block & 1;
+        if block + 1 < n_blocks {
+            fill_kv(block + 1, stage ^ 1);
+        }
+
+        let mut sc = [FragC::default(); NK];
+        for (kk, qf) in q_frag.iter().enumerate() {
+            for np in 0..NP {
+                // SAFETY: keys 16 np .. 16 np + 16 are inside the K tile.
+                let [b0, b1] =
+                    unsafe { k_tile(stage).load_b_pair(16 * np as u32, kk as u32, lane) };
+                T::mma(&mut sc[2 * np], qf, &b0);
+                T::mma(&mut sc[2 * np + 1], qf, &b1);
+            }
+        }
+        let k0 = block * bc;
+        for t in sc.iter_mut() {
+            for e in 0..4 {
+                t.0[e] *= p.scale_log2;
+            }
+        }
+        if k0 + bc > unmasked_end {
+            // Selects, not branches, so the loop unrolls and `sc` stays in registers.
+            let col0 = k0 + 2 * (lane % 4);
+            for (j, t) in sc.iter_mut().enumerate() {
+                for e in 0..4 {
+                    let col = col0 + 8 * j as u32 + (e % 2) as u32;
+                    let end = if e < 2 { end_lo } else { end_hi };
+                    t.0[e] = if col >= end {
+                        f32::NEG_INFINITY
+                    } else {
+                        t.0[e]
+                    };
+                }
+            }
+        }
+        let pf: [FragA; NP] = state.update::<T, NK, NP, ND>(&mut sc, &mut o);
+
+        for (kk, pa) in pf.iter().enumerate() {
+            for dp in 0..KD {
+                // SAFETY: keys 16 kk .. 16 kk + 16 and chunks 2 dp, 2 dp + 1 are inside the V tile.
+                let [b0, b1] =
+                    unsafe { v_tile(stage).load_b_pair_trans(16 * kk as u32, 2 * dp as u32, lane) };
+                T::mma(&mut o[2 * dp], pa, &b0);
+                T::mma(&mut o[2 * dp + 1], pa, &b1);
+            }
+        }
+        block += 1;
+    }
+
+    let lse = state.finish(&mut o);
+    // Stage O through the warp's own Q rows (only this warp ever read them) so that the global
+    // stores are 16 bytes wide and coalesced.
+    let (g, t) = (lane / 4, lane % 4);
+    for (j, f) in o.iter().enumerate() {
+        // SAFETY: rows warp_row + g (+ 8) and chunk j are inside the Q tile.
+        unsafe {
+            store_shared_u32(
+                q_tile.chunk_addr(warp_row + g, j as u32) + 4 * t,
+                T::pack(f.0[0], f.0[1]),
+            );
+            store_shared_u32(
+                q_tile.chunk_addr(warp_row + g + 8, j as u32) + 4 * t,
+                T::pack(f.0[2], f.0[3]),
+            );
+        }
+    }
+    sync_warp();
+    let chunks = q_tile.chunks();
+    for i in 0..(16 * ND as u32 / 32) {
+        let idx = 32 * i + lane;
+        let (r, c) = (idx / chunks, idx % chunks);
+        let row = q0 + warp_row + r;
+        // SAFETY: the shared chunk is inside the Q tile; the global row is below n_q.
+        unsafe {
+            let v = load_shared_16(q_tile.chunk_addr(warp_row + r, c));
+            if row < s.n_q {
+                store_global_16(o_dst + row as u64 * q_stride + c as u64 * 16, v);
+            }
+        }
+    }
+    if t == 0 {
+        let lse_row = (b as u64 * s.heads_q as u64 + h as u64) * s.n_q as u64;
+        let lse_ptr = p.lse as *mut f32;
+        for (row, value) in [(row_lo, lse[0]), (row_hi, lse[1])] {
+            if row < s.n_q {
+                // SAFETY: the index is inside the [batch, heads_q, n_q] LSE tensor.
+                unsafe { *lse_ptr.add((lse_row + row as u64) as usize) = value };
+            }
+        }
+    }
+}
+
+/// One entry point per (dtype, configuration), named `flash_tc_forward_<dtype>_d<d>_w<warps>_k<keys>`
+/// as the host formats it; `tests/ptx_entries.rs` checks that every `VARIANTS` entry exists.
+macro_rules! entry_points {
+    ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreForwardParams) {
+            // SAFETY: the host validated the buffers against `p` and launched the configuration's
+            // grid, block and shared memory.
+            unsafe {
+                forward::<
+                    $t,
+                    { $cfg.head_dim as usize / 16 },
+                    { $cfg.head_dim as usize / 8 },
+                    { $cfg.block_keys as usize / 8 },
+                    { $cfg.block_keys as usize / 16 },
+                    { $cfg.warps as usize },
+                >(&p)
+            }
+        }
+    )*};
+}
+
+entry_points! {
+    flash_tc_forward_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 };
+    flash_tc_forward_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 };
+    flash_tc_forward_bf16_d64_w4_k128 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 };
+    flash_tc_forward_f16_d64_w4_k128 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 };
+    flash_tc_forward_bf16_d64_w8_k128 => Bf16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 };
+    flash_tc_forward_f16_d64_w8_k128 => F16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 };
+    flash_tc_forward_bf16_d128_w4_k64 => Bf16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 };
+    flash_tc_forward_f16_d128_w4_k64 => F16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 };
+    flash_tc_forward_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 };
+    flash_tc_forward_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 };
+}

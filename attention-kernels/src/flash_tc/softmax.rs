@@ -1,0 +1,106 @@
+//! Online softmax over the rows a lane holds (g and g + 8 of its warp's 16), in base 2.
+//!
+//! Scores arrive already multiplied by `τ · log2 e`, so `p = 2^(x − m)` is one subtraction and one
+//! `ex2`. Each of the four lanes of a quad holds a quarter of a row: maxima are reduced over the
+//! quad at every block (every lane needs `m`), sums only once at the end.
+
+use crate::device::{exp2, log2, shfl_xor};
+use crate::tile::mma::{FragA, FragC, MmaElem};
+
+/// Running `(m, l)` of rows g and g + 8: `m` the base-2 row maximum so far, `l` this lane's part of
+/// `Σ 2^(x − m)`.
+pub struct RowState {
+    m: [f32; 2],
+    l: [f32; 2],
+}
+
+#[inline(always)]
+fn quad_max(x: f32) -> f32 {
+    let x = x.max(shfl_xor(x, 1));
+    x.max(shfl_xor(x, 2))
+}
+
+#[inline(always)]
+fn quad_sum(x: f32) -> f32 {
+    let x = x + shfl_xor(x, 1);
+    x + shfl_xor(x, 2)
+}
+
+impl RowState {
+    #[inline(always)]
+    pub fn new() -> Self {
+        RowState {
+            m: [f32::NEG_INFINITY; 2],
+            l: [0.0; 2],
+        }
+    }
+
+    /// Folds one block of scaled, masked scores `s` (`NK` n-tiles) into the state, rescales the
+    /// output accumulators `o`, and returns `P = 2^(s − m)` as `NP = NK / 2` A fragments.
+    #[inline(always)]
+    pub fn update<T: MmaElem, const NK: usize, const NP: usize, const ND: usize>(
+        &mut self,
+        s: &mut [FragC; NK],
+        o: &mut [FragC; ND],
+    ) -> [FragA; NP] {
+        let mut m_new = self.m;
+        for t in s.iter() {
+            m_new[0] = m_new[0].max(t.0[0]).max(t.0[1]);
+            m_new[1] = m_new[1].max(t.0[2]).max(t.0[3]);
+        }
+        let mut alpha = [0.0f32; 2];
+        let mut m_sub = [0.0f32; 2];
+        for r in 0..2 {
+            m_new[r] = quad_max(m_new[r]);
+            // A row with nothing allowed yet keeps m = −∞; subtracting 0 instead keeps 2^(−∞) = 0
+            // and avoids −∞ − (−∞) = NaN.
+            m_sub[r] = if m_new[r] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                m_new[r]
+            };
+            alpha[r] = exp2(self.m[r] - m_sub[r]);
+            self.m[r] = m_new[r];
+            self.l[r] *= alpha[r];
+        }
+        for t in o.iter_mut() {
+            t.0[0] *= alpha[0];
+            t.0[1] *= alpha[0];
+            t.0[2] *= alpha[1];
+            t.0[3] *= alpha[1];
+        }
+        for t in s.iter_mut() {
+            for e in 0..4 {
+                t.0[e] = exp2(t.0[e] - m_sub[e / 2]);
+                self.l[e / 2] += t.0[e];
+            }
+        }
+        let mut p = [FragA::default(); NP];
+        for (k, a) in p.iter_mut().enumerate() {
+            *a = T::pack_a(&s[2 * k], &s[2 * k + 1]);
+        }
+        p
+    }
+
+    /// Normalises `o` by the row sums and returns the natural-log `LSE = m ln 2 + ln l` of rows
+    /// g and g + 8; a row that saw no allowed key gets `O = 0`, `LSE = −∞`.
+    #[inline(always)]
+    pub fn finish<const ND: usize>(&self, o: &mut [FragC; ND]) -> [f32; 2] {
+        let mut lse = [f32::NEG_INFINITY; 2];
+        let mut inv = [0.0f32; 2];
+        for r in 0..2 {
+            let l = quad_sum(self.l[r]);
+            if l > 0.0 {
+                inv[r] = 1.0 / l;
+                lse[r] = (self.m[r] + log2(l)) * core::f32::consts::LN_2;
+            }
+        }
+        for t in o.iter_mut() {
+            t.0[0] *= inv[0];
+            t.0[1] *= inv[0];
+            t.0[2] *= inv[1];
+            t.0[3] *= inv[1];
+        }
+        lse
+    }
+}

@@ -1,0 +1,72 @@
+//! `cp.async`: global → shared copies of 16 bytes that bypass registers and L1 (`.cg`), so the next
+//! K/V block streams in while the current one is computed.
+
+use core::arch::asm;
+
+use super::SwizzledTile;
+
+/// Starts copying 16 bytes from `src` (global, 16-byte aligned) to shared address `dst`. With
+/// `valid == false` nothing is read and the 16 bytes become zeros (source size 0): tails of a tile
+/// hold zeros, never stale data or NaN that `0 · NaN` would spread.
+///
+/// # Safety
+/// `dst` must be inside the shared window; `src` must be a readable global address even when
+/// `valid` is false.
+#[inline(always)]
+pub unsafe fn copy16(dst: u32, src: u64, valid: bool) {
+    let bytes: u32 = if valid { 16 } else { 0 };
+    // SAFETY: the caller guarantees both addresses.
+    unsafe {
+        asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
+             d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, options(nostack));
+    }
+}
+
+/// Waits until every `cp.async` this thread issued has landed. Other threads see the data only
+/// after a barrier that follows.
+#[inline(always)]
+pub fn wait_all() {
+    // SAFETY: waiting has no preconditions.
+    unsafe { asm!("cp.async.wait_all;", options(nostack)) }
+}
+
+/// Rows of a global tensor: row `r` starts at `base + r · stride` bytes and exists for `r < limit`.
+#[derive(Clone, Copy)]
+pub struct GlobalRows {
+    pub base: u64,
+    pub stride: u64,
+    pub limit: u32,
+}
+
+impl SwizzledTile {
+    /// Starts filling rows `0 .. rows` of the tile from rows `first .. first + rows` of `src`;
+    /// rows at or past `src.limit` become zeros. The block's `threads` threads share the work,
+    /// consecutive threads on consecutive chunks so that global reads coalesce.
+    ///
+    /// # Safety
+    /// The tile must hold `rows` rows; every row of `src` below its limit must be readable.
+    #[inline(always)]
+    pub unsafe fn fill_async(
+        &self,
+        src: GlobalRows,
+        first: u32,
+        rows: u32,
+        tid: u32,
+        threads: u32,
+    ) {
+        let chunks = self.chunks();
+        let mut i = tid;
+        while i < rows * chunks {
+            let (r, c) = (i / chunks, i % chunks);
+            let valid = first + r < src.limit;
+            let at = if valid {
+                src.base + (first + r) as u64 * src.stride + c as u64 * 16
+            } else {
+                src.base
+            };
+            // SAFETY: the caller guarantees the tile size and the readable rows.
+            unsafe { copy16(self.chunk_addr(r, c), at, valid) };
+            i += threads;
+        }
+    }
+}

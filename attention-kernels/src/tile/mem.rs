@@ -1,0 +1,40 @@
+//! Explicit-space loads and stores the epilogue uses to stage a tile through shared memory and
+//! write it out in 16-byte pieces.
+
+use core::arch::asm;
+
+/// # Safety
+/// `addr` must be a 4-byte aligned address inside the shared window.
+#[inline(always)]
+pub unsafe fn store_shared_u32(addr: u32, v: u32) {
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("st.shared.b32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack))
+    }
+}
+
+/// # Safety
+/// `addr` must be a 16-byte aligned address inside the shared window.
+#[inline(always)]
+pub unsafe fn load_shared_16(addr: u32) -> [u32; 4] {
+    let (r0, r1, r2, r3): (u32, u32, u32, u32);
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("ld.shared.v4.b32 {{{0}, {1}, {2}, {3}}}, [{a}];",
+             out(reg32) r0, out(reg32) r1, out(reg32) r2, out(reg32) r3,
+             a = in(reg32) addr, options(nostack, readonly));
+    }
+    [r0, r1, r2, r3]
+}
+
+/// # Safety
+/// `addr` must be a 16-byte aligned, writable global address.
+#[inline(always)]
+pub unsafe fn store_global_16(addr: u64, v: [u32; 4]) {
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("st.global.v4.b32 [{a}], {{{0}, {1}, {2}, {3}}};",
+             in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
+             a = in(reg64) addr, options(nostack));
+    }
+}

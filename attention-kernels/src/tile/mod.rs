@@ -1,0 +1,18 @@
+//! Tensor-core tiles: the inline PTX of `mma.sync`, `ldmatrix` and `cp.async` hidden once behind
+//! register fragments and swizzled shared tiles, so kernels are written in these types only.
+//!
+//! The swizzle is plain address arithmetic and compiles for the host too, where its bank-conflict
+//! properties are tested; everything else is device code.
+
+pub mod swizzle;
+
+#[cfg(target_arch = "nvptx64")]
+pub mod cp_async;
+#[cfg(target_arch = "nvptx64")]
+pub mod ldmatrix;
+#[cfg(target_arch = "nvptx64")]
+pub mod mem;
+#[cfg(target_arch = "nvptx64")]
+pub mod mma;
+
+pub use swizzle::SwizzledTile;

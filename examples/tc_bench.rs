@@ -1,0 +1,284 @@
+//! Times the tensor-core forward on the anchor shapes of `shared/anchors/sdpa_h200_2026-11-29.md`
+//! (PyTorch SDPA on one H200) and prints TFLOP/s next to the peers' numbers, then compares the
+//! compiled tile variants (`flash_tc::VARIANTS`) on the long-sequence shapes.
+//!
+//! Each measurement: random inputs (never zeros), 5 warm-up launches, then 30 launches each timed
+//! with a pair of CUDA events; the median is reported. FLOPs = 4·B·H·N²·d, halved when causal.
+
+use attention_kernels::flash_tc::{self, TcConfig};
+use cust::event::{Event, EventFlags};
+use flash_attn::tensor_core::{ForwardOutput, tensor_core_forward_variant_into};
+use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
+use rand::{Rng, SeedableRng};
+
+const WARMUP: usize = 5;
+const SAMPLES: usize = 30;
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// One timed shape, with PyTorch's flash and cuDNN forward rates (TFLOP/s, bf16) where the anchor
+/// file has them.
+#[derive(Clone, Copy)]
+struct Anchor {
+    batch: u32,
+    heads: u32,
+    n: u32,
+    head_dim: u32,
+    causal: bool,
+    dtype: DType,
+    flash: Option<f64>,
+    cudnn: Option<f64>,
+}
+
+const SHAPES: &[Anchor] = &[
+    Anchor {
+        batch: 1,
+        heads: 32,
+        n: 4096,
+        head_dim: 128,
+        causal: false,
+        dtype: DType::Bf16,
+        flash: Some(345.0),
+        cudnn: Some(620.0),
+    },
+    Anchor {
+        batch: 1,
+        heads: 32,
+        n: 4096,
+        head_dim: 128,
+        causal: false,
+        dtype: DType::F16,
+        flash: None,
+        cudnn: None,
+    },
+    Anchor {
+        batch: 1,
+        heads: 32,
+        n: 4096,
+        head_dim: 128,
+        causal: true,
+        dtype: DType::Bf16,
+        flash: None,
+        cudnn: None,
+    },
+    Anchor {
+        batch: 4,
+        heads: 16,
+        n: 4096,
+        head_dim: 128,
+        causal: false,
+        dtype: DType::Bf16,
+        flash: Some(340.0),
+        cudnn: Some(648.0),
+    },
+    Anchor {
+        batch: 4,
+        heads: 16,
+        n: 4096,
+        head_dim: 128,
+        causal: true,
+        dtype: DType::Bf16,
+        flash: Some(296.0),
+        cudnn: Some(566.0),
+    },
+    Anchor {
+        batch: 16,
+        heads: 16,
+        n: 1024,
+        head_dim: 128,
+        causal: false,
+        dtype: DType::Bf16,
+        flash: Some(310.0),
+        cudnn: Some(539.0),
+    },
+    Anchor {
+        batch: 16,
+        heads: 16,
+        n: 1024,
+        head_dim: 128,
+        causal: true,
+        dtype: DType::Bf16,
+        flash: Some(226.0),
+        cudnn: Some(369.0),
+    },
+    Anchor {
+        batch: 4,
+        heads: 32,
+        n: 4096,
+        head_dim: 64,
+        causal: false,
+        dtype: DType::Bf16,
+        flash: Some(293.0),
+        cudnn: Some(449.0),
+    },
+    Anchor {
+        batch: 4,
+        heads: 32,
+        n: 4096,
+        head_dim: 64,
+        causal: true,
+        dtype: DType::Bf16,
+        flash: Some(272.0),
+        cudnn: Some(408.0),
+    },
+    Anchor {
+        batch: 16,
+        heads: 32,
+        n: 1024,
+        head_dim: 64,
+        causal: false,
+        dtype: DType::Bf16,
+        flash: Some(277.0),
+        cudnn: Some(398.0),
+    },
+    Anchor {
+        batch: 16,
+        heads: 32,
+        n: 1024,
+        head_dim: 64,
+        causal: true,
+        dtype: DType::Bf16,
+        flash: Some(204.0),
+        cudnn: Some(297.0),
+    },
+];
+
+/// Indices into `SHAPES` on which every variant is timed.
+const VARIANT_SHAPES: &[usize] = &[0, 4, 7, 8];
+
+struct Inputs {
+    shape: AttentionShape,
+    q: DeviceTensor,
+    k: DeviceTensor,
+    v: DeviceTensor,
+    out: ForwardOutput,
+}
+
+fn inputs(
+    rng: &mut impl Rng,
+    batch: u32,
+    heads: u32,
+    n: u32,
+    head_dim: u32,
+    dtype: DType,
+) -> Result<Inputs> {
+    let shape = AttentionShape {
+        batch,
+        n_q: n,
+        n_k: n,
+        heads_q: heads,
+        heads_kv: heads,
+        head_dim,
+    };
+    let mut draw =
+        |len: usize| -> Vec<f32> { (0..len).map(|_| rng.gen_range(-2.0f32..2.0)).collect() };
+    Ok(Inputs {
+        q: DeviceTensor::from_f32(dtype, &draw(shape.q_elems()))?,
+        k: DeviceTensor::from_f32(dtype, &draw(shape.kv_elems()))?,
+        v: DeviceTensor::from_f32(dtype, &draw(shape.kv_elems()))?,
+        out: ForwardOutput {
+            o: DeviceTensor::poisoned(dtype, shape.q_elems())?,
+            lse: DeviceF32::poisoned(shape.row_elems())?,
+        },
+        shape,
+    })
+}
+
+/// `(median, min)` milliseconds of one launch of `cfg`.
+fn time(gpu: &Gpu, cfg: TcConfig, x: &Inputs, causal: bool) -> Result<(f64, f64)> {
+    let opts = AttentionOptions::new().causal(causal);
+    let launch =
+        || tensor_core_forward_variant_into(gpu, cfg, &x.shape, &x.q, &x.k, &x.v, &x.out, &opts);
+    for _ in 0..WARMUP {
+        launch()?;
+    }
+    gpu.synchronize()?;
+    let (start, stop) = (
+        Event::new(EventFlags::DEFAULT)?,
+        Event::new(EventFlags::DEFAULT)?,
+    );
+    let mut ms = Vec::with_capacity(SAMPLES);
+    for _ in 0..SAMPLES {
+        start.record(gpu.stream())?;
+        launch()?;
+        stop.record(gpu.stream())?;
+        stop.synchronize()?;
+        ms.push(stop.elapsed_time_f32(&start)? as f64);
+    }
+    gpu.synchronize()?;
+    if x.out.o.to_f32()?.iter().any(|v| !v.is_finite()) {
+        return Err(format!(
+            "non-finite output from {cfg:?} at {:?} causal={causal}",
+            x.shape
+        )
+        .into());
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok((ms[SAMPLES / 2], ms[0]))
+}
+
+fn tflops(batch: u32, heads: u32, n: u32, head_dim: u32, causal: bool, ms: f64) -> f64 {
+    let flops = 4.0 * (batch * heads) as f64 * (n as f64).powi(2) * head_dim as f64
+        / if causal { 2.0 } else { 1.0 };
+    flops / (ms * 1e-3) / 1e12
+}
+
+fn main() -> Result<()> {
+    let gpu = match flash_attn::gpu() {
+        Ok(gpu) => gpu,
+        Err(flash_attn::AttentionError::NoDevice(why)) => {
+            println!("SKIP tc_bench: no CUDA device answered ({why})");
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    println!("device: {}", gpu.device_name());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::thread_rng().r#gen());
+    let fmt = |x: Option<f64>| x.map_or("-".to_owned(), |v| format!("{v:.0}"));
+    let mut table = Vec::new();
+    let mut variants = Vec::new();
+    for (i, a) in SHAPES.iter().enumerate() {
+        let Anchor {
+            batch,
+            heads,
+            n,
+            head_dim,
+            causal,
+            dtype,
+            flash,
+            cudnn,
+        } = *a;
+        let x = inputs(&mut rng, batch, heads, n, head_dim, dtype)?;
+        let default = flash_tc::config(head_dim).ok_or("no default configuration")?;
+        let (median, min) = time(&gpu, default, &x, causal)?;
+        let rate = tflops(batch, heads, n, head_dim, causal, median);
+        table.push(format!(
+            "| {batch} | {heads} | {n} | {head_dim} | {causal} | {dtype} | {median:.3} | {min:.3} | {rate:.0} | {} | {} |",
+            fmt(flash),
+            fmt(cudnn)
+        ));
+        if VARIANT_SHAPES.contains(&i) {
+            for cfg in flash_tc::VARIANTS
+                .into_iter()
+                .filter(|c| c.head_dim == head_dim)
+            {
+                let (median, _) = time(&gpu, cfg, &x, causal)?;
+                let rate = tflops(batch, heads, n, head_dim, causal, median);
+                variants.push(format!(
+                    "| {batch} | {heads} | {n} | {head_dim} | {causal} | {} | {} | {median:.3} | {rate:.0} |",
+                    cfg.warps, cfg.block_keys
+                ));
+            }
+        }
+    }
+    println!(
+        "| B | H | N | d | causal | dtype | median ms | min ms | TFLOP/s | torch flash | cuDNN |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    table.iter().for_each(|row| println!("{row}"));
+    println!("\nvariants (bf16):");
+    println!("| B | H | N | d | causal | warps | keys/block | median ms | TFLOP/s |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    variants.iter().for_each(|row| println!("{row}"));
+    Ok(())
+}
