@@ -1,14 +1,20 @@
-//! `flash-attn run`: the main job. On a GPU, the materialized baseline on the article's running
-//! fixture, checked on sampled rows against an f64 CPU computation, with its time and memory.
-//! Without a GPU, says so and runs the CPU path on a small embedded input.
+//! `flash-attn run`: the main job. On a GPU, on the article's running fixture: the materialized
+//! baseline, the exact tiled forward and backward, and the tensor-core forward, each timed and
+//! checked against the f64 reference. Without a GPU, says so and runs the CPU path on a small
+//! embedded input.
 
 use clap::Args;
+use flash_attn::bench::{backward_flops, forward_flops};
 use flash_attn::inputs::uniform;
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
-use flash_attn::reference::forward_f32;
-use flash_attn::sampled_rows::check_rows;
+use flash_attn::reference::{backward_f32, forward_f32};
+use flash_attn::sampled_rows::{check_rows, relative_error};
+use flash_attn::tensor_core::tensor_core_forward;
 use flash_attn::timing::{median, time_calls};
-use flash_attn::{AttentionError, AttentionOptions, AttentionShape, DType, DeviceTensor, Gpu};
+use flash_attn::{
+    AttentionError, AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions, Gpu,
+    flash_backward, flash_forward, memory,
+};
 
 use super::CliResult;
 
@@ -35,7 +41,7 @@ pub struct RunArgs {
     /// Causal mask.
     #[arg(long)]
     causal: bool,
-    /// Timed samples (CUDA events, after 2 warm-up calls).
+    /// Timed samples per kernel (CUDA events, after 2 warm-up calls).
     #[arg(long, default_value_t = 20)]
     samples: usize,
     /// Seed of the random input.
@@ -67,6 +73,16 @@ pub fn run(args: &RunArgs) -> CliResult {
     }
 }
 
+/// One line of the main job's table.
+struct Stage {
+    name: &'static str,
+    samples_ms: Vec<f32>,
+    flops: f64,
+    peak_bytes: usize,
+    error: f64,
+    checked_on: String,
+}
+
 fn run_gpu(
     gpu: &Gpu,
     shape: &AttentionShape,
@@ -76,84 +92,218 @@ fn run_gpu(
     let dtype = args.dtype;
     println!("device: {}", gpu.device_name());
     println!(
-        "fixture: B={} N={} H={} d={} {dtype}{}",
+        "fixture: B={} N={} H={} d={} {dtype}{}, seed {:#x}",
         shape.batch,
         shape.n_q,
         shape.heads_q,
         shape.head_dim,
-        if options.causal { " causal" } else { "" }
+        if options.causal { " causal" } else { "" },
+        args.seed
     );
-    let host: Vec<Vec<f32>> = (0..3)
-        .map(|t| {
-            let len = if t == 0 {
-                shape.q_elems()
-            } else {
-                shape.kv_elems()
-            };
-            uniform(args.seed + t as u64, len)
-                .into_iter()
-                .map(|x| dtype.round(x))
-                .collect()
+    let lens = [
+        shape.q_elems(),
+        shape.kv_elems(),
+        shape.kv_elems(),
+        shape.q_elems(),
+    ];
+    let host: Vec<Vec<f32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(t, &len)| {
+            let raw = uniform(args.seed + t as u64, len);
+            raw.into_iter().map(|x| dtype.round(x)).collect()
         })
         .collect();
-    let (q, k, v) = (
-        DeviceTensor::from_f32(dtype, &host[0])?,
-        DeviceTensor::from_f32(dtype, &host[1])?,
-        DeviceTensor::from_f32(dtype, &host[2])?,
-    );
-    let (free_before, total) = gpu.memory_info()?;
+    let (q_h, k_h, v_h) = (&host[0], &host[1], &host[2]);
+    let dev: Vec<DeviceTensor> = host
+        .iter()
+        .map(|h| DeviceTensor::from_f32(dtype, h))
+        .collect::<Result<_, _>>()?;
+    let (q, k, v, d_o) = (&dev[0], &dev[1], &dev[2], &dev[3]);
+    let rows = sample_rows(shape);
+    let rows_note = format!("{} sampled rows", rows.len());
+    let fwd_flops = forward_flops(shape, options.causal);
+    let mut stages = Vec::new();
+
+    memory::reset_peak();
     let workspace = MaterializedWorkspace::new(shape, dtype)?;
     let o = DeviceTensor::poisoned(dtype, shape.q_elems())?;
-    let (free_during, _) = gpu.memory_info()?;
-
-    let samples = time_calls(gpu, 2, args.samples, || {
-        materialized_forward(gpu, &workspace, &q, &k, &v, &o, options)
+    let samples_ms = time_calls(gpu, 2, args.samples, || {
+        materialized_forward(gpu, &workspace, q, k, v, &o, options)
     })?;
-    let ms = median(&samples);
-    let causal_factor = if options.causal { 0.5 } else { 1.0 };
-    let flops = 4.0
-        * shape.batch as f64
-        * shape.heads_q as f64
-        * (shape.n_q as f64)
-        * (shape.n_k as f64)
-        * shape.head_dim as f64
-        * causal_factor;
-    println!(
-        "materialized baseline (3 stages, S and P in HBM): median {ms:.3} ms over {} samples (min {:.3}), {:.1} TFLOP/s",
-        samples.len(),
-        samples.iter().copied().fold(f32::INFINITY, f32::min),
-        flops / (ms as f64 * 1e-3) / 1e12
-    );
-    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
-    println!(
-        "memory: S+P workspace {:.3} GiB; device memory in use {:.3} GiB before the call's buffers, {:.3} GiB with them (of {:.1} GiB)",
-        gib(workspace.size_bytes()),
-        gib(total - free_before),
-        gib(total - free_during),
-        gib(total)
-    );
+    let error = check_rows(shape, options, (q_h, k_h, v_h), &o.to_f32()?, &rows)?;
+    stages.push(Stage {
+        name: "materialized forward (S, P in HBM)",
+        samples_ms,
+        flops: fwd_flops,
+        peak_bytes: memory::peak_bytes(),
+        error,
+        checked_on: rows_note.clone(),
+    });
+    drop((workspace, o));
 
-    let out = o.to_f32()?;
-    let unwritten = out.iter().filter(|x| x.is_nan()).count();
-    let rows = sample_rows(shape);
-    let err = check_rows(shape, options, (&host[0], &host[1], &host[2]), &out, &rows)?;
-    // S and P are stored in the working dtype, so each probability carries that dtype's rounding.
+    let flash = FlashOptions::new(options.clone());
+    memory::reset_peak();
+    let mut forward = None;
+    let samples_ms = time_calls(gpu, 2, args.samples, || {
+        forward = Some(flash_forward(gpu, shape, q, k, v, &flash)?);
+        Ok(())
+    })?;
+    let forward = forward.expect("time_calls ran the forward");
+    let error = check_rows(shape, options, (q_h, k_h, v_h), &forward.o.to_f32()?, &rows)?;
+    let blocks = forward.block_sizes;
+    stages.push(Stage {
+        name: "exact tiled forward (row-owned)",
+        samples_ms,
+        flops: fwd_flops,
+        peak_bytes: memory::peak_bytes(),
+        error,
+        checked_on: rows_note.clone(),
+    });
+
+    memory::reset_peak();
+    let mut grads = None;
+    let samples_ms = time_calls(gpu, 2, args.samples, || {
+        grads = Some(flash_backward(
+            gpu,
+            shape,
+            q,
+            k,
+            v,
+            &forward.o,
+            &forward.lse,
+            d_o,
+            &flash,
+        )?);
+        Ok(())
+    })?;
+    let grads = grads.expect("time_calls ran the backward");
+    let (error, checked_on) = check_backward_head(shape, options, &host, &grads)?;
+    stages.push(Stage {
+        name: "exact tiled backward (Algorithm 4)",
+        samples_ms,
+        flops: backward_flops(shape, options.causal),
+        peak_bytes: memory::peak_bytes(),
+        error,
+        checked_on,
+    });
+
+    if dtype != DType::F32 && matches!(shape.head_dim, 64 | 128) {
+        memory::reset_peak();
+        let mut out = None;
+        let samples_ms = time_calls(gpu, 2, args.samples, || {
+            out = Some(tensor_core_forward(gpu, shape, q, k, v, options)?);
+            Ok(())
+        })?;
+        let out = out.expect("time_calls ran the forward");
+        let error = check_rows(shape, options, (q_h, k_h, v_h), &out.o.to_f32()?, &rows)?;
+        stages.push(Stage {
+            name: "tensor-core forward (mma.sync)",
+            samples_ms,
+            flops: fwd_flops,
+            peak_bytes: memory::peak_bytes(),
+            error,
+            checked_on: rows_note,
+        });
+    }
+
+    println!(
+        "exact kernels' block sizes (B_r, B_c) = ({}, {})",
+        blocks.block_rows, blocks.block_cols
+    );
+    report(&stages, dtype)
+}
+
+/// The backward of one (batch 0, head 0) plane against the f64 reference of that plane: the
+/// whole fixture's reference would take minutes on the CPU, one head takes seconds.
+fn check_backward_head(
+    shape: &AttentionShape,
+    options: &AttentionOptions,
+    host: &[Vec<f32>],
+    grads: &flash_attn::Gradients,
+) -> Result<(f64, String), Box<dyn std::error::Error>> {
+    let plane = AttentionShape {
+        batch: 1,
+        heads_q: 1,
+        heads_kv: 1,
+        ..*shape
+    };
+    let d = shape.head_dim as usize;
+    let slice = |t: &[f32], heads: u32, n: u32| -> Vec<f32> {
+        (0..n as usize)
+            .flat_map(|i| t[i * heads as usize * d..][..d].to_vec())
+            .collect()
+    };
+    let (hq, hk) = (shape.heads_q, shape.heads_kv);
+    let want = backward_f32(
+        &plane,
+        &slice(&host[0], hq, shape.n_q),
+        &slice(&host[1], hk, shape.n_k),
+        &slice(&host[2], hk, shape.n_k),
+        &slice(&host[3], hq, shape.n_q),
+        options,
+    )?;
+    let widen = |t: &[f32], heads, n| -> Vec<f64> {
+        slice(t, heads, n).iter().map(|&x| x as f64).collect()
+    };
+    let errors = [
+        relative_error(&widen(&grads.dq.to_f32()?, hq, shape.n_q), &want.dq),
+        relative_error(&widen(&grads.dk.to_f32()?, hk, shape.n_k), &want.dk),
+        relative_error(&widen(&grads.dv.to_f32()?, hk, shape.n_k), &want.dv),
+    ];
+    let worst = errors.iter().copied().fold(
+        0.0,
+        |m: f64, e| if e.is_nan() { f64::NAN } else { m.max(e) },
+    );
+    Ok((
+        worst,
+        format!(
+            "head 0: dQ {:.1e} dK {:.1e} dV {:.1e}",
+            errors[0], errors[1], errors[2]
+        ),
+    ))
+}
+
+fn report(stages: &[Stage], dtype: DType) -> CliResult {
+    // Inputs are rounded to the dtype; the kernels accumulate in f32. bf16 and f16 outputs carry
+    // one rounding of the result, and the materialized baseline also rounds S and P.
     let tolerance = match dtype {
         DType::F32 => 1e-4,
         DType::F16 => 5e-3,
         DType::Bf16 => 2e-2,
     };
     println!(
-        "check: {} sampled rows against f64 on the CPU: relative error {err:.3e} (tolerance {tolerance:.0e}); {unwritten} unwritten (NaN) outputs",
-        rows.len()
+        "{:<36} {:>10} {:>9} {:>12} {:>10}  checked on",
+        "kernel", "median ms", "TFLOP/s", "peak MiB", "rel error"
     );
-    if unwritten > 0 || err.is_nan() || err > tolerance {
+    let mut failed = Vec::new();
+    for s in stages {
+        let ms = median(&s.samples_ms);
+        println!(
+            "{:<36} {:>10.3} {:>9.1} {:>12.1} {:>10.2e}  {}",
+            s.name,
+            ms,
+            s.flops / (ms as f64 * 1e-3) / 1e12,
+            s.peak_bytes as f64 / (1u64 << 20) as f64,
+            s.error,
+            s.checked_on
+        );
+        if s.error.is_nan() || s.error > tolerance {
+            failed.push(s.name);
+        }
+    }
+    println!(
+        "timing: CUDA events, median of {} calls after 2 warm-up calls; peak MiB: the library's device buffers during the calls (inputs included)",
+        stages[0].samples_ms.len()
+    );
+    if !failed.is_empty() {
         return Err(format!(
-            "GPU output failed the CPU check (relative error {err:.3e}, {unwritten} unwritten)"
+            "relative error above {tolerance:.0e} (or unwritten output) in: {}",
+            failed.join(", ")
         )
         .into());
     }
-    println!("ok");
+    println!("ok: every kernel within {tolerance:.0e} of the f64 reference");
     Ok(())
 }
 
@@ -161,12 +311,17 @@ fn run_gpu(
 fn sample_rows(shape: &AttentionShape) -> Vec<(u32, u32, u32)> {
     let n = shape.n_q;
     let positions = [0, 1, n / 3, n / 2, n - 2, n - 1];
-    let mut rows = Vec::new();
-    for (t, &i) in positions.iter().enumerate() {
-        let b = t as u32 % shape.batch;
-        let h = (t as u32 * 7) % shape.heads_q;
-        rows.push((b, h, i.min(n - 1)));
-    }
+    let mut rows: Vec<_> = positions
+        .iter()
+        .enumerate()
+        .map(|(t, &i)| {
+            (
+                t as u32 % shape.batch,
+                (t as u32 * 7) % shape.heads_q,
+                i.min(n - 1),
+            )
+        })
+        .collect();
     rows.dedup();
     rows
 }
@@ -187,20 +342,18 @@ fn run_cpu(options: &AttentionOptions, seed: u64) -> CliResult {
     let out = forward_f32(&shape, &q, &k, &v, options)?;
     let checksum: f64 = out.o.iter().sum();
     let largest = out.o.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-    let lse_range = out
+    let (lo, hi) = out
         .lse
         .iter()
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
             (lo.min(x), hi.max(x))
         });
     println!(
-        "CPU path: f64 reference, B=1 N={} H={} d={}{}: O sum {checksum:.9}, max |O| {largest:.6}, LSE in [{:.6}, {:.6}]",
+        "CPU path: f64 reference, B=1 N={} H={} d={}{}: O sum {checksum:.9}, max |O| {largest:.6}, LSE in [{lo:.6}, {hi:.6}]",
         shape.n_q,
         shape.heads_q,
         shape.head_dim,
         if options.causal { " causal" } else { "" },
-        lse_range.0,
-        lse_range.1
     );
     Ok(())
 }
