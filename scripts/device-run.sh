@@ -12,6 +12,8 @@ mkdir -p "$out"
 status=0
 for t in .device-run/tests/*; do
   echo "## $(basename "$t")" | tee -a "$out/gpu-tests.log"
+  # CLI tests run the binary at the path cargo built it, which exists only on the build machine.
+  case $(basename "$t") in cli_*) echo "(CPU-only CLI test: runs where it was built)" | tee -a "$out/gpu-tests.log"; continue;; esac
   "$t" --test-threads=1 --show-output 2>&1 | tee -a "$out/gpu-tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 done

@@ -48,9 +48,32 @@ impl DeviceTensor {
         Ok(DeviceTensor::tracked(dtype, Storage::Bits16(buf)))
     }
 
-    /// A tensor of `len` elements filled with NaN, so any element a kernel fails to write shows.
+    /// A tensor of `len` elements filled with NaN on the device, so any element a kernel fails to
+    /// write shows.
     pub fn poisoned(dtype: DType, len: usize) -> Result<DeviceTensor> {
-        DeviceTensor::from_f32(dtype, &vec![f32::NAN; len])
+        // SAFETY: every element is written by the memset below before anything reads it.
+        let storage = unsafe {
+            match dtype {
+                DType::F32 => {
+                    let mut b =
+                        DeviceBuffer::<f32>::uninitialized(len).cuda("allocating a tensor")?;
+                    if len > 0 {
+                        b.set_32(f32::NAN.to_bits()).cuda("poisoning a tensor")?;
+                    }
+                    Storage::F32(b)
+                }
+                _ => {
+                    let mut b =
+                        DeviceBuffer::<u16>::uninitialized(len).cuda("allocating a tensor")?;
+                    if len > 0 {
+                        b.set_16(dtype.bits16(f32::NAN).unwrap())
+                            .cuda("poisoning a tensor")?;
+                    }
+                    Storage::Bits16(b)
+                }
+            }
+        };
+        Ok(DeviceTensor::tracked(dtype, storage))
     }
 
     pub fn dtype(&self) -> DType {
@@ -121,8 +144,17 @@ impl Drop for DeviceTensor {
 pub struct DeviceF32(DeviceBuffer<f32>);
 
 impl DeviceF32 {
+    /// `len` NaNs, written on the device.
     pub fn poisoned(len: usize) -> Result<DeviceF32> {
-        DeviceF32::from_slice(&vec![f32::NAN; len])
+        // SAFETY: every element is written by the memset before anything reads it.
+        let mut buf =
+            unsafe { DeviceBuffer::<f32>::uninitialized(len) }.cuda("allocating an f32 buffer")?;
+        if len > 0 {
+            buf.set_32(f32::NAN.to_bits())
+                .cuda("poisoning an f32 buffer")?;
+        }
+        crate::memory::allocated(len * 4);
+        Ok(DeviceF32(buf))
     }
     pub fn from_slice(host: &[f32]) -> Result<DeviceF32> {
         let buf = DeviceBuffer::from_slice(host).cuda("uploading an f32 buffer")?;

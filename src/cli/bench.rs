@@ -3,12 +3,18 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use flash_attn::bench::{CaseRecord, anchor_cases, environment, forward_flops, running_fixture};
+use flash_attn::bench::{
+    CaseRecord, anchor_cases, backward_flops, environment, forward_flops, running_fixture,
+};
 use flash_attn::inputs::uniform;
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
 use flash_attn::sampled_rows::check_rows;
+use flash_attn::tensor_core::{tensor_core_config, tensor_core_forward, tensor_core_forward_into};
 use flash_attn::timing::time_calls;
-use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceTensor, Gpu, memory};
+use flash_attn::{
+    AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions, Gpu, flash_backward,
+    flash_forward, memory,
+};
 use serde_json::json;
 
 use super::CliResult;
@@ -17,6 +23,16 @@ use super::CliResult;
 enum Kernel {
     /// The three-stage materialized baseline (forward only).
     Materialized,
+    /// The exact tiled kernels (SIMT, f32 arithmetic), row-owned schedule.
+    Exact,
+    /// The tensor-core kernels (mma.sync; bf16/f16, d 64 and 128).
+    TensorCore,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Pass {
+    Forward,
+    Backward,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -32,6 +48,9 @@ pub struct BenchArgs {
     /// Kernel to time.
     #[arg(long, value_enum, default_value = "materialized")]
     kernel: Kernel,
+    /// Passes to time (both when absent; the materialized baseline has a forward only).
+    #[arg(long, value_enum)]
+    pass: Option<Pass>,
     /// Shapes to time.
     #[arg(long, value_enum, default_value = "fixture")]
     shapes: Shapes,
@@ -68,24 +87,46 @@ pub fn run(args: &BenchArgs) -> CliResult {
         "kernel", "pass", "B", "H", "N", "d", "causal", "median ms", "TFLOP/s", "rel err"
     );
     let mut records = Vec::new();
+    let passes: Vec<Pass> = match (args.pass, args.kernel) {
+        (Some(p), _) => vec![p],
+        (None, Kernel::Materialized) => vec![Pass::Forward],
+        (None, _) => vec![Pass::Forward, Pass::Backward],
+    };
     for (shape, causal) in cases {
-        let record = match args.kernel {
-            Kernel::Materialized => bench_materialized(&gpu, &shape, causal, args)?,
-        };
-        println!(
-            "{:<10} {:<8} {:>3} {:>3} {:>6} {:>4} {:>6} {:>10.3} {:>9.1} {:>10.2e}",
-            record.kernel,
-            record.pass,
-            shape.batch,
-            shape.heads_q,
-            shape.n_q,
-            shape.head_dim,
-            causal,
-            record.median_ms(),
-            record.tflops(),
-            record.error["relative"].as_f64().unwrap_or(f64::NAN)
-        );
-        records.push(record.to_json());
+        for &pass in &passes {
+            let record = match (args.kernel, pass) {
+                (Kernel::Materialized, Pass::Forward) => {
+                    bench_materialized(&gpu, &shape, causal, args)?
+                }
+                (Kernel::Materialized, Pass::Backward) => {
+                    return Err("the materialized baseline has no backward".into());
+                }
+                (Kernel::Exact, Pass::Forward) => bench_exact_forward(&gpu, &shape, causal, args)?,
+                (Kernel::Exact, Pass::Backward) => {
+                    bench_exact_backward(&gpu, &shape, causal, args)?
+                }
+                (Kernel::TensorCore, Pass::Forward) => {
+                    bench_tc_forward(&gpu, &shape, causal, args)?
+                }
+                (Kernel::TensorCore, Pass::Backward) => {
+                    return Err("the tensor-core backward is not built yet".into());
+                }
+            };
+            println!(
+                "{:<10} {:<8} {:>3} {:>3} {:>6} {:>4} {:>6} {:>10.3} {:>9.1} {:>10.2e}",
+                record.kernel,
+                record.pass,
+                shape.batch,
+                shape.heads_q,
+                shape.n_q,
+                shape.head_dim,
+                causal,
+                record.median_ms(),
+                record.tflops(),
+                record.error["relative"].as_f64().unwrap_or(f64::NAN)
+            );
+            records.push(record.to_json());
+        }
     }
     std::fs::create_dir_all(&args.out)?;
     let name = format!("bench-{:?}-{}.json", args.kernel, env["unix_time"]).to_lowercase();
@@ -160,6 +201,112 @@ fn bench_materialized<'a>(
         pass: "forward",
         schedule: "three stages",
         block_sizes: json!({"tile": 16}),
+        shape: *shape,
+        causal,
+        dtype: args.dtype,
+        flops: forward_flops(shape, causal),
+        warmup: args.warmup,
+        samples_ms,
+        error: json!({"relative": relative, "on": format!("{} sampled rows vs f64", rows.len())}),
+        peak_bytes: memory::peak_bytes(),
+    })
+}
+
+fn bench_exact_forward<'a>(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    causal: bool,
+    args: &BenchArgs,
+) -> flash_attn::Result<CaseRecord<'a>> {
+    let options = FlashOptions::new(AttentionOptions::new().causal(causal));
+    let (host, dev) = inputs(shape, args.dtype)?;
+    memory::reset_peak();
+    let mut out = None;
+    let samples_ms = time_calls(gpu, args.warmup, args.samples as usize, || {
+        out = Some(flash_forward(
+            gpu, shape, &dev[0], &dev[1], &dev[2], &options,
+        )?);
+        Ok(())
+    })?;
+    let out = out.expect("time_calls ran the forward");
+    let rows = check_rows_of(shape);
+    let qkv = (&host[0][..], &host[1][..], &host[2][..]);
+    let relative = check_rows(shape, &options.attention, qkv, &out.o.to_f32()?, &rows)?;
+    Ok(CaseRecord {
+        kernel: "exact",
+        pass: "forward",
+        schedule: "row-owned",
+        block_sizes: json!({"B_r": out.block_sizes.block_rows, "B_c": out.block_sizes.block_cols}),
+        shape: *shape,
+        causal,
+        dtype: args.dtype,
+        flops: forward_flops(shape, causal),
+        warmup: args.warmup,
+        samples_ms,
+        error: json!({"relative": relative, "on": format!("{} sampled rows vs f64", rows.len())}),
+        peak_bytes: memory::peak_bytes(),
+    })
+}
+
+fn bench_exact_backward<'a>(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    causal: bool,
+    args: &BenchArgs,
+) -> flash_attn::Result<CaseRecord<'a>> {
+    let options = FlashOptions::new(AttentionOptions::new().causal(causal));
+    let (_, dev) = inputs(shape, args.dtype)?;
+    let d_o = DeviceTensor::from_f32(args.dtype, &uniform(rand::random(), shape.q_elems()))?;
+    let fwd = flash_forward(gpu, shape, &dev[0], &dev[1], &dev[2], &options)?;
+    memory::reset_peak();
+    let mut blocks = None;
+    let samples_ms = time_calls(gpu, args.warmup, args.samples as usize, || {
+        let g = flash_backward(
+            gpu, shape, &dev[0], &dev[1], &dev[2], &fwd.o, &fwd.lse, &d_o, &options,
+        )?;
+        blocks = Some(g.block_sizes);
+        Ok(())
+    })?;
+    let blocks = blocks.expect("time_calls ran the backward");
+    Ok(CaseRecord {
+        kernel: "exact",
+        pass: "backward",
+        schedule: "Algorithm 4, atomic dQ",
+        block_sizes: json!({"B_r": blocks.block_rows, "B_c": blocks.block_cols}),
+        shape: *shape,
+        causal,
+        dtype: args.dtype,
+        flops: backward_flops(shape, causal),
+        warmup: args.warmup,
+        samples_ms,
+        error: json!({"relative": null, "on": "not measured here: tests/gpu_exact.rs holds the backward to the f64 reference"}),
+        peak_bytes: memory::peak_bytes(),
+    })
+}
+
+fn bench_tc_forward<'a>(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    causal: bool,
+    args: &BenchArgs,
+) -> flash_attn::Result<CaseRecord<'a>> {
+    let options = AttentionOptions::new().causal(causal);
+    let (host, dev) = inputs(shape, args.dtype)?;
+    let config = tensor_core_config(shape, args.dtype, &options)?;
+    memory::reset_peak();
+    // Outputs allocated (and poisoned) once, so the samples time the kernel alone.
+    let out = tensor_core_forward(gpu, shape, &dev[0], &dev[1], &dev[2], &options)?;
+    let samples_ms = time_calls(gpu, args.warmup, args.samples as usize, || {
+        tensor_core_forward_into(gpu, shape, &dev[0], &dev[1], &dev[2], &out, &options)
+    })?;
+    let rows = check_rows_of(shape);
+    let qkv = (&host[0][..], &host[1][..], &host[2][..]);
+    let relative = check_rows(shape, &options, qkv, &out.o.to_f32()?, &rows)?;
+    Ok(CaseRecord {
+        kernel: "tensor-core",
+        pass: "forward",
+        schedule: "row-owned (FA2)",
+        block_sizes: json!({"warps": config.warps, "rows_per_block": config.block_rows(), "keys_per_block": config.block_keys}),
         shape: *shape,
         causal,
         dtype: args.dtype,
