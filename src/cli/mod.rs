@@ -4,6 +4,7 @@ mod backward;
 mod bench;
 mod forward;
 mod ledger;
+mod memory;
 mod ptx;
 mod run;
 
@@ -32,6 +33,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Block sizes, visit counts and the paper's forward/backward IO ledgers by term.
     Ledger(ledger::LedgerArgs),
+    /// Device memory of forward and backward as N grows, against the materialized baseline.
+    Memory(memory::MemoryArgs),
     /// Where the PTX is, its entry points, and each kernel's registers, spills and shared memory.
     Ptx(ptx::PtxArgs),
 }
@@ -47,6 +50,7 @@ pub fn main() -> ExitCode {
         Command::Backward(args) => backward::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Ledger(args) => ledger::run(args),
+        Command::Memory(args) => memory::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine after scripts/device-prepare.sh: ours and PyTorch SDPA side by side in
+# one call. Our evidence bundles (every raw sample) and the peers' JSON go to $OUT (or
+# reports/bench/), at most five files, since the device tool returns eight; the ratio table is
+# printed and saved. Then the memory measurements.
+# usage: bench-h200.sh [all|speed|memory] [flash-attn bench options, e.g. --pass forward]
+set -uo pipefail
+what=${1:-all}; shift || true
+out=${OUT:-reports/bench}
+mkdir -p "$out"
+fa=.device-run/flash-attn
+export PYTHONUNBUFFERED=1
+if [ "$what" != memory ]; then
+  $fa bench --kernel tensor-core --shapes anchors --out "$out" "$@"
+  python3 scripts/peers/sdpa_bench.py --backends flash cudnn
+  python3 scripts/peers/ratio_table.py "$out/sdpa.json" "$out"/bench-tensorcore-*.json | tee "$out/ratio-table.md"
+fi
+if [ "$what" != speed ]; then
+  $fa memory --out "$out"
+  python3 scripts/peers/sdpa_bench.py --memory
+fi
