@@ -17,7 +17,7 @@
 //!
 //! Where no CUDA device answers, each test prints `SKIP <test>: ...` to stderr and returns.
 
-use flash_attn::testing::gpu_or_skip;
+use flash_attn::testing::{fresh_seed, gpu_or_skip};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -191,7 +191,7 @@ fn matrix_against_the_f64_reference() {
     let Some(gpu) = gpu_or_skip("matrix_against_the_f64_reference") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(0x5eed_0004);
+    let mut rng = StdRng::seed_from_u64(fresh_seed("matrix_against_the_f64_reference"));
     let worst = Mutex::new(std::collections::BTreeMap::<&str, f64>::new());
     let mut failures = vec![];
     let list = cases();
@@ -203,6 +203,27 @@ fn matrix_against_the_f64_reference() {
         assert!(
             list.iter().any(|c| c.n_q == n) && list.iter().any(|c| c.n_k == n),
             "length {n} missing"
+        );
+    }
+    // Under racecheck (roughly 50x slower than memcheck here) the long cases would take hours;
+    // `FLASH_ATTN_MATRIX_MAX_LEN` keeps the cases whose sequences are at most that long (every
+    // dtype, schedule, mask, head dim, GQA, dropout and length mode still appears at 128).
+    let max_len: u32 = std::env::var("FLASH_ATTN_MATRIX_MAX_LEN")
+        .ok()
+        .map(|v| {
+            v.parse()
+                .expect("FLASH_ATTN_MATRIX_MAX_LEN must be a length")
+        })
+        .unwrap_or(u32::MAX);
+    let list: Vec<Case> = list
+        .into_iter()
+        .filter(|c| c.n_q.max(c.n_k) <= max_len)
+        .collect();
+    if max_len != u32::MAX {
+        eprintln!(
+            "FLASH_ATTN_MATRIX_MAX_LEN={max_len}: {} of {} cases",
+            list.len(),
+            cases().len()
         );
     }
     for case in &list {
@@ -265,7 +286,7 @@ fn every_block_size_gives_the_same_result() {
     let Some(gpu) = gpu_or_skip("every_block_size_gives_the_same_result") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(7);
+    let mut rng = StdRng::seed_from_u64(fresh_seed("every_block_size_gives_the_same_result"));
     let shape = AttentionShape {
         batch: 1,
         n_q: 133,
@@ -340,7 +361,9 @@ fn backward_matches_finite_differences_of_the_gpu_forward() {
     let Some(gpu) = gpu_or_skip("backward_matches_finite_differences_of_the_gpu_forward") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(3);
+    let mut rng = StdRng::seed_from_u64(fresh_seed(
+        "backward_matches_finite_differences_of_the_gpu_forward",
+    ));
     let shape = AttentionShape {
         batch: 1,
         n_q: 17,
@@ -405,7 +428,8 @@ fn deterministic_gradients_are_bitwise_identical() {
     let Some(gpu) = gpu_or_skip("deterministic_gradients_are_bitwise_identical") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(9);
+    let mut rng =
+        StdRng::seed_from_u64(fresh_seed("deterministic_gradients_are_bitwise_identical"));
     let shape = AttentionShape {
         batch: 2,
         n_q: 300,
@@ -483,7 +507,7 @@ fn device_memory_grows_linearly_with_n() {
     let Some(gpu) = gpu_or_skip("device_memory_grows_linearly_with_n") else {
         return;
     };
-    let mut rng = StdRng::seed_from_u64(1);
+    let mut rng = StdRng::seed_from_u64(fresh_seed("device_memory_grows_linearly_with_n"));
     let mut rows = vec![];
     for n in [4096u32, 8192, 16384] {
         let shape = AttentionShape {
