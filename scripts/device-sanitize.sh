@@ -1,22 +1,17 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine after scripts/device-prepare.sh: compute-sanitizer memcheck and racecheck
-# over GPU test binaries of .device-run/tests (default: gpu_exact, the whole matrix), each tool
-# under a time limit (the sanitizers slow kernels 10-100x). Logs to $OUT (or reports/device/).
-# usage: device-sanitize.sh SECONDS_PER_TOOL [TEST_BINARY_NAME ...]
+# Runs on the GPU machine after scripts/device-prepare.sh: one compute-sanitizer tool over one GPU
+# test binary of .device-run/tests, under a time limit (the sanitizers slow kernels 10-100x), with
+# optional VAR=value settings for the test. Logs to $OUT (or reports/device/).
+# usage: device-sanitize.sh memcheck|racecheck SECONDS TEST_BINARY [VAR=value ...]
 set -uo pipefail
-limit=${1:-240}; shift || true
-tests=("${@:-gpu_exact}")
+tool=$1; limit=$2; test=$3; shift 3
 out=${OUT:-reports/device}
 mkdir -p "$out"
-san=/usr/local/cuda/bin/compute-sanitizer
-for t in "${tests[@]}"; do
-  for tool in memcheck racecheck; do
-    log="$out/sanitizer-$tool-$t.log"
-    echo "# built from commit $(cat .device-run/COMMIT); $tool on $t, limit ${limit}s" > "$log"
-    start=$(date +%s)
-    timeout "$limit" "$san" --tool "$tool" --error-exitcode 3 ".device-run/tests/$t" --test-threads=1 >> "$log" 2>&1
-    status=$?
-    echo "compute-sanitizer $tool on $t: exit status $status after $(( $(date +%s) - start )) s (124 = time limit)" | tee -a "$log"
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test result" "$log" | tail -3
-  done
-done
+log="$out/sanitizer-$tool-$test.log"
+echo "# built from commit $(cat .device-run/COMMIT); $tool on $test $*, limit ${limit}s" > "$log"
+start=$(date +%s)
+env "$@" timeout "$limit" /usr/local/cuda/bin/compute-sanitizer --tool "$tool" --error-exitcode 3 \
+  ".device-run/tests/$test" --test-threads=1 >> "$log" 2>&1
+status=$?
+echo "compute-sanitizer $tool on $test $*: exit status $status after $(( $(date +%s) - start )) s (124 = time limit)" | tee -a "$log"
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test result|FLASH_ATTN_MATRIX" "$log" | tail -4
