@@ -63,10 +63,11 @@ pub fn environment(gpu: &Gpu) -> Value {
     let driver = std::fs::read_to_string("/proc/driver/nvidia/version")
         .ok()
         .and_then(|t| {
-            // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  <date>"
-            let line = t.lines().next()?;
-            let rest = line.split("Kernel Module").nth(1)?;
-            rest.split_whitespace().next().map(str::to_owned)
+            // "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release ..."
+            let rest = t.lines().next()?.split("Kernel Module").nth(1)?;
+            rest.split_whitespace()
+                .find(|w| w.starts_with(|c: char| c.is_ascii_digit()) && w.contains('.'))
+                .map(str::to_owned)
         })
         .unwrap_or_else(|| "unknown".to_owned());
     let cuda = gpu
