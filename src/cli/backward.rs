@@ -10,24 +10,31 @@ use super::forward::{CallArgs, read_qkv, report_block_sizes};
 
 #[derive(clap::Args, Debug)]
 pub struct BackwardArgs {
+    /// Q, `.npy` f32 or f16, `[batch, n_q, heads_q, head_dim]`.
     #[arg(long)]
     pub q: PathBuf,
+    /// K, `[batch, n_k, heads_kv, head_dim]`, same dtype as Q.
     #[arg(long)]
     pub k: PathBuf,
+    /// V, shape of K.
     #[arg(long)]
     pub v: PathBuf,
     /// Gradient of the loss with respect to O (shape of Q).
     #[arg(long = "do")]
     pub d_o: PathBuf,
-    /// O and LSE of the forward (both or neither).
+    /// O of the forward (with --lse; without both, the forward is recomputed).
     #[arg(long, requires = "lse")]
     pub o: Option<PathBuf>,
+    /// LSE of the forward (f32, `[batch, heads_q, n_q]`; with --o).
     #[arg(long, requires = "o")]
     pub lse: Option<PathBuf>,
+    /// Where dQ is written (shape of Q, the files' dtype).
     #[arg(long)]
     pub dq: PathBuf,
+    /// Where dK is written (shape of K).
     #[arg(long)]
     pub dk: PathBuf,
+    /// Where dV is written (shape of V).
     #[arg(long)]
     pub dv: PathBuf,
     /// Bitwise reproducible gradients (dQ from a separate pass instead of atomics).

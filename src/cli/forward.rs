@@ -31,8 +31,10 @@ pub struct CallArgs {
     /// Dropout probability on the normalised probabilities.
     #[arg(long)]
     pub dropout: Option<f32>,
+    /// Seed of the dropout RNG (Philox).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Offset of this call in the dropout RNG's stream (advance it between calls).
     #[arg(long, default_value_t = 0)]
     pub offset: u64,
     /// Forward schedule: row-owned (default) or paper.
@@ -41,6 +43,7 @@ pub struct CallArgs {
     /// Explicit B_r (with --block-cols); default: the paper's rule for this device.
     #[arg(long, requires = "block_cols")]
     pub block_rows: Option<u32>,
+    /// Explicit B_c (with --block-rows).
     #[arg(long, requires = "block_rows")]
     pub block_cols: Option<u32>,
     /// Print the block sizes the kernels run with.
@@ -82,10 +85,13 @@ impl CallArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct ForwardArgs {
+    /// Q, `.npy` f32 or f16, `[batch, n_q, heads_q, head_dim]`.
     #[arg(long)]
     pub q: PathBuf,
+    /// K, `[batch, n_k, heads_kv, head_dim]`, same dtype as Q.
     #[arg(long)]
     pub k: PathBuf,
+    /// V, shape of K.
     #[arg(long)]
     pub v: PathBuf,
     /// Where O is written (`[batch, n_q, heads_q, head_dim]`).
