@@ -26,8 +26,14 @@ fn main() {
     }
 
     let kernel_dir = manifest_dir.join(KERNEL_CRATE);
-    println!("cargo:rerun-if-changed={}", kernel_dir.join("src").display());
-    println!("cargo:rerun-if-changed={}", kernel_dir.join("Cargo.toml").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        kernel_dir.join("src").display()
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
+        kernel_dir.join("Cargo.toml").display()
+    );
     println!("cargo:rerun-if-env-changed=FLASH_ATTN_ARCH");
 
     let target_root = target_root(&out_dir);
@@ -41,6 +47,10 @@ fn main() {
     fs::write(readable.join(PTX_NAME), &ptx).expect("write target/ptx copy");
 
     println!("cargo:rustc-env=FLASH_ATTN_PTX_ARCH={arch}");
+    println!(
+        "cargo:rustc-env=FLASH_ATTN_GIT_COMMIT={}",
+        git_commit(&manifest_dir)
+    );
     println!(
         "cargo:rustc-env=FLASH_ATTN_PTX_PATH={}",
         readable.join(PTX_NAME).display()
@@ -101,11 +111,33 @@ fn build_ptx(kernel_dir: &Path, child_target: &Path, arch: &str) -> String {
     let ptx_path = child_target
         .join("nvptx64-nvidia-cuda/release")
         .join(PTX_NAME);
-    let ptx = fs::read_to_string(&ptx_path)
-        .unwrap_or_else(|e| panic!("kernel build succeeded but {} is unreadable: {e}", ptx_path.display()));
+    let ptx = fs::read_to_string(&ptx_path).unwrap_or_else(|e| {
+        panic!(
+            "kernel build succeeded but {} is unreadable: {e}",
+            ptx_path.display()
+        )
+    });
     let expected = format!(".target {arch}");
     if !ptx.contains(&expected) {
         panic!("{} does not contain `{expected}`", ptx_path.display());
     }
     ptx
+}
+
+/// `git describe --always --dirty --abbrev=12` of the source tree, for evidence bundles; "unknown"
+/// outside a git checkout. Reruns when HEAD moves or the index changes.
+fn git_commit(manifest_dir: &Path) -> String {
+    let git_dir = manifest_dir.join(".git");
+    if git_dir.is_dir() {
+        println!("cargo:rerun-if-changed={}", git_dir.join("HEAD").display());
+        println!("cargo:rerun-if-changed={}", git_dir.join("index").display());
+    }
+    Command::new("git")
+        .args(["describe", "--always", "--dirty", "--abbrev=12"])
+        .current_dir(manifest_dir)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned())
 }

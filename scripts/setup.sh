@@ -34,4 +34,4 @@ ptxas_path() { python3 -c 'import nvidia.cuda_nvcc, os; print(os.path.join(list(
 if ! [ -x "$(ptxas_path)" ]; then
     python3 -m pip install -q --disable-pip-version-check 'nvidia-cuda-nvcc-cu12==12.9.*'
 fi
-echo "setup: toolchain $toolchain, libcuda ($(ldconfig -p | grep -m1 -o 'libcuda.so.1 .*'| cut -c1-40)), ptxas $(ptxas_path)"
+echo "setup: toolchain $toolchain with [$components ], $(ldconfig -p | grep -m1 -o "libcuda.so.1 .*=> .*" | sed "s/.*=> //"), ptxas $(ptxas_path)"

@@ -3,6 +3,12 @@
 //! The kernels live in `attention-kernels`, are compiled to PTX by this crate's `build.rs` and are
 //! embedded here as [`PTX`]; `attention-host` loads and launches them through cust.
 
+pub mod bench;
+pub mod inputs;
+pub mod ptx_info;
+pub mod sampled_rows;
+pub mod testing;
+
 pub use attention_host::*;
 
 /// The PTX of every kernel, compiled from `attention-kernels` for [`PTX_ARCH`].

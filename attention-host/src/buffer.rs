@@ -3,7 +3,7 @@
 use cust::memory::{CopyDestination, DeviceBuffer};
 
 use crate::dtype::DType;
-use crate::error::{invalid, CudaContext, Result};
+use crate::error::{CudaContext, Result, invalid};
 
 enum Storage {
     F32(DeviceBuffer<f32>),
@@ -27,16 +27,25 @@ impl DeviceTensor {
                 Storage::Bits16(DeviceBuffer::from_slice(&bits).cuda("uploading a tensor")?)
             }
         };
-        Ok(DeviceTensor { dtype, storage })
+        Ok(DeviceTensor::tracked(dtype, storage))
+    }
+
+    /// Registers the tensor's bytes with `memory`; `Drop` releases them.
+    fn tracked(dtype: DType, storage: Storage) -> DeviceTensor {
+        let tensor = DeviceTensor { dtype, storage };
+        crate::memory::allocated(tensor.size_bytes());
+        tensor
     }
 
     /// Uploads raw 16-bit patterns of `dtype` (f16 or bf16), e.g. from `half::f16::to_bits`.
     pub fn from_bits16(dtype: DType, bits: &[u16]) -> Result<DeviceTensor> {
         if dtype == DType::F32 {
-            return Err(invalid!("from_bits16 takes f16 or bf16 bit patterns, not f32"));
+            return Err(invalid!(
+                "from_bits16 takes f16 or bf16 bit patterns, not f32"
+            ));
         }
         let buf = DeviceBuffer::from_slice(bits).cuda("uploading a tensor")?;
-        Ok(DeviceTensor { dtype, storage: Storage::Bits16(buf) })
+        Ok(DeviceTensor::tracked(dtype, Storage::Bits16(buf)))
     }
 
     /// A tensor of `len` elements filled with NaN, so any element a kernel fails to write shows.
@@ -79,7 +88,11 @@ impl DeviceTensor {
                 b.copy_to(&mut out[..]).cuda("downloading a tensor")?;
                 Ok(out)
             }
-            Storage::Bits16(b) => Ok(self.to_bits16_of(b)?.into_iter().map(|x| self.dtype.widen16(x)).collect()),
+            Storage::Bits16(b) => Ok(self
+                .to_bits16_of(b)?
+                .into_iter()
+                .map(|x| self.dtype.widen16(x))
+                .collect()),
         }
     }
 
@@ -98,15 +111,23 @@ impl DeviceTensor {
     }
 }
 
+impl Drop for DeviceTensor {
+    fn drop(&mut self) {
+        crate::memory::released(self.size_bytes());
+    }
+}
+
 /// A device buffer of f32 (the saved `LSE` and f32 accumulators).
-pub struct DeviceF32(pub DeviceBuffer<f32>);
+pub struct DeviceF32(DeviceBuffer<f32>);
 
 impl DeviceF32 {
     pub fn poisoned(len: usize) -> Result<DeviceF32> {
-        Ok(DeviceF32(DeviceBuffer::from_slice(&vec![f32::NAN; len]).cuda("allocating an f32 buffer")?))
+        DeviceF32::from_slice(&vec![f32::NAN; len])
     }
     pub fn from_slice(host: &[f32]) -> Result<DeviceF32> {
-        Ok(DeviceF32(DeviceBuffer::from_slice(host).cuda("uploading an f32 buffer")?))
+        let buf = DeviceBuffer::from_slice(host).cuda("uploading an f32 buffer")?;
+        crate::memory::allocated(buf.len() * 4);
+        Ok(DeviceF32(buf))
     }
     pub fn device_ptr(&self) -> u64 {
         self.0.as_device_ptr().as_raw()
@@ -119,7 +140,15 @@ impl DeviceF32 {
     }
     pub fn to_vec(&self) -> Result<Vec<f32>> {
         let mut out = vec![0.0f32; self.0.len()];
-        self.0.copy_to(&mut out[..]).cuda("downloading an f32 buffer")?;
+        self.0
+            .copy_to(&mut out[..])
+            .cuda("downloading an f32 buffer")?;
         Ok(out)
+    }
+}
+
+impl Drop for DeviceF32 {
+    fn drop(&mut self) {
+        crate::memory::released(self.0.len() * 4);
     }
 }

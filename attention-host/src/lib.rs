@@ -4,10 +4,18 @@
 pub mod buffer;
 pub mod dtype;
 pub mod error;
+pub mod ledger;
 pub mod materialized;
+pub mod memory;
 pub mod options;
+pub mod reference;
 pub mod runtime;
+<<<<<<< HEAD
 pub mod tensor_core;
+=======
+pub mod schedule;
+pub mod timing;
+>>>>>>> main
 
 pub use attention_kernels::params::AttentionShape;
 pub use buffer::{DeviceF32, DeviceTensor};

@@ -5,7 +5,8 @@ use attention_kernels::params::{
 };
 
 use crate::buffer::DeviceTensor;
-use crate::error::{invalid, Result};
+use crate::dtype::DType;
+use crate::error::{Result, invalid};
 use crate::options::{AttentionOptions, Lengths};
 use crate::runtime::{Gpu, LaunchConfig};
 
@@ -14,11 +15,23 @@ const TILE_SHARED_BYTES: u32 = 2 * TILE * (TILE + 1) * 4;
 const SOFTMAX_WARPS: u32 = 4;
 
 /// Checks that `q`, `k`, `v` match `shape` and one dtype.
-pub fn check_qkv(shape: &AttentionShape, q: &DeviceTensor, k: &DeviceTensor, v: &DeviceTensor) -> Result<()> {
+pub fn check_qkv(
+    shape: &AttentionShape,
+    q: &DeviceTensor,
+    k: &DeviceTensor,
+    v: &DeviceTensor,
+) -> Result<()> {
     crate::options::validate_shape(shape)?;
-    for (name, t, want) in [("q", q, shape.q_elems()), ("k", k, shape.kv_elems()), ("v", v, shape.kv_elems())] {
+    for (name, t, want) in [
+        ("q", q, shape.q_elems()),
+        ("k", k, shape.kv_elems()),
+        ("v", v, shape.kv_elems()),
+    ] {
         if t.len() != want {
-            return Err(invalid!("{name} holds {} elements, the shape {shape:?} needs {want}", t.len()));
+            return Err(invalid!(
+                "{name} holds {} elements, the shape {shape:?} needs {want}",
+                t.len()
+            ));
         }
         if t.dtype() != q.dtype() {
             return Err(invalid!("{name} is {} but q is {}", t.dtype(), q.dtype()));
@@ -27,26 +40,63 @@ pub fn check_qkv(shape: &AttentionShape, q: &DeviceTensor, k: &DeviceTensor, v: 
     Ok(())
 }
 
-/// The materialized forward: returns `O` (`[batch, n_q, heads_q, head_dim]`, q's dtype). `S` and
-/// `P` (`[batch, heads_q, n_q, n_k]` each) are allocated, written and read back through HBM, then
-/// freed. Supports scale and the causal mask; dropout and length masks are the fused kernels' job.
+/// The global `S` and `P` of the materialized schedule, `[batch, heads_q, n_q, n_k]` each.
+pub struct MaterializedWorkspace {
+    shape: AttentionShape,
+    s: DeviceTensor,
+    p: DeviceTensor,
+}
+
+impl MaterializedWorkspace {
+    /// Allocates `S` and `P` (NaN-poisoned) for `shape` in `dtype`.
+    pub fn new(shape: &AttentionShape, dtype: DType) -> Result<MaterializedWorkspace> {
+        crate::options::validate_shape(shape)?;
+        Ok(MaterializedWorkspace {
+            shape: *shape,
+            s: DeviceTensor::poisoned(dtype, shape.score_elems())?,
+            p: DeviceTensor::poisoned(dtype, shape.score_elems())?,
+        })
+    }
+
+    /// Bytes of `S` plus `P`.
+    pub fn size_bytes(&self) -> usize {
+        self.s.size_bytes() + self.p.size_bytes()
+    }
+}
+
+/// The materialized forward into `o` (`[batch, n_q, heads_q, head_dim]`, q's dtype): three
+/// launches that write `S`, read it and write `P`, read `P` and write `O`. Supports scale and the
+/// causal mask; dropout and length masks are the fused kernels' job. Queues the work on the GPU's
+/// stream; call `gpu.synchronize()` to wait for it.
+#[allow(clippy::too_many_arguments)]
 pub fn materialized_forward(
     gpu: &Gpu,
-    shape: &AttentionShape,
+    workspace: &MaterializedWorkspace,
     q: &DeviceTensor,
     k: &DeviceTensor,
     v: &DeviceTensor,
+    o: &DeviceTensor,
     options: &AttentionOptions,
-) -> Result<DeviceTensor> {
+) -> Result<()> {
+    let shape = &workspace.shape;
     check_qkv(shape, q, k, v)?;
     options.validate(shape)?;
     if options.dropout.is_some() || options.lengths != Lengths::Full {
-        return Err(invalid!("the materialized baseline supports scale and causal only"));
+        return Err(invalid!(
+            "the materialized baseline supports scale and causal only"
+        ));
     }
     let dtype = q.dtype();
-    let s = DeviceTensor::poisoned(dtype, shape.score_elems())?;
-    let p = DeviceTensor::poisoned(dtype, shape.score_elems())?;
-    let o = DeviceTensor::poisoned(dtype, shape.q_elems())?;
+    if o.len() != shape.q_elems() || o.dtype() != dtype || workspace.s.dtype() != dtype {
+        return Err(invalid!(
+            "o must hold {} {dtype} elements and the workspace be {dtype}; got {} {} and a {} workspace",
+            shape.q_elems(),
+            o.len(),
+            o.dtype(),
+            workspace.s.dtype()
+        ));
+    }
+    let (s, p) = (&workspace.s, &workspace.p);
     let planes = shape.batch * shape.heads_q;
 
     let scores = MaterializedScoresParams {
@@ -65,13 +115,32 @@ pub fn materialized_forward(
     gpu.launch(&format!("materialized_scores_{dtype}"), tiles, &scores)?;
 
     let rows = planes * shape.n_q;
-    let softmax = MaterializedSoftmaxParams { s: s.device_ptr(), p: p.device_ptr(), rows, n_k: shape.n_k };
-    let per_row = LaunchConfig { grid: (rows.div_ceil(SOFTMAX_WARPS), 1, 1), block: (32 * SOFTMAX_WARPS, 1, 1), shared_bytes: 0 };
+    let softmax = MaterializedSoftmaxParams {
+        s: s.device_ptr(),
+        p: p.device_ptr(),
+        rows,
+        n_k: shape.n_k,
+    };
+    let per_row = LaunchConfig {
+        grid: (rows.div_ceil(SOFTMAX_WARPS), 1, 1),
+        block: (32 * SOFTMAX_WARPS, 1, 1),
+        shared_bytes: 0,
+    };
     gpu.launch(&format!("materialized_softmax_{dtype}"), per_row, &softmax)?;
 
-    let output = MaterializedOutputParams { p: p.device_ptr(), v: v.device_ptr(), o: o.device_ptr(), shape: *shape };
-    let out_tiles = LaunchConfig { grid: (shape.head_dim.div_ceil(TILE), shape.n_q.div_ceil(TILE), planes), ..tiles };
-    gpu.launch(&format!("materialized_output_{dtype}"), out_tiles, &output)?;
-    gpu.synchronize()?;
-    Ok(o)
+    let output = MaterializedOutputParams {
+        p: p.device_ptr(),
+        v: v.device_ptr(),
+        o: o.device_ptr(),
+        shape: *shape,
+    };
+    let out_tiles = LaunchConfig {
+        grid: (
+            shape.head_dim.div_ceil(TILE),
+            shape.n_q.div_ceil(TILE),
+            planes,
+        ),
+        ..tiles
+    };
+    gpu.launch(&format!("materialized_output_{dtype}"), out_tiles, &output)
 }

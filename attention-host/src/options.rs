@@ -6,7 +6,7 @@
 use attention_kernels::params::AttentionShape;
 use attention_kernels::philox::DropoutRng;
 
-use crate::error::{invalid, Result};
+use crate::error::{Result, invalid};
 
 /// Which keys each sequence may see, beyond the causal mask.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -20,7 +20,10 @@ pub enum Lengths {
     /// sequences; sequence `s` owns query rows `cu_seqlens_q[s] .. cu_seqlens_q[s+1]` and keys
     /// `cu_seqlens_k[s] .. cu_seqlens_k[s+1]`. Both start at 0, are non-decreasing, have the same
     /// length, and end at `n_q` and `n_k`.
-    Packed { cu_seqlens_q: Vec<u32>, cu_seqlens_k: Vec<u32> },
+    Packed {
+        cu_seqlens_q: Vec<u32>,
+        cu_seqlens_k: Vec<u32>,
+    },
 }
 
 /// Dropout on the normalised probabilities: drop probability `p` in `[0, 1)`; the mask is a pure
@@ -39,7 +42,9 @@ pub struct AttentionOptions {
     /// `τ`; `None` means `1/√head_dim`.
     pub scale: Option<f32>,
     /// Causal mask, bottom-right aligned: row `i` of a sequence with `n_q` rows and `n_k` keys sees
-    /// keys `j <= i + n_k - n_q` (see `attention_kernels::params::causal_key_end`).
+    /// keys `j <= i + n_k - n_q` (see `attention_kernels::params::causal_key_end`). With
+    /// `KeyLengths` the item's `n_k` is its key length; with `Packed`, `n_q`/`n_k` are the
+    /// sequence's own counts (`attention_kernels::params::allowed_key_end`).
     pub causal: bool,
     pub lengths: Lengths,
     pub dropout: Option<Dropout>,
@@ -62,7 +67,10 @@ impl AttentionOptions {
         self
     }
     pub fn packed(mut self, cu_seqlens_q: Vec<u32>, cu_seqlens_k: Vec<u32>) -> Self {
-        self.lengths = Lengths::Packed { cu_seqlens_q, cu_seqlens_k };
+        self.lengths = Lengths::Packed {
+            cu_seqlens_q,
+            cu_seqlens_k,
+        };
         self
     }
     pub fn dropout(mut self, p: f32, seed: u64, offset: u64) -> Self {
@@ -94,22 +102,38 @@ impl AttentionOptions {
         if let Some(d) = self.dropout
             && DropoutRng::new(d.p, d.seed, d.offset).is_none()
         {
-            return Err(invalid!("dropout probability must be in [0, 1), got {}", d.p));
+            return Err(invalid!(
+                "dropout probability must be in [0, 1), got {}",
+                d.p
+            ));
         }
         match &self.lengths {
             Lengths::Full => Ok(()),
             Lengths::KeyLengths(lens) => {
                 if lens.len() != shape.batch as usize {
-                    return Err(invalid!("{} key lengths for a batch of {}", lens.len(), shape.batch));
+                    return Err(invalid!(
+                        "{} key lengths for a batch of {}",
+                        lens.len(),
+                        shape.batch
+                    ));
                 }
                 if let Some((b, &l)) = lens.iter().enumerate().find(|(_, l)| **l > shape.n_k) {
-                    return Err(invalid!("key length {l} of batch item {b} exceeds n_k = {}", shape.n_k));
+                    return Err(invalid!(
+                        "key length {l} of batch item {b} exceeds n_k = {}",
+                        shape.n_k
+                    ));
                 }
                 Ok(())
             }
-            Lengths::Packed { cu_seqlens_q, cu_seqlens_k } => {
+            Lengths::Packed {
+                cu_seqlens_q,
+                cu_seqlens_k,
+            } => {
                 if shape.batch != 1 {
-                    return Err(invalid!("packed sequences need batch = 1, got {}", shape.batch));
+                    return Err(invalid!(
+                        "packed sequences need batch = 1, got {}",
+                        shape.batch
+                    ));
                 }
                 if cu_seqlens_q.len() != cu_seqlens_k.len() || cu_seqlens_q.len() < 2 {
                     return Err(invalid!(
@@ -130,11 +154,17 @@ fn check_cu_seqlens(name: &str, cu: &[u32], total: u32) -> Result<()> {
         return Err(invalid!("{name} must start at 0, got {}", cu[0]));
     }
     if let Some(w) = cu.windows(2).find(|w| w[1] < w[0]) {
-        return Err(invalid!("{name} must be non-decreasing, found {} then {}", w[0], w[1]));
+        return Err(invalid!(
+            "{name} must be non-decreasing, found {} then {}",
+            w[0],
+            w[1]
+        ));
     }
     let last = *cu.last().unwrap();
     if last != total {
-        return Err(invalid!("{name} ends at {last} but the tensor holds {total} rows"));
+        return Err(invalid!(
+            "{name} ends at {last} but the tensor holds {total} rows"
+        ));
     }
     Ok(())
 }
@@ -153,7 +183,7 @@ pub fn validate_shape(s: &AttentionShape) -> Result<()> {
             return Err(invalid!("{name} must be at least 1"));
         }
     }
-    if s.heads_q % s.heads_kv != 0 {
+    if !s.heads_q.is_multiple_of(s.heads_kv) {
         return Err(invalid!(
             "heads_q = {} is not a multiple of heads_kv = {}",
             s.heads_q,
@@ -162,7 +192,9 @@ pub fn validate_shape(s: &AttentionShape) -> Result<()> {
     }
     let largest = s.q_elems().max(s.kv_elems());
     if largest > i32::MAX as usize {
-        return Err(invalid!("a tensor of {largest} elements is larger than the kernels index"));
+        return Err(invalid!(
+            "a tensor of {largest} elements is larger than the kernels index"
+        ));
     }
     Ok(())
 }

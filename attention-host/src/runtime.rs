@@ -39,13 +39,22 @@ impl Gpu {
             CudaError::UnknownError | CudaError::OperatingSystemError => {
                 AttentionError::NoDevice(format!("{e} (driver present but no usable GPU)"))
             }
-            other => AttentionError::Cuda { what: "initialising the driver", source: other },
+            other => AttentionError::Cuda {
+                what: "initialising the driver",
+                source: other,
+            },
         })?;
         let device = Device::get_device(0).cuda("getting device 0")?;
-        let module = Module::from_ptx(ptx, &[])
-            .map_err(|e| AttentionError::Module(format!("loading PTX ({} bytes): {e}", ptx.len())))?;
+        let module = Module::from_ptx(ptx, &[]).map_err(|e| {
+            AttentionError::Module(format!("loading PTX ({} bytes): {e}", ptx.len()))
+        })?;
         let stream = Stream::new(StreamFlags::NON_BLOCKING, None).cuda("creating a stream")?;
-        Ok(Gpu { stream, module, device, _context: context })
+        Ok(Gpu {
+            stream,
+            module,
+            device,
+            _context: context,
+        })
     }
 
     pub fn stream(&self) -> &Stream {
@@ -53,7 +62,15 @@ impl Gpu {
     }
 
     pub fn device_name(&self) -> String {
-        self.device.name().unwrap_or_else(|e| format!("unknown ({e})"))
+        self.device
+            .name()
+            .unwrap_or_else(|e| format!("unknown ({e})"))
+    }
+
+    /// The CUDA version the driver supports, e.g. "13.0".
+    pub fn cuda_version(&self) -> Result<String> {
+        let v = cust::CudaApiVersion::get().cuda("reading the driver's CUDA version")?;
+        Ok(format!("{}.{}", v.major(), v.minor()))
     }
 
     /// Shared memory a block may opt in to, in bytes (227 KiB on the H100/H200).
@@ -69,7 +86,9 @@ impl Gpu {
             )
         };
         if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
-            return Err(AttentionError::Module(format!("reading the shared-memory limit: {status:?}")));
+            return Err(AttentionError::Module(format!(
+                "reading the shared-memory limit: {status:?}"
+            )));
         }
         Ok(v as u32)
     }
@@ -98,7 +117,10 @@ impl Gpu {
     /// checks the launch itself; completion errors surface at `synchronize`.
     pub fn launch<P: Copy>(&self, name: &str, cfg: LaunchConfig, params: &P) -> Result<()> {
         let function = self.function(name)?;
-        let launch_err = |source| AttentionError::Launch { kernel: name.to_owned(), source };
+        let launch_err = |source| AttentionError::Launch {
+            kernel: name.to_owned(),
+            source,
+        };
         if cfg.shared_bytes > 48 * 1024 {
             let limit = self.max_shared_per_block()?;
             if cfg.shared_bytes > limit {
@@ -141,9 +163,11 @@ impl Gpu {
 
     /// Waits for all launched work; reports any asynchronous kernel failure.
     pub fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().map_err(|source| AttentionError::Launch {
-            kernel: "(completion of queued work)".to_owned(),
-            source,
-        })
+        self.stream
+            .synchronize()
+            .map_err(|source| AttentionError::Launch {
+                kernel: "(completion of queued work)".to_owned(),
+                source,
+            })
     }
 }

@@ -10,7 +10,12 @@
     feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
 )]
 
+// The host build links std for `exp`/`ln` (core has neither); the device build never does.
+#[cfg(not(target_arch = "nvptx64"))]
+extern crate std;
+
 pub mod flash_tc;
+pub mod online_state;
 pub mod params;
 pub mod philox;
 pub mod storage;

@@ -9,9 +9,9 @@ use crate::device::{
     warp_max, warp_sum,
 };
 use crate::params::{
-    causal_key_end, MaterializedOutputParams, MaterializedScoresParams, MaterializedSoftmaxParams,
+    MaterializedOutputParams, MaterializedScoresParams, MaterializedSoftmaxParams, causal_key_end,
 };
-use crate::storage::{Bf16, Storage, F16};
+use crate::storage::{Bf16, F16, Storage};
 
 /// Side of the square thread block and of the shared tiles of stages 1 and 3.
 const TILE: u32 = 16;
@@ -28,8 +28,11 @@ unsafe fn scores<T: Storage>(p: &MaterializedScoresParams) {
     let j = block_x() * TILE + tx;
     let (q, k) = (p.q as *const T, p.k as *const T);
     let d = s.head_dim as usize;
-    let q_row = |r: u32| ((b as usize * s.n_q as usize + r as usize) * s.heads_q as usize + h as usize) * d;
-    let k_row = |r: u32| ((b as usize * s.n_k as usize + r as usize) * s.heads_kv as usize + hk as usize) * d;
+    let q_row =
+        |r: u32| ((b as usize * s.n_q as usize + r as usize) * s.heads_q as usize + h as usize) * d;
+    let k_row = |r: u32| {
+        ((b as usize * s.n_k as usize + r as usize) * s.heads_kv as usize + hk as usize) * d
+    };
 
     let q_tile = shared_base() as *mut f32;
     // SAFETY: the launch provides 2·TILE·PITCH f32 of shared memory.
@@ -41,23 +44,39 @@ unsafe fn scores<T: Storage>(p: &MaterializedScoresParams) {
         let c = c0 + tx;
         // SAFETY: reads are predicated on the tensor bounds; tile writes stay in the window.
         unsafe {
-            let qv = if i < s.n_q && c < s.head_dim { (*q.add(q_row(i) + c as usize)).to_f32() } else { 0.0 };
-            let kv = if key_row < s.n_k && c < s.head_dim { (*k.add(k_row(key_row) + c as usize)).to_f32() } else { 0.0 };
+            let qv = if i < s.n_q && c < s.head_dim {
+                (*q.add(q_row(i) + c as usize)).to_f32()
+            } else {
+                0.0
+            };
+            let kv = if key_row < s.n_k && c < s.head_dim {
+                (*k.add(k_row(key_row) + c as usize)).to_f32()
+            } else {
+                0.0
+            };
             *q_tile.add(ty as usize * PITCH + tx as usize) = qv;
             *k_tile.add(ty as usize * PITCH + tx as usize) = kv;
         }
         sync_threads();
         for t in 0..TILE as usize {
             // SAFETY: indices are below TILE·PITCH.
-            unsafe { acc += *q_tile.add(ty as usize * PITCH + t) * *k_tile.add(tx as usize * PITCH + t) };
+            unsafe {
+                acc += *q_tile.add(ty as usize * PITCH + t) * *k_tile.add(tx as usize * PITCH + t)
+            };
         }
         sync_threads();
         c0 += TILE;
     }
     if i < s.n_q && j < s.n_k {
         let allowed = p.causal == 0 || j < causal_key_end(i, s.n_q, s.n_k);
-        let score = if allowed { p.scale * acc } else { f32::NEG_INFINITY };
-        let at = ((b as usize * s.heads_q as usize + h as usize) * s.n_q as usize + i as usize) * s.n_k as usize + j as usize;
+        let score = if allowed {
+            p.scale * acc
+        } else {
+            f32::NEG_INFINITY
+        };
+        let at = ((b as usize * s.heads_q as usize + h as usize) * s.n_q as usize + i as usize)
+            * s.n_k as usize
+            + j as usize;
         // SAFETY: `at` is inside the [batch, heads_q, n_q, n_k] score tensor.
         unsafe { *(p.s as *mut T).add(at) = T::from_f32(score) };
     }
@@ -73,7 +92,12 @@ unsafe fn softmax<T: Storage>(p: &MaterializedSoftmaxParams) {
     }
     let n = p.n_k as usize;
     // SAFETY: `row < rows`, so the row's n_k elements are inside both tensors.
-    let (src, dst) = unsafe { ((p.s as *const T).add(row as usize * n), (p.p as *mut T).add(row as usize * n)) };
+    let (src, dst) = unsafe {
+        (
+            (p.s as *const T).add(row as usize * n),
+            (p.p as *mut T).add(row as usize * n),
+        )
+    };
     let mut m = f32::NEG_INFINITY;
     let mut j = lane as usize;
     while j < n {
@@ -99,7 +123,11 @@ unsafe fn softmax<T: Storage>(p: &MaterializedSoftmaxParams) {
         // SAFETY: j < n.
         unsafe {
             let x = (*src.add(j)).to_f32();
-            let pr = if m == f32::NEG_INFINITY { 0.0 } else { exp(x - m) * inv_l };
+            let pr = if m == f32::NEG_INFINITY {
+                0.0
+            } else {
+                exp(x - m) * inv_l
+            };
             *dst.add(j) = T::from_f32(pr);
         }
         j += 32;
@@ -117,7 +145,10 @@ unsafe fn output<T: Storage>(p: &MaterializedOutputParams) {
     let d = s.head_dim as usize;
     let (prob, v) = (p.p as *const T, p.v as *const T);
     let p_row = (b as usize * s.heads_q as usize + h as usize) * s.n_q as usize;
-    let v_at = |j: u32, c: u32| ((b as usize * s.n_k as usize + j as usize) * s.heads_kv as usize + hk as usize) * d + c as usize;
+    let v_at = |j: u32, c: u32| {
+        ((b as usize * s.n_k as usize + j as usize) * s.heads_kv as usize + hk as usize) * d
+            + c as usize
+    };
 
     let p_tile = shared_base() as *mut f32;
     // SAFETY: the launch provides 2·TILE·PITCH f32 of shared memory.
@@ -128,22 +159,33 @@ unsafe fn output<T: Storage>(p: &MaterializedOutputParams) {
         // SAFETY: reads are predicated on the tensor bounds; tile writes stay in the window.
         unsafe {
             let pj = j0 + tx;
-            let pv = if i < s.n_q && pj < s.n_k { (*prob.add((p_row + i as usize) * s.n_k as usize + pj as usize)).to_f32() } else { 0.0 };
+            let pv = if i < s.n_q && pj < s.n_k {
+                (*prob.add((p_row + i as usize) * s.n_k as usize + pj as usize)).to_f32()
+            } else {
+                0.0
+            };
             let vj = j0 + ty;
-            let vv = if vj < s.n_k && c < s.head_dim { (*v.add(v_at(vj, c))).to_f32() } else { 0.0 };
+            let vv = if vj < s.n_k && c < s.head_dim {
+                (*v.add(v_at(vj, c))).to_f32()
+            } else {
+                0.0
+            };
             *p_tile.add(ty as usize * PITCH + tx as usize) = pv;
             *v_tile.add(ty as usize * PITCH + tx as usize) = vv;
         }
         sync_threads();
         for t in 0..TILE as usize {
             // SAFETY: indices are below TILE·PITCH.
-            unsafe { acc += *p_tile.add(ty as usize * PITCH + t) * *v_tile.add(t * PITCH + tx as usize) };
+            unsafe {
+                acc += *p_tile.add(ty as usize * PITCH + t) * *v_tile.add(t * PITCH + tx as usize)
+            };
         }
         sync_threads();
         j0 += TILE;
     }
     if i < s.n_q && c < s.head_dim {
-        let at = ((b as usize * s.n_q as usize + i as usize) * s.heads_q as usize + h as usize) * d + c as usize;
+        let at = ((b as usize * s.n_q as usize + i as usize) * s.heads_q as usize + h as usize) * d
+            + c as usize;
         // SAFETY: `at` is inside O.
         unsafe { *(p.o as *mut T).add(at) = T::from_f32(acc) };
     }

@@ -52,6 +52,18 @@ pub const fn causal_key_end(i: u32, n_q: u32, n_k: u32) -> u32 {
     }
 }
 
+/// Exclusive end of the keys query row `i` may see in a sequence of `n_q` rows and `n_k` keys: the
+/// allowed keys of every row are the prefix `0 .. allowed_key_end`. For per-item key lengths and
+/// packed sequences, `n_q`/`n_k` are that sequence's own counts, so causal alignment follows the
+/// keys the sequence really has.
+pub const fn allowed_key_end(i: u32, n_q: u32, n_k: u32, causal: bool) -> u32 {
+    if causal {
+        causal_key_end(i, n_q, n_k)
+    } else {
+        n_k
+    }
+}
+
 /// Stage 1 of the materialized baseline: `S = τ·QKᵀ`, masked, written as `[batch, heads_q, n_q, n_k]`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

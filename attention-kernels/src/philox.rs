@@ -50,7 +50,12 @@ pub struct DropoutRng {
 
 impl DropoutRng {
     /// Off: every probability kept with multiplier 1.
-    pub const OFF: DropoutRng = DropoutRng { seed: 0, offset: 0, threshold: 0, keep_scale: 1.0 };
+    pub const OFF: DropoutRng = DropoutRng {
+        seed: 0,
+        offset: 0,
+        threshold: 0,
+        keep_scale: 1.0,
+    };
 
     /// Dropout with drop probability `p`; `None` unless `0 <= p < 1`.
     pub fn new(p: f32, seed: u64, offset: u64) -> Option<DropoutRng> {
@@ -59,8 +64,17 @@ impl DropoutRng {
         }
         // Round half up; `as` saturates, so p just below 1 gives u32::MAX rather than wrapping.
         let threshold = (p as f64 * 4_294_967_296.0 + 0.5) as u64;
-        let threshold = if threshold > u32::MAX as u64 { u32::MAX } else { threshold as u32 };
-        Some(DropoutRng { seed, offset, threshold, keep_scale: 1.0 / (1.0 - p) })
+        let threshold = if threshold > u32::MAX as u64 {
+            u32::MAX
+        } else {
+            threshold as u32
+        };
+        Some(DropoutRng {
+            seed,
+            offset,
+            threshold,
+            keep_scale: 1.0 / (1.0 - p),
+        })
     }
 
     pub const fn enabled(&self) -> bool {
@@ -72,7 +86,12 @@ impl DropoutRng {
     #[inline(always)]
     pub const fn key(&self) -> [u32; 2] {
         let k = philox4x32_10(
-            [self.offset as u32, (self.offset >> 32) as u32, 0x0A77_E471, 0x5EED_D20F],
+            [
+                self.offset as u32,
+                (self.offset >> 32) as u32,
+                0x0A77_E471,
+                0x5EED_D20F,
+            ],
             [self.seed as u32, (self.seed >> 32) as u32],
         );
         [k[0], k[1]]
@@ -97,7 +116,11 @@ impl DropoutRng {
     /// The multiplier `Z` of probability (batch, head, row, col): 0 if dropped, `1/(1-p)` if kept.
     #[inline(always)]
     pub fn multiplier(&self, batch: u32, head: u32, row: u32, col: u32) -> f32 {
-        if self.keep(batch, head, row, col) { self.keep_scale } else { 0.0 }
+        if self.keep(batch, head, row, col) {
+            self.keep_scale
+        } else {
+            0.0
+        }
     }
 }
 
@@ -108,13 +131,19 @@ mod tests {
     /// Known-answer vectors of Random123's `kat_vectors` for philox4x32_10.
     #[test]
     fn philox_known_answers() {
-        assert_eq!(philox4x32_10([0; 4], [0; 2]), [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]);
+        assert_eq!(
+            philox4x32_10([0; 4], [0; 2]),
+            [0x6627_e8d5, 0xe169_c58d, 0xbc57_ac4c, 0x9b00_dbd8]
+        );
         assert_eq!(
             philox4x32_10([u32::MAX; 4], [u32::MAX; 2]),
             [0x408f_276d, 0x41c8_3b0e, 0xa20b_c7c6, 0x6d54_51fd]
         );
         assert_eq!(
-            philox4x32_10([0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344], [0xa409_3822, 0x299f_31d0]),
+            philox4x32_10(
+                [0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344],
+                [0xa409_3822, 0x299f_31d0]
+            ),
             [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
         );
     }
@@ -127,5 +156,99 @@ mod tests {
         assert!(DropoutRng::new(-0.1, 0, 0).is_none());
         assert!(DropoutRng::new(f32::NAN, 0, 0).is_none());
         assert!(!DropoutRng::new(0.0, 0, 0).unwrap().enabled());
+    }
+
+    /// Kept draws of `rng` over a `4 × 4 × 64 × 64` grid of (batch, head, row, col).
+    fn kept(rng: &DropoutRng) -> u64 {
+        let mut kept = 0;
+        for b in 0..4 {
+            for h in 0..4 {
+                for row in 0..64 {
+                    for col in 0..64 {
+                        kept += rng.keep(b, h, row, col) as u64;
+                    }
+                }
+            }
+        }
+        kept
+    }
+
+    #[test]
+    fn keep_fraction_is_within_five_sigma_of_one_minus_p() {
+        let n = 4.0 * 4.0 * 64.0 * 64.0;
+        for p in [0.1f32, 0.5, 0.9] {
+            let rng = DropoutRng::new(p, 0x1234_5678_9abc, 3).unwrap();
+            let q = 1.0 - p as f64;
+            let sigma = (n * q * (1.0 - q)).sqrt();
+            let deviation = (kept(&rng) as f64 - n * q).abs();
+            assert!(
+                deviation < 5.0 * sigma,
+                "p = {p}: {deviation} kept draws off, sigma {sigma}"
+            );
+        }
+    }
+
+    #[test]
+    fn same_coordinates_replay_the_same_bit() {
+        let rng = DropoutRng::new(0.3, 42, 7).unwrap();
+        let again = DropoutRng::new(0.3, 42, 7).unwrap();
+        for (b, h, row, col) in [
+            (0, 0, 0, 0),
+            (1, 3, 17, 5),
+            (2, 1, 63, 1023),
+            (7, 15, 4095, 4094),
+        ] {
+            let first = rng.keep(b, h, row, col);
+            assert!(
+                (0..3)
+                    .all(|_| rng.keep(b, h, row, col) == first
+                        && again.keep(b, h, row, col) == first)
+            );
+            let z = rng.multiplier(b, h, row, col);
+            assert_eq!(z, if first { 1.0 / 0.7 } else { 0.0 });
+        }
+    }
+
+    /// Fraction of a grid on which two streams disagree, against its expectation `2p(1-p)` for
+    /// independent masks.
+    fn disagreements_are_independent(a: &DropoutRng, b: &DropoutRng, p: f64) {
+        let mut differ = 0u64;
+        let n = 64u64 * 64 * 8;
+        for row in 0..64 {
+            for col in 0..64 {
+                for h in 0..8 {
+                    differ += (a.keep(0, h, row, col) != b.keep(0, h, row, col)) as u64;
+                }
+            }
+        }
+        let q = 2.0 * p * (1.0 - p);
+        let sigma = (n as f64 * q * (1.0 - q)).sqrt();
+        assert!(
+            (differ as f64 - n as f64 * q).abs() < 5.0 * sigma,
+            "{differ} of {n} differ"
+        );
+    }
+
+    #[test]
+    fn different_offsets_and_seeds_draw_independent_masks() {
+        let base = DropoutRng::new(0.5, 99, 0).unwrap();
+        disagreements_are_independent(&base, &DropoutRng::new(0.5, 99, 1).unwrap(), 0.5);
+        disagreements_are_independent(&base, &DropoutRng::new(0.5, 100, 0).unwrap(), 0.5);
+        disagreements_are_independent(&base, &DropoutRng::new(0.5, 99, 1 << 32).unwrap(), 0.5);
+    }
+
+    #[test]
+    fn every_coordinate_moves_the_draw() {
+        let rng = DropoutRng::new(0.5, 5, 5).unwrap();
+        let key = rng.key();
+        let base = DropoutRng::draws(key, 1, 1, 1, 1);
+        for other in [
+            DropoutRng::draws(key, 2, 1, 1, 1),
+            DropoutRng::draws(key, 1, 2, 1, 1),
+            DropoutRng::draws(key, 1, 1, 2, 1),
+            DropoutRng::draws(key, 1, 1, 1, 2),
+        ] {
+            assert_ne!(base, other);
+        }
     }
 }

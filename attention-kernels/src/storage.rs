@@ -119,7 +119,11 @@ pub const fn f16_bits_rne(x: f32) -> u16 {
     }
     if abs >= 0x4780_0000 {
         // ≥ 65520 rounds to infinity (65504 is the largest finite half).
-        return if abs < 0x477f_f000 { sign | 0x7bff } else { sign | 0x7c00 };
+        return if abs < 0x477f_f000 {
+            sign | 0x7bff
+        } else {
+            sign | 0x7c00
+        };
     }
     if abs < 0x3880_0000 {
         // Result is subnormal or zero: scale into the 10-bit field and round.
@@ -164,7 +168,10 @@ mod tests {
         // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even (1.0).
         assert_eq!(f16_bits_rne(1.0 + f32::powi(2.0, -11)), 0x3c00);
         // Slightly above the tie rounds up.
-        assert_eq!(f16_bits_rne(1.0 + f32::powi(2.0, -11) + f32::powi(2.0, -20)), 0x3c01);
+        assert_eq!(
+            f16_bits_rne(1.0 + f32::powi(2.0, -11) + f32::powi(2.0, -20)),
+            0x3c01
+        );
         assert_eq!(f16_bits_rne(65504.0), 0x7bff);
         assert_eq!(f16_bits_rne(65520.0), 0x7c00);
         assert_eq!(f16_bits_rne(-1e9), 0xfc00);

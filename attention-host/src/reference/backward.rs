@@ -1,0 +1,80 @@
+//! Reference backward: `dQ`, `dK`, `dV` with `D = rowsum(dO ∘ O)` and the forward's dropout replayed.
+
+use attention_kernels::params::AttentionShape;
+
+use super::row::{Problem, dot};
+use super::validate::check;
+use crate::error::Result;
+use crate::options::AttentionOptions;
+
+/// `dq` has Q's layout, `dk` and `dv` K/V's (summed over the query heads of a GQA group).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gradients {
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
+}
+
+/// Gradients of `⟨dO, O⟩` where `O` is [`forward`](super::forward) of the same inputs.
+pub fn backward(
+    shape: &AttentionShape,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    options: &AttentionOptions,
+) -> Result<Gradients> {
+    check(
+        shape,
+        options,
+        &[
+            ("q", q.len(), shape.q_elems()),
+            ("k", k.len(), shape.kv_elems()),
+            ("v", v.len(), shape.kv_elems()),
+            ("d_o", d_o.len(), shape.q_elems()),
+        ],
+    )?;
+    let problem = Problem::new(shape, q, k, options);
+    let d = shape.head_dim as usize;
+    let mut dq = vec![0.0; shape.q_elems()];
+    let mut dk = vec![0.0; shape.kv_elems()];
+    let mut dv = vec![0.0; shape.kv_elems()];
+    let mut o = vec![0.0; d];
+    for row in problem.rows() {
+        let q_off = problem.row_offset(&row);
+        let d_o_row = &d_o[q_off..q_off + d];
+        let support: Vec<(usize, f64, f64, usize)> = row
+            .softmax
+            .support()
+            .map(|(j, p)| {
+                (
+                    j,
+                    p,
+                    problem.multiplier(&row, j),
+                    problem.key_offset(&row, j),
+                )
+            })
+            .collect();
+        o.fill(0.0);
+        for &(_, p, z, kv) in &support {
+            for c in 0..d {
+                o[c] += p * z * v[kv + c];
+            }
+        }
+        let row_dot = dot(d_o_row, &o);
+        for &(_, p, z, kv) in &support {
+            let dp = z * dot(d_o_row, &v[kv..kv + d]);
+            let ds = p * (dp - row_dot);
+            for c in 0..d {
+                dv[kv + c] += p * z * d_o_row[c];
+                dq[q_off + c] += problem.scale * ds * k[kv + c];
+                dk[kv + c] += problem.scale * ds * q[q_off + c];
+            }
+        }
+    }
+    Ok(Gradients { dq, dk, dv })
+}
+
+#[cfg(test)]
+#[path = "backward_tests.rs"]
+mod tests;

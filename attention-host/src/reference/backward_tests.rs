@@ -1,0 +1,171 @@
+use super::*;
+use crate::reference::forward;
+use crate::reference::test_support::{Inputs, assert_close, inputs, shape};
+
+/// `⟨dO, O(q, k, v)⟩`, the scalar whose gradient `backward` returns.
+fn loss(s: &AttentionShape, x: &Inputs, options: &AttentionOptions) -> f64 {
+    let out = forward(s, &x.q, &x.k, &x.v, options).unwrap();
+    out.o.iter().zip(&x.d_o).map(|(o, g)| o * g).sum()
+}
+
+/// Central differences of the loss in every element of Q, K and V against the analytic gradients.
+fn check_by_finite_differences(s: &AttentionShape, options: &AttentionOptions, seed: u64) {
+    let x = inputs(s, seed);
+    let grads = backward(s, &x.q, &x.k, &x.v, &x.d_o, options).unwrap();
+    let h = 1e-5;
+    let numeric = |pick: fn(&mut Inputs) -> &mut Vec<f64>, len: usize| -> Vec<f64> {
+        (0..len)
+            .map(|i| {
+                let mut plus = inputs(s, seed);
+                pick(&mut plus)[i] += h;
+                let mut minus = inputs(s, seed);
+                pick(&mut minus)[i] -= h;
+                (loss(s, &plus, options) - loss(s, &minus, options)) / (2.0 * h)
+            })
+            .collect()
+    };
+    assert_close(&grads.dq, &numeric(|x| &mut x.q, s.q_elems()), 1e-8);
+    assert_close(&grads.dk, &numeric(|x| &mut x.k, s.kv_elems()), 1e-8);
+    assert_close(&grads.dv, &numeric(|x| &mut x.v, s.kv_elems()), 1e-8);
+}
+
+#[test]
+fn finite_differences_plain_and_scaled() {
+    check_by_finite_differences(&shape(2, 3, 4, 2, 2, 3), &AttentionOptions::new(), 11);
+    check_by_finite_differences(
+        &shape(1, 4, 3, 1, 1, 2),
+        &AttentionOptions::new().scale(1.7),
+        12,
+    );
+}
+
+#[test]
+fn finite_differences_causal_with_unequal_lengths() {
+    check_by_finite_differences(
+        &shape(1, 5, 3, 2, 1, 2),
+        &AttentionOptions::new().causal(true),
+        13,
+    );
+    check_by_finite_differences(
+        &shape(2, 3, 5, 2, 2, 3),
+        &AttentionOptions::new().causal(true),
+        14,
+    );
+}
+
+#[test]
+fn finite_differences_gqa_key_lengths_and_packed() {
+    check_by_finite_differences(
+        &shape(2, 3, 4, 4, 2, 2),
+        &AttentionOptions::new().key_lengths(vec![2, 4]),
+        15,
+    );
+    check_by_finite_differences(
+        &shape(1, 5, 6, 3, 1, 2),
+        &AttentionOptions::new()
+            .causal(true)
+            .packed(vec![0, 2, 5], vec![0, 4, 6]),
+        16,
+    );
+}
+
+#[test]
+fn finite_differences_with_dropout_replayed() {
+    check_by_finite_differences(
+        &shape(2, 4, 5, 2, 1, 3),
+        &AttentionOptions::new().dropout(0.3, 9, 2),
+        17,
+    );
+    check_by_finite_differences(
+        &shape(1, 6, 6, 2, 2, 2),
+        &AttentionOptions::new()
+            .causal(true)
+            .dropout(0.5, 1, 0)
+            .packed(vec![0, 4, 6], vec![0, 3, 6]),
+        18,
+    );
+}
+
+/// 0x0DD's structure: a key no row may see gets zero dK and dV; a row with no key gets zero dQ.
+#[test]
+fn unused_keys_and_empty_rows_have_zero_gradients() {
+    let s = shape(1, 4, 5, 1, 1, 3);
+    let x = inputs(&s, 19);
+    let options = AttentionOptions::new()
+        .causal(true)
+        .key_lengths(vec![4])
+        .dropout(0.2, 3, 3);
+    let g = backward(&s, &x.q, &x.k, &x.v, &x.d_o, &options).unwrap();
+    assert_eq!(&g.dk[12..], &[0.0; 3]);
+    assert_eq!(&g.dv[12..], &[0.0; 3]);
+    assert!(g.dq.iter().chain(&g.dk).chain(&g.dv).all(|v| v.is_finite()));
+    assert!(g.dk[..12].iter().any(|v| *v != 0.0));
+
+    let past = shape(1, 4, 2, 1, 1, 3);
+    let y = inputs(&past, 20);
+    let g = backward(
+        &past,
+        &y.q,
+        &y.k,
+        &y.v,
+        &y.d_o,
+        &AttentionOptions::new().causal(true),
+    )
+    .unwrap();
+    assert_eq!(&g.dq[..6], &[0.0; 6], "rows 0 and 1 see no key");
+    // Row 2 sees one key: its probability is 1 whatever the score, so dQ is exactly zero.
+    assert_eq!(&g.dq[6..9], &[0.0; 3]);
+    assert!(g.dq[9..].iter().all(|v| *v != 0.0 && v.is_finite()));
+}
+
+#[test]
+fn gqa_gradients_sum_over_the_group() {
+    let gqa = shape(1, 3, 4, 4, 2, 2);
+    let x = inputs(&gqa, 21);
+    let mha = AttentionShape { heads_kv: 4, ..gqa };
+    let repeat =
+        |t: &[f64]| -> Vec<f64> { t.chunks(2).flat_map(|head| [head; 2].concat()).collect() };
+    let options = AttentionOptions::new().causal(true);
+    let a = backward(&gqa, &x.q, &x.k, &x.v, &x.d_o, &options).unwrap();
+    let b = backward(&mha, &x.q, &repeat(&x.k), &repeat(&x.v), &x.d_o, &options).unwrap();
+    assert_close(&a.dq, &b.dq, 1e-15);
+    let fold = |t: &[f64]| -> Vec<f64> {
+        t.chunks(4)
+            .flat_map(|pair| [pair[0] + pair[2], pair[1] + pair[3]])
+            .collect()
+    };
+    assert_close(&a.dk, &fold(&b.dk), 1e-15);
+    assert_close(&a.dv, &fold(&b.dv), 1e-15);
+}
+
+#[test]
+fn nan_input_poisons_only_its_row_gradients() {
+    let s = shape(1, 2, 2, 1, 1, 1);
+    let g = backward(
+        &s,
+        &[1.0, f64::NAN],
+        &[0.5, -0.5],
+        &[1.0, 2.0],
+        &[1.0, 1.0],
+        &AttentionOptions::new(),
+    )
+    .unwrap();
+    assert!(g.dq[0].is_finite() && g.dq[1].is_nan());
+    assert!(g.dk.iter().chain(&g.dv).all(|v| v.is_nan()));
+}
+
+#[test]
+fn d_o_length_is_checked() {
+    let s = shape(1, 2, 2, 1, 1, 1);
+    assert!(
+        backward(
+            &s,
+            &[1.0; 2],
+            &[1.0; 2],
+            &[1.0; 2],
+            &[1.0; 3],
+            &AttentionOptions::new()
+        )
+        .is_err()
+    );
+}

@@ -1,0 +1,97 @@
+//! Reference forward: `O` and `LSE`.
+
+use attention_kernels::params::AttentionShape;
+
+use super::row::Problem;
+use super::validate::check;
+use crate::error::{Result, invalid};
+use crate::options::AttentionOptions;
+
+/// `o`: `[batch, n_q, heads_q, head_dim]`; `lse`: `[batch, heads_q, n_q]`, `−∞` for rows with no
+/// allowed key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Forward {
+    pub o: Vec<f64>,
+    pub lse: Vec<f64>,
+}
+
+/// Exact attention in f64 for `q` (`[batch, n_q, heads_q, d]`) and `k`, `v` (`[batch, n_k,
+/// heads_kv, d]`) under `options`.
+pub fn forward(
+    shape: &AttentionShape,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    options: &AttentionOptions,
+) -> Result<Forward> {
+    check(
+        shape,
+        options,
+        &[
+            ("q", q.len(), shape.q_elems()),
+            ("k", k.len(), shape.kv_elems()),
+            ("v", v.len(), shape.kv_elems()),
+        ],
+    )?;
+    let problem = Problem::new(shape, q, k, options);
+    let d = shape.head_dim as usize;
+    let mut o = vec![0.0; shape.q_elems()];
+    let mut lse = vec![f64::NEG_INFINITY; shape.row_elems()];
+    for row in problem.rows() {
+        lse[problem.lse_index(row.seq.item, row.head, row.seq.q_start + row.local)] =
+            row.softmax.lse;
+        let o_off = problem.row_offset(&row);
+        for (j, p) in row.softmax.support() {
+            let weight = p * problem.multiplier(&row, j);
+            let v_off = problem.key_offset(&row, j);
+            for c in 0..d {
+                o[o_off + c] += weight * v[v_off + c];
+            }
+        }
+    }
+    Ok(Forward { o, lse })
+}
+
+/// `O` of selected rows only, for shapes whose full reference would take too long: each entry of
+/// `rows` is `(batch item, query head, query row)` in tensor coordinates; the result holds their
+/// `head_dim` outputs one after another, equal to the same rows of [`forward`].
+pub fn forward_rows(
+    shape: &AttentionShape,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    options: &AttentionOptions,
+    rows: &[(u32, u32, u32)],
+) -> Result<Vec<f64>> {
+    check(
+        shape,
+        options,
+        &[
+            ("q", q.len(), shape.q_elems()),
+            ("k", k.len(), shape.kv_elems()),
+            ("v", v.len(), shape.kv_elems()),
+        ],
+    )?;
+    let problem = Problem::new(shape, q, k, options);
+    let d = shape.head_dim as usize;
+    let mut o = vec![0.0; rows.len() * d];
+    for (out, &(item, head, t)) in o.chunks_mut(d).zip(rows) {
+        let Some(row) = problem.row_at(item, head, t) else {
+            return Err(invalid!(
+                "row ({item}, {head}, {t}) is outside the shape {shape:?}"
+            ));
+        };
+        for (j, p) in row.softmax.support() {
+            let weight = p * problem.multiplier(&row, j);
+            let v_off = problem.key_offset(&row, j);
+            for (c, o_c) in out.iter_mut().enumerate() {
+                *o_c += weight * v[v_off + c];
+            }
+        }
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+#[path = "forward_tests.rs"]
+mod tests;

@@ -1,0 +1,57 @@
+//! Random inputs and comparisons for the reference's tests.
+
+use attention_kernels::params::AttentionShape;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+pub fn shape(
+    batch: u32,
+    n_q: u32,
+    n_k: u32,
+    heads_q: u32,
+    heads_kv: u32,
+    head_dim: u32,
+) -> AttentionShape {
+    AttentionShape {
+        batch,
+        n_q,
+        n_k,
+        heads_q,
+        heads_kv,
+        head_dim,
+    }
+}
+
+/// Q, K, V and dO of `shape`, uniform in `[-1, 1)`, from `seed`.
+pub struct Inputs {
+    pub q: Vec<f64>,
+    pub k: Vec<f64>,
+    pub v: Vec<f64>,
+    pub d_o: Vec<f64>,
+}
+
+pub fn inputs(shape: &AttentionShape, seed: u64) -> Inputs {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut draw = |n: usize| {
+        (0..n)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect::<Vec<f64>>()
+    };
+    Inputs {
+        q: draw(shape.q_elems()),
+        k: draw(shape.kv_elems()),
+        v: draw(shape.kv_elems()),
+        d_o: draw(shape.q_elems()),
+    }
+}
+
+pub fn assert_close(got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let same_inf = g.is_infinite() && g == w;
+        assert!(
+            same_inf || (g - w).abs() <= tol,
+            "index {i}: got {g}, want {w} (tol {tol})"
+        );
+    }
+}

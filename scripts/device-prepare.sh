@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds, on this machine, everything a GPU run needs and copies it to .device-run/ (git-ignored):
+# the release `flash-attn` binary and every test binary of the workspace, under stable names.
+# The GPU machine has no Rust; pass `.device-run` in the device tool's `carry`, then run
+# scripts/device-run.sh there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf .device-run && mkdir -p .device-run/tests
+cargo build --release --bins --quiet
+cp target/release/flash-attn .device-run/
+cargo test --workspace --release --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, shutil, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        name = m["target"]["name"] + ("-unit" if m["target"]["kind"] == ["lib"] else "")
+        shutil.copy(m["executable"], ".device-run/tests/" + name)
+        print("prepared", name)
+'
+# Symbols are not needed there and the carried folder is limited in size.
+strip .device-run/flash-attn .device-run/tests/*
+cp scripts/device-run.sh .device-run/
+# The GPU machine gets no .git: record which commit (and whether the tree was clean) was built.
+echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!reports' || echo ' +uncommitted changes')" > .device-run/COMMIT
+du -sh .device-run

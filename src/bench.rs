@@ -1,0 +1,169 @@
+//! Benchmark evidence: what ran, where, how it was timed, how fast, how right, how much memory.
+//!
+//! One bundle per run (a JSON file) holds the environment and one record per case with every raw
+//! event-timed sample, so any summary can be recomputed from it.
+
+use serde_json::{Value, json};
+
+use crate::timing::median;
+use crate::{AttentionShape, DType, Gpu};
+
+/// FLOPs of the forward pass as the anchors count them: `4·B·H·N_q·N_k·d`, halved when causal.
+pub fn forward_flops(shape: &AttentionShape, causal: bool) -> f64 {
+    let f = 4.0
+        * shape.batch as f64
+        * shape.heads_q as f64
+        * shape.n_q as f64
+        * shape.n_k as f64
+        * shape.head_dim as f64;
+    if causal { f / 2.0 } else { f }
+}
+
+/// FLOPs of the backward pass as the anchors count them: 2.5 × the forward's.
+pub fn backward_flops(shape: &AttentionShape, causal: bool) -> f64 {
+    2.5 * forward_flops(shape, causal)
+}
+
+/// The rows of the anchors table (`shared/anchors`): d ∈ {64, 128}, N = 512 … 16384 with
+/// `B = 16384/N`, `H = 2048/d`, causal and not, then the running fixture.
+pub fn anchor_cases() -> Vec<(AttentionShape, bool)> {
+    let mut cases = Vec::new();
+    for d in [64u32, 128] {
+        for n in [512u32, 1024, 2048, 4096, 8192, 16384] {
+            let shape = AttentionShape {
+                batch: (16384 / n).max(1),
+                n_q: n,
+                n_k: n,
+                heads_q: 2048 / d,
+                heads_kv: 2048 / d,
+                head_dim: d,
+            };
+            cases.push((shape, false));
+            cases.push((shape, true));
+        }
+    }
+    cases.push((running_fixture(), false));
+    cases
+}
+
+/// The article's running fixture: B=1, N=4096, H=32, d=128.
+pub fn running_fixture() -> AttentionShape {
+    AttentionShape {
+        batch: 1,
+        n_q: 4096,
+        n_k: 4096,
+        heads_q: 32,
+        heads_kv: 32,
+        head_dim: 128,
+    }
+}
+
+/// GPU, driver and CUDA versions, and the commit the binary was built from.
+pub fn environment(gpu: &Gpu) -> Value {
+    let driver = std::fs::read_to_string("/proc/driver/nvidia/version")
+        .ok()
+        .and_then(|t| {
+            // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  <date>"
+            let line = t.lines().next()?;
+            let rest = line.split("Kernel Module").nth(1)?;
+            rest.split_whitespace().next().map(str::to_owned)
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    let cuda = gpu
+        .cuda_version()
+        .unwrap_or_else(|e| format!("unknown ({e})"));
+    json!({
+        "gpu": gpu.device_name(),
+        "driver": driver,
+        "cuda_driver_api": cuda,
+        "commit": env!("FLASH_ATTN_GIT_COMMIT"),
+        "ptx_arch": crate::PTX_ARCH,
+        "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+    })
+}
+
+/// One timed case of a bundle.
+pub struct CaseRecord<'a> {
+    pub kernel: &'a str,
+    pub pass: &'a str,
+    pub schedule: &'a str,
+    pub block_sizes: Value,
+    pub shape: AttentionShape,
+    pub causal: bool,
+    pub dtype: DType,
+    pub flops: f64,
+    pub warmup: usize,
+    pub samples_ms: Vec<f32>,
+    /// Relative error against the f64 reference and what it was measured on.
+    pub error: Value,
+    /// Peak bytes held by the library's device buffers during the timed calls.
+    pub peak_bytes: usize,
+}
+
+impl CaseRecord<'_> {
+    pub fn median_ms(&self) -> f32 {
+        median(&self.samples_ms)
+    }
+
+    pub fn tflops(&self) -> f64 {
+        self.flops / (self.median_ms() as f64 * 1e-3) / 1e12
+    }
+
+    pub fn to_json(&self) -> Value {
+        let s = &self.shape;
+        json!({
+            "kernel": self.kernel,
+            "pass": self.pass,
+            "schedule": self.schedule,
+            "block_sizes": self.block_sizes,
+            "shape": {"B": s.batch, "N_q": s.n_q, "N_k": s.n_k, "H_q": s.heads_q, "H_kv": s.heads_kv, "d": s.head_dim},
+            "causal": self.causal,
+            "dtype": self.dtype.name(),
+            "flops": self.flops,
+            "warmup": self.warmup,
+            "samples_ms": self.samples_ms,
+            "median_ms": self.median_ms(),
+            "tflops": self.tflops(),
+            "error": self.error,
+            "peak_bytes": self.peak_bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anchor_cases_match_the_anchor_table() {
+        let cases = anchor_cases();
+        assert_eq!(cases.len(), 25);
+        let (first, causal) = cases[0];
+        assert_eq!(
+            (
+                first.batch,
+                first.heads_q,
+                first.n_q,
+                first.head_dim,
+                causal
+            ),
+            (32, 32, 512, 64, false)
+        );
+        let (last_d128, _) = cases[23];
+        assert_eq!(
+            (
+                last_d128.batch,
+                last_d128.heads_q,
+                last_d128.n_q,
+                last_d128.head_dim
+            ),
+            (1, 16, 16384, 128)
+        );
+        // Running fixture: 4·32·4096²·128 = 274.9 GFLOP forward.
+        assert_eq!(forward_flops(&running_fixture(), false), 274_877_906_944.0);
+        assert_eq!(
+            backward_flops(&running_fixture(), true),
+            2.5 * 137_438_953_472.0
+        );
+    }
+}
