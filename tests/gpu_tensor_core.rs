@@ -7,7 +7,7 @@
 
 use attention_kernels::flash_tc;
 use attention_kernels::params::causal_key_end;
-use flash_attn::materialized::materialized_forward;
+use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
 use flash_attn::{
     AttentionError, AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor,
     ForwardOutput, Gpu, tensor_core_forward, tensor_core_forward_variant_into,
@@ -140,17 +140,22 @@ fn tensor_core_forward_matches_reference() {
                     let opts = AttentionOptions::new().causal(causal);
                     let upload = |t: DType, x: &[f32]| DeviceTensor::from_f32(t, x).unwrap();
                     let (qd, kd, vd) = (upload(dtype, &q), upload(dtype, &k), upload(dtype, &v));
-                    let o_ref = materialized_forward(
-                        &gpu,
-                        &s,
-                        &upload(DType::F32, &q),
-                        &upload(DType::F32, &k),
-                        &upload(DType::F32, &v),
-                        &opts,
-                    )
-                    .unwrap()
-                    .to_f32()
-                    .unwrap();
+                    let o_ref = {
+                        let o = DeviceTensor::poisoned(DType::F32, s.q_elems()).unwrap();
+                        let ws = MaterializedWorkspace::new(&s, DType::F32).unwrap();
+                        materialized_forward(
+                            &gpu,
+                            &ws,
+                            &upload(DType::F32, &q),
+                            &upload(DType::F32, &k),
+                            &upload(DType::F32, &v),
+                            &o,
+                            &opts,
+                        )
+                        .unwrap();
+                        gpu.synchronize().unwrap();
+                        o.to_f32().unwrap()
+                    };
                     let lse_ref = lse_f64(&s, &q, &k, opts.scale_for(head_dim), causal);
 
                     for cfg in flash_tc::VARIANTS

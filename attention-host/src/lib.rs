@@ -10,12 +10,9 @@ pub mod memory;
 pub mod options;
 pub mod reference;
 pub mod runtime;
-<<<<<<< HEAD
-pub mod tensor_core;
-=======
 pub mod schedule;
+pub mod tensor_core;
 pub mod timing;
->>>>>>> main
 
 pub use attention_kernels::params::AttentionShape;
 pub use buffer::{DeviceF32, DeviceTensor};
