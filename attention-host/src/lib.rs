@@ -21,6 +21,6 @@ pub use error::{AttentionError, Result};
 pub use options::{AttentionOptions, Dropout, Lengths};
 pub use runtime::{Gpu, LaunchConfig};
 pub use tensor_core::{
-    tensor_core_config, tensor_core_forward, tensor_core_forward_into, tensor_core_forward_variant_into,
-    ForwardOutput,
+    ForwardOutput, tensor_core_config, tensor_core_forward, tensor_core_forward_into,
+    tensor_core_forward_variant_into,
 };

@@ -188,3 +188,14 @@ pub fn log2(x: f32) -> f32 {
     }
     r
 }
+
+/// `x`, recomputed where it is used: the compiler may not hoist it (nor what derives from it) out
+/// of a loop. Lane-derived shared addresses hoisted out of a long loop body each hold a register
+/// for the whole loop; recomputing them costs an add or two per use.
+#[inline(always)]
+pub fn opaque(x: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a register move; without `pure` the compiler treats it as having effects.
+    unsafe { asm!("mov.u32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nomem, nostack)) }
+    r
+}

@@ -11,8 +11,14 @@ pub mod cp_async;
 #[cfg(target_arch = "nvptx64")]
 pub mod ldmatrix;
 #[cfg(target_arch = "nvptx64")]
+pub mod ldmatrix_a_trans;
+#[cfg(target_arch = "nvptx64")]
 pub mod mem;
 #[cfg(target_arch = "nvptx64")]
+pub mod mem_backward;
+#[cfg(target_arch = "nvptx64")]
 pub mod mma;
+#[cfg(target_arch = "nvptx64")]
+pub mod order;
 
 pub use swizzle::SwizzledTile;
