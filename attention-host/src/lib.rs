@@ -12,6 +12,7 @@ pub mod reference;
 pub mod runtime;
 pub mod schedule;
 pub mod tensor_core;
+pub mod tensor_core_backward;
 pub mod timing;
 
 pub use attention_kernels::params::AttentionShape;
@@ -23,4 +24,8 @@ pub use runtime::{Gpu, LaunchConfig};
 pub use tensor_core::{
     ForwardOutput, tensor_core_config, tensor_core_forward, tensor_core_forward_into,
     tensor_core_forward_variant_into,
+};
+pub use tensor_core_backward::{
+    BackwardInputs, BackwardOutput, BackwardWorkspace, tensor_core_backward,
+    tensor_core_backward_config, tensor_core_backward_into,
 };
