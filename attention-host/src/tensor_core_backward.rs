@@ -46,7 +46,7 @@ impl BackwardWorkspace {
     /// Allocates the workspace for `shape` (its contents are written by every call before use).
     pub fn new(shape: &AttentionShape) -> Result<BackwardWorkspace> {
         let cfg = backward_config_of(shape.head_dim)?;
-        let n_q_pad = shape.n_q.div_ceil(cfg.block_rows()) * cfg.block_rows();
+        let n_q_pad = cfg.n_q_pad(shape.n_q);
         let rows = shape.batch as usize * shape.heads_q as usize * n_q_pad as usize;
         Ok(BackwardWorkspace {
             shape: *shape,

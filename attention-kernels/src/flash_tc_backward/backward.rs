@@ -15,8 +15,8 @@
 use crate::device::{
     block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
 };
-use crate::flash_tc_backward::{Pair, TcBackwardConfig};
-use crate::params::{TensorCoreBackwardParams, causal_key_end};
+use crate::flash_tc_backward::{Pair, TcBackwardConfig, hidden};
+use crate::params::TensorCoreBackwardParams;
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{copy16, wait_all};
@@ -41,6 +41,9 @@ unsafe fn store_quad(tile: SwizzledTile, row0: u32, c: u32, g: u32, t: u32, a: [
     }
 }
 
+/// n-tiles of dQ computed and sent to the accumulator at a time.
+const DQ_TILES: usize = 8;
+
 /// Generic over `KD = d / 16`, `ND = d / 8`, `NQ = block_rows / 8` (n-tiles of `Sᵀ`),
 /// `NQP = NQ / 2` (k-steps over the Q block) and `WARPS`, so every register array has a
 /// compile-time size and every loop over one unrolls.
@@ -55,7 +58,10 @@ unsafe fn backward<
 >(
     p: &TensorCoreBackwardParams,
 ) {
-    const { assert!(ND == 2 * KD && NQ == 2 * NQP && NQ == 2 * WARPS && KD >= 4 && NQ >= 8) };
+    const {
+        assert!(ND == 2 * KD && NQ == 2 * NQP && NQ == 2 * WARPS && KD >= 4 && NQ >= 8);
+        assert!(ND.is_multiple_of(DQ_TILES) && DQ_TILES.is_multiple_of(2) && NQP.is_multiple_of(2));
+    };
     let (d, bc, br) = (16 * KD as u32, 16 * WARPS as u32, 8 * NQ as u32);
     let threads = 32 * WARPS as u32;
     let s = p.shape;
@@ -86,19 +92,11 @@ unsafe fn backward<
     // Per stage: `LSE · log2 e` of the block's rows, then their `D`.
     let stats = |st: u32| ds_base + bc * br * 2 + st * 2 * br * 4;
 
-    let key_end = |row: u32| {
-        if causal {
-            causal_key_end(row, s.n_q, s.n_k)
-        } else {
-            s.n_k
-        }
+    let cfg = TcBackwardConfig {
+        head_dim: d,
+        warps: WARPS as u32,
     };
-    // Causal: row i sees key k0 iff i ≥ k0 + n_q − n_k; earlier Q blocks contribute nothing.
-    let first_block = if causal {
-        (k0 + s.n_q).saturating_sub(s.n_k) / br
-    } else {
-        0
-    };
+    let first_block = cfg.first_q_block(k0, s.n_q, s.n_k, causal);
     let per_head = s.n_q.div_ceil(br).saturating_sub(first_block);
     let iters = per_head * group;
     let head_of = |i: u32| hk * group + i / per_head;
@@ -136,7 +134,6 @@ unsafe fn backward<
     }
 
     let key_row = 16 * warp;
-    let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
     let mut dk = [FragC::default(); ND];
     let mut dv = [FragC::default(); ND];
     let mut i = 0;
@@ -153,54 +150,64 @@ unsafe fn backward<
         // computed at their use instead of each holding a register across the loop (spills at
         // d = 128 otherwise).
         let lane = opaque(lane);
+        let g = lane / 4;
         let (h, q0) = (head_of(i), row0_of(i));
         let (qt, dot) = (q_tile(st), do_tile(st));
 
-        // Sᵀ = K·Qᵀ for the warp's 16 keys.
-        let mut pt = [FragC::default(); NQ];
-        for kk in 0..KD as u32 {
-            // SAFETY: the warp's keys and chunks 2kk, 2kk + 1 are inside the K tile; the queries
-            // 16np .. 16np + 16 inside the Q tile.
-            unsafe {
-                let a = k_tile.load_a(key_row, kk, lane);
-                for np in 0..NQP {
-                    let [b0, b1] = qt.load_b_pair(16 * np as u32, kk, lane);
-                    T::mma(&mut pt[2 * np], &a, &b0);
-                    T::mma(&mut pt[2 * np + 1], &a, &b1);
+        // Sᵀ = K·Qᵀ for the warp's 16 keys and Pᵀ from it, half the Q block (`NQP` n-tiles) at a
+        // time so that only 16 score registers live beside dK and dV. Pᵀ, rounded, goes to the
+        // warp's own rows of the dSᵀ tile: read back as A operands for dV and by element for dS
+        // (which overwrites it in place).
+        let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
+        let masked = cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal);
+        for half in 0..2 {
+            let lane = opaque(lane);
+            let t = lane % 4;
+            let mut pt = [FragC::default(); NQP];
+            for kk in 0..KD as u32 {
+                // SAFETY: the warp's keys and chunks 2kk, 2kk + 1 are inside the K tile; the
+                // half's queries inside the Q tile.
+                unsafe {
+                    let a = k_tile.load_a(key_row, kk, lane);
+                    for np in 0..NQP / 2 {
+                        let q = 16 * (half * NQP / 2 + np) as u32;
+                        let [b0, b1] = qt.load_b_pair(q, kk, lane);
+                        T::mma(&mut pt[2 * np], &a, &b0);
+                        T::mma(&mut pt[2 * np + 1], &a, &b1);
+                    }
                 }
+                pt.iter_mut().for_each(FragC::pin);
             }
-            pt.iter_mut().for_each(FragC::pin);
-        }
-        // Pᵀ. Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows past n_q
-        // and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already.
-        let masked = key_end(q0) < k0 + bc;
-        for (j, f) in pt.iter_mut().enumerate() {
-            let col = 8 * j as u32 + 2 * t;
-            // SAFETY: columns col, col + 1 are inside the stage's statistics.
-            let lse = unsafe { load_shared_f32x2(stats(st) + col * 4) };
-            for e in 0..4 {
-                f.0[e] = exp2(f.0[e] * p.scale_log2 - lse[e % 2]);
-            }
-            if masked {
-                // Selects, not branches, so the loop unrolls and `pt` stays in registers.
+            // Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows past n_q
+            // and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already.
+            for (j, f) in pt.iter_mut().enumerate() {
+                let col = 8 * (half * NQP + j) as u32 + 2 * t;
+                // SAFETY: columns col, col + 1 are inside the stage's statistics.
+                let lse = unsafe { load_shared_f32x2(stats(st) + col * 4) };
                 for e in 0..4 {
-                    let key = if e < 2 { key_lo } else { key_hi };
-                    let hidden = key >= key_end(q0 + col + (e % 2) as u32);
-                    f.0[e] = if hidden { 0.0 } else { f.0[e] };
+                    f.0[e] = exp2(f.0[e] * p.scale_log2 - lse[e % 2]);
+                }
+                if masked {
+                    // Selects, not branches, so the loop unrolls and `pt` stays in registers.
+                    for e in 0..4 {
+                        let key = if e < 2 { key_lo } else { key_hi };
+                        let row = q0 + col + (e % 2) as u32;
+                        let hidden = hidden(row, key, s.n_q, s.n_k, causal);
+                        f.0[e] = if hidden { 0.0 } else { f.0[e] };
+                    }
                 }
             }
-        }
-
-        // Pᵀ, rounded, to the warp's own rows of the dSᵀ tile (dS overwrites it in place): read
-        // back as A operands for dV and by element for dS, it holds no registers meanwhile.
-        let lane = opaque(lane);
-        for k in 0..NQP {
-            let a = T::pack_a(&pt[2 * k], &pt[2 * k + 1]);
-            // SAFETY: the warp's own key rows of the tile.
-            unsafe { store_quad(ds_tile, key_row, 2 * k as u32, g, t, a.0) };
+            for k in 0..NQP / 2 {
+                let a = T::pack_a(&pt[2 * k], &pt[2 * k + 1]);
+                let c = 2 * (half * NQP / 2 + k) as u32;
+                // SAFETY: the warp's own key rows of the tile.
+                unsafe { store_quad(ds_tile, key_row, c, g, t, a.0) };
+            }
         }
         sync_warp();
+
         // dV += Pᵀ·dO.
+        let lane = opaque(lane);
         for k in 0..NQP as u32 {
             // SAFETY: the warp's key rows, queries 16k .. 16k + 16 of the tile; queries
             // 16k .. 16k + 16 and chunks 2dp, 2dp + 1 of the dO tile.
@@ -214,81 +221,87 @@ unsafe fn backward<
             }
             dv.iter_mut().for_each(FragC::pin);
         }
-
-        let lane = opaque(lane);
-        // dPᵀ = V·dOᵀ.
-        let mut ds = [FragC::default(); NQ];
-        for kk in 0..KD as u32 {
-            // SAFETY: as for Sᵀ, with V and dO.
-            unsafe {
-                let a = v_tile.load_a(key_row, kk, lane);
-                for np in 0..NQP {
-                    let [b0, b1] = dot.load_b_pair(16 * np as u32, kk, lane);
-                    T::mma(&mut ds[2 * np], &a, &b0);
-                    T::mma(&mut ds[2 * np + 1], &a, &b1);
-                }
-            }
-            ds.iter_mut().for_each(FragC::pin);
-        }
-        // dSᵀ = Pᵀ ∘ (dPᵀ − D), Pᵀ as rounded for dV.
-        for (j, f) in ds.iter_mut().enumerate() {
-            let col = 8 * j as u32 + 2 * t;
-            // SAFETY: columns col, col + 1 are inside the stage's statistics; rows
-            // key_row + g (+ 8), chunk j inside the tile.
-            let (d_row, lo, hi) = unsafe {
-                (
-                    load_shared_f32x2(stats(st) + br * 4 + col * 4),
-                    T::unpack(load_shared_u32(
-                        ds_tile.chunk_addr(key_row + g, j as u32) + 4 * t,
-                    )),
-                    T::unpack(load_shared_u32(
-                        ds_tile.chunk_addr(key_row + g + 8, j as u32) + 4 * t,
-                    )),
-                )
-            };
-            let p_row = [lo[0], lo[1], hi[0], hi[1]];
-            for e in 0..4 {
-                f.0[e] = p_row[e] * (f.0[e] - d_row[e % 2]);
-            }
-        }
-        // Every lane's dV loads of Pᵀ are done before dSᵀ overwrites it.
+        // Every lane's loads of Pᵀ are done before dSᵀ overwrites it.
         sync_warp();
 
-        // dK += dSᵀ·Q, and dSᵀ to shared memory: dQ needs it by query rows.
+        // dPᵀ = V·dOᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − D) (Pᵀ as rounded for dV), half the Q block at a time.
+        for half in 0..2 {
+            let lane = opaque(lane);
+            let (g, t) = (lane / 4, lane % 4);
+            let mut ds = [FragC::default(); NQP];
+            for kk in 0..KD as u32 {
+                // SAFETY: as for Sᵀ, with V and dO.
+                unsafe {
+                    let a = v_tile.load_a(key_row, kk, lane);
+                    for np in 0..NQP / 2 {
+                        let q = 16 * (half * NQP / 2 + np) as u32;
+                        let [b0, b1] = dot.load_b_pair(q, kk, lane);
+                        T::mma(&mut ds[2 * np], &a, &b0);
+                        T::mma(&mut ds[2 * np + 1], &a, &b1);
+                    }
+                }
+                ds.iter_mut().for_each(FragC::pin);
+            }
+            for (j, f) in ds.iter_mut().enumerate() {
+                let jj = (half * NQP + j) as u32;
+                let col = 8 * jj + 2 * t;
+                let (lo_at, hi_at) = (
+                    ds_tile.chunk_addr(key_row + g, jj) + 4 * t,
+                    ds_tile.chunk_addr(key_row + g + 8, jj) + 4 * t,
+                );
+                // SAFETY: columns col, col + 1 are inside the stage's statistics; rows
+                // key_row + g (+ 8), chunk jj inside the tile, written back by this lane only.
+                unsafe {
+                    let d_row = load_shared_f32x2(stats(st) + br * 4 + col * 4);
+                    let (lo, hi) = (
+                        T::unpack(load_shared_u32(lo_at)),
+                        T::unpack(load_shared_u32(hi_at)),
+                    );
+                    let p_row = [lo[0], lo[1], hi[0], hi[1]];
+                    for e in 0..4 {
+                        f.0[e] = p_row[e] * (f.0[e] - d_row[e % 2]);
+                    }
+                    store_shared_u32(lo_at, T::pack(f.0[0], f.0[1]));
+                    store_shared_u32(hi_at, T::pack(f.0[2], f.0[3]));
+                }
+            }
+        }
+        sync_warp();
+
+        // dK += dSᵀ·Q.
         let lane = opaque(lane);
-        for k in 0..NQP {
-            let a = T::pack_a(&ds[2 * k], &ds[2 * k + 1]);
-            let c = 2 * k as u32;
-            // SAFETY: the warp's own key rows of the dSᵀ tile; queries 16k .. 16k + 16 and chunks
-            // 2dp, 2dp + 1 inside the Q tile.
+        for k in 0..NQP as u32 {
+            // SAFETY: the warp's key rows, queries 16k .. 16k + 16 of the dSᵀ tile; queries
+            // 16k .. 16k + 16 and chunks 2dp, 2dp + 1 of the Q tile.
             unsafe {
-                store_quad(ds_tile, key_row, c, g, t, a.0);
+                let a = ds_tile.load_a(key_row, k, lane);
                 for dp in 0..KD {
-                    let [b0, b1] = qt.load_b_pair_trans(16 * k as u32, 2 * dp as u32, lane);
+                    let [b0, b1] = qt.load_b_pair_trans(16 * k, 2 * dp as u32, lane);
                     T::mma(&mut dk[2 * dp], &a, &b0);
                     T::mma(&mut dk[2 * dp + 1], &a, &b1);
                 }
             }
             dk.iter_mut().for_each(FragC::pin);
         }
+        // dQ reads every warp's dSᵀ rows.
         sync_threads();
 
-        // dQ rows 16w .. 16w + 16 of the Q block: dS·K over the block's keys, 64 columns at a
-        // time, so that at d = 128 the dQ part fits beside dK and dV in registers.
-        let row_lo = q0 + 16 * warp + g;
+        // dQ rows 16w .. 16w + 16 of the Q block: dS·K over the block's keys, `DQ_TILES` n-tiles
+        // (8 columns each) at a time, so that at d = 128 the dQ part fits beside dK and dV.
         let acc_row = |row: u32| {
             p.dq_accum + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * d as u64) * 4
         };
-        for part in 0..KD / 4 {
+        for part in 0..ND / DQ_TILES {
             let lane = opaque(lane);
-            let mut dq = [FragC::default(); 8];
+            let (g, t) = (lane / 4, lane % 4);
+            let mut dq = [FragC::default(); DQ_TILES];
             for kk in 0..WARPS as u32 {
                 // SAFETY: keys 16kk .. 16kk + 16 and queries 16w .. 16w + 16 are inside the dSᵀ
-                // tile; the keys and chunks 8 part .. 8 part + 8 inside the K tile.
+                // tile; the keys and the part's chunks inside the K tile.
                 unsafe {
                     let a = ds_tile.load_a_trans(16 * kk, 2 * warp, lane);
-                    for dp in 0..4 {
-                        let chunk = 8 * part as u32 + 2 * dp as u32;
+                    for dp in 0..DQ_TILES / 2 {
+                        let chunk = (DQ_TILES * part + 2 * dp) as u32;
                         let [b0, b1] = k_tile.load_b_pair_trans(16 * kk, chunk, lane);
                         T::mma(&mut dq[2 * dp], &a, &b0);
                         T::mma(&mut dq[2 * dp + 1], &a, &b1);
@@ -296,12 +309,13 @@ unsafe fn backward<
                 }
                 dq.iter_mut().for_each(FragC::pin);
             }
+            let row_lo = q0 + 16 * warp + g;
             for (half, row) in [(0, row_lo), (2, row_lo + 8)] {
                 if row < s.n_q {
-                    let at = acc_row(row) + (256 * part + 8 * t as usize) as u64;
+                    let at = acc_row(row) + (32 * DQ_TILES * part + 8 * t as usize) as u64;
                     for (j, f) in dq.iter().enumerate() {
-                        // SAFETY: row < n_q and columns 64 part + 8j + 2t (+ 1) < d are inside
-                        // the accumulator.
+                        // SAFETY: row < n_q and columns 8(DQ_TILES part + j) + 2t (+ 1) < d are
+                        // inside the accumulator.
                         unsafe {
                             red_add_f32(at + 32 * j as u64, f.0[half]);
                             red_add_f32(at + 32 * j as u64 + 4, f.0[half + 1]);
@@ -310,7 +324,6 @@ unsafe fn backward<
                 }
             }
         }
-
         i += 1;
     }
 

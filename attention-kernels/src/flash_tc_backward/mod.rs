@@ -37,6 +37,8 @@ impl Pair for crate::storage::F16 {
     }
 }
 
+use crate::params::allowed_key_end;
+
 /// Tiles of the main kernel: `warps` warps, each owning 16 keys of the K/V block (so
 /// `block_keys = 16 · warps`) for S, dP, dK, dV, and 16 query rows of the Q block
 /// (`block_rows = 16 · warps`) for dQ.
@@ -56,11 +58,43 @@ impl TcBackwardConfig {
     pub const fn threads(&self) -> u32 {
         32 * self.warps
     }
+    /// `n_q` rounded up to whole Q blocks: the length of each (batch, head) row of the padded
+    /// statistics, so every Q block's statistics are whole 16-byte chunks.
+    pub const fn n_q_pad(&self, n_q: u32) -> u32 {
+        n_q.div_ceil(self.block_rows()) * self.block_rows()
+    }
+
+    /// The first Q block the K/V block starting at key `k0` visits (it visits every later one
+    /// too): causally, row i sees key k0 iff i ≥ k0 + n_q − n_k (`causal_key_end`), so earlier
+    /// blocks contribute nothing.
+    pub const fn first_q_block(&self, k0: u32, n_q: u32, n_k: u32, causal: bool) -> u32 {
+        if causal {
+            (k0 + n_q).saturating_sub(n_k) / self.block_rows()
+        } else {
+            0
+        }
+    }
+
+    /// Whether the (Q block at row `q0`, K/V block at key `k0`) pair holds a pair the row may not
+    /// see (a causally hidden key or one past `n_k`); `allowed_key_end` grows with the row, so
+    /// the block's first row decides.
+    pub const fn needs_mask(&self, q0: u32, k0: u32, n_q: u32, n_k: u32, causal: bool) -> bool {
+        allowed_key_end(q0, n_q, n_k, causal) < k0 + self.block_keys()
+    }
+
     /// K and V; two stages of Q and dO; `dSᵀ`; two stages of the rows' `LSE · log2 e` and `D`.
     pub const fn shared_bytes(&self) -> u32 {
         let (bc, br, d) = (self.block_keys(), self.block_rows(), self.head_dim);
         2 * bc * d * 2 + 4 * br * d * 2 + bc * br * 2 + 2 * 2 * br * 4
     }
+}
+
+/// `key >= allowed_key_end(row, n_q, n_k, causal)` in plain u32 arithmetic (no clamping, no
+/// 64-bit): the main kernel evaluates it per score of a masked block. Exact for row, key, n_q,
+/// n_k below 2^31 (the host's validation keeps every extent there).
+#[inline(always)]
+pub const fn hidden(row: u32, key: u32, n_q: u32, n_k: u32, causal: bool) -> bool {
+    key >= n_k || (causal && key + n_q > row + n_k)
 }
 
 /// Warps per block of the preprocess kernel, one row per warp.
@@ -85,5 +119,69 @@ pub const fn config(head_dim: u32) -> Option<TcBackwardConfig> {
         64 => Some(D64),
         128 => Some(D128),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every allowed (row, key) pair lies in a visited Q block, and every pair of an unmasked
+    /// block pair is allowed: the schedule drops nothing and the mask is skipped only where it
+    /// would change nothing.
+    #[test]
+    fn hidden_is_past_the_allowed_key_end() {
+        for (n_q, n_k) in [(1, 1), (5, 5), (3, 9), (9, 3), (17, 64)] {
+            for causal in [false, true] {
+                for row in 0..n_q {
+                    for key in 0..n_k + 70 {
+                        assert_eq!(
+                            hidden(row, key, n_q, n_k, causal),
+                            key >= allowed_key_end(row, n_q, n_k, causal),
+                            "n_q={n_q} n_k={n_k} causal={causal} row={row} key={key}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn visited_blocks_cover_every_allowed_pair_and_unmasked_blocks_hide_none() {
+        for cfg in [D64, D128] {
+            let (br, bc) = (cfg.block_rows(), cfg.block_keys());
+            for (n_q, n_k) in [
+                (1, 1),
+                (17, 17),
+                (97, 97),
+                (128, 128),
+                (77, 300),
+                (300, 77),
+                (64, 256),
+            ] {
+                for causal in [false, true] {
+                    for k0 in (0..n_k).step_by(bc as usize) {
+                        let first = cfg.first_q_block(k0, n_q, n_k, causal);
+                        for i in 0..n_q {
+                            let end = allowed_key_end(i, n_q, n_k, causal);
+                            let sees_block = end > k0;
+                            assert!(
+                                !sees_block || i / br >= first,
+                                "{cfg:?} n_q={n_q} n_k={n_k} causal={causal} k0={k0} row {i}"
+                            );
+                        }
+                        for q0 in (first * br..n_q).step_by(br as usize) {
+                            if cfg.needs_mask(q0, k0, n_q, n_k, causal) {
+                                continue;
+                            }
+                            for i in q0..(q0 + br).min(n_q) {
+                                let end = allowed_key_end(i, n_q, n_k, causal);
+                                assert!(k0 + bc <= end, "{cfg:?} q0={q0} k0={k0} row {i}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
