@@ -6,12 +6,15 @@
 //! FLOPs as the anchors count them: 2.5 × 4·B·H·N²·d, halved when causal. O and LSE come from the
 //! tensor-core forward on random inputs (never zeros). Each shape: 5 warm-up calls, then 20
 //! CUDA-event-timed calls; the median is reported. Every B·N·H·d here is the same, so one set of
-//! input buffers serves all shapes of a head dimension.
+//! input buffers serves all shapes of a head dimension. At N = 4096 every compiled configuration
+//! (`flash_tc_backward::VARIANTS`) is timed too.
 
+use attention_kernels::flash_tc_backward::{self, TcBackwardConfig};
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{
     AttentionOptions, AttentionShape, BackwardInputs, BackwardOutput, BackwardWorkspace, DType,
-    DeviceF32, DeviceTensor, ForwardOutput, tensor_core_backward_into, tensor_core_forward_into,
+    DeviceF32, DeviceTensor, ForwardOutput, Gpu, tensor_core_backward_variant_into,
+    tensor_core_forward_into,
 };
 use rand::{Rng, SeedableRng};
 
@@ -55,6 +58,27 @@ fn backward_tflops(s: &AttentionShape, causal: bool, ms: f64) -> f64 {
     flops / (ms * 1e-3) / 1e12
 }
 
+/// Median milliseconds of one backward with `cfg`, after checking that it wrote finite gradients.
+fn time(
+    gpu: &Gpu,
+    cfg: TcBackwardConfig,
+    shape: &AttentionShape,
+    inputs: &BackwardInputs,
+    opts: &AttentionOptions,
+) -> Result<f64> {
+    let out = BackwardOutput::poisoned(shape, inputs.q.dtype())?;
+    let workspace = BackwardWorkspace::new(shape)?;
+    let ms = time_calls(gpu, WARMUP, SAMPLES, || {
+        tensor_core_backward_variant_into(gpu, cfg, shape, inputs, &out, &workspace, opts)
+    })?;
+    for (name, t) in [("dq", &out.dq), ("dk", &out.dk), ("dv", &out.dv)] {
+        if t.to_f32()?.iter().any(|x| !x.is_finite()) {
+            return Err(format!("non-finite {name} from {cfg:?} at {shape:?}").into());
+        }
+    }
+    Ok(median(&ms) as f64)
+}
+
 fn main() -> Result<()> {
     let Some(gpu) = flash_attn::testing::gpu_or_skip("tc_backward_bench") else {
         println!("SKIP tc_backward_bench: no CUDA device");
@@ -65,6 +89,7 @@ fn main() -> Result<()> {
     let dtype = DType::Bf16;
     let elems = 16384 * 2048;
     let mut table = Vec::new();
+    let mut variants = Vec::new();
     for head_dim in [64, 128] {
         let mut draw = || -> Result<DeviceTensor> {
             let x: Vec<f32> = (0..elems).map(|_| rng.gen_range(-2.0f32..2.0)).collect();
@@ -94,18 +119,23 @@ fn main() -> Result<()> {
                 d_o: &d_o,
                 lse: &fwd.lse,
             };
-            let out = BackwardOutput::poisoned(&shape, dtype)?;
-            let workspace = BackwardWorkspace::new(&shape)?;
-            let ms = time_calls(&gpu, WARMUP, SAMPLES, || {
-                tensor_core_backward_into(&gpu, &shape, &inputs, &out, &workspace, &opts)
-            })?;
-            for (name, t) in [("dq", &out.dq), ("dk", &out.dk), ("dv", &out.dv)] {
-                if t.to_f32()?.iter().any(|x| !x.is_finite()) {
-                    return Err(format!("non-finite {name} at {shape:?} causal={causal}").into());
+            let default = flash_tc_backward::config(d).ok_or("no default configuration")?;
+            let med = time(&gpu, default, &shape, &inputs, &opts)?;
+            let rate = backward_tflops(&shape, causal, med);
+            if n == 4096 {
+                for cfg in flash_tc_backward::VARIANTS
+                    .into_iter()
+                    .filter(|c| c.head_dim == d)
+                {
+                    let ms = time(&gpu, cfg, &shape, &inputs, &opts)?;
+                    variants.push(format!(
+                        "| {n} | {d} | {causal} | {} | {} | {ms:.3} | {:.0} |",
+                        cfg.warps,
+                        cfg.block_keys(),
+                        backward_tflops(&shape, causal, ms)
+                    ));
                 }
             }
-            let med = median(&ms) as f64;
-            let rate = backward_tflops(&shape, causal, med);
             let line = format!(
                 "| {} | {} | {n} | {d} | {causal} | {med:.3} | {rate:.0} | {flash:.0} | {cudnn:.0} | {:.2} |",
                 shape.batch,
@@ -120,5 +150,9 @@ fn main() -> Result<()> {
     println!("| B | H | N | d | causal | median ms | TFLOP/s | torch flash | cuDNN | × flash |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     table.iter().for_each(|row| println!("{row}"));
+    println!("\nvariants (bf16, B = 4, H = 2048 / d):");
+    println!("| N | d | causal | warps | keys/block | median ms | TFLOP/s |");
+    println!("|---|---|---|---|---|---|---|");
+    variants.iter().for_each(|row| println!("{row}"));
     Ok(())
 }

@@ -13,8 +13,8 @@ use flash_attn::sampled_rows::relative_error;
 use flash_attn::tensor_core_backward::backward_kernel_name;
 use flash_attn::testing::{fresh_seed, gpu_or_skip};
 use flash_attn::{
-    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor,
-    tensor_core_backward,
+    AttentionOptions, AttentionShape, BackwardInputs, BackwardOutput, BackwardWorkspace, DType,
+    DeviceF32, DeviceTensor, Gpu, tensor_core_backward, tensor_core_backward_variant_into,
 };
 
 /// Bounds on `‖got − ref‖ / ‖ref‖` per gradient. The kernel multiplies 16-bit operands (inputs,
@@ -28,6 +28,25 @@ fn bound(dtype: DType) -> f64 {
     }
 }
 
+/// Runs `cfg` through the public entry point when it is the default, else as a variant; either
+/// way into NaN-poisoned outputs.
+fn run(
+    gpu: &Gpu,
+    cfg: flash_tc_backward::TcBackwardConfig,
+    s: &AttentionShape,
+    inputs: &BackwardInputs,
+    opts: &AttentionOptions,
+) -> BackwardOutput {
+    if flash_tc_backward::config(s.head_dim) == Some(cfg) {
+        return tensor_core_backward(gpu, s, inputs, opts).unwrap();
+    }
+    let out = BackwardOutput::poisoned(s, inputs.q.dtype()).unwrap();
+    let workspace = BackwardWorkspace::new(s).unwrap();
+    tensor_core_backward_variant_into(gpu, cfg, s, inputs, &out, &workspace, opts).unwrap();
+    gpu.synchronize().unwrap();
+    out
+}
+
 fn widen(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| v as f64).collect()
 }
@@ -35,7 +54,10 @@ fn widen(x: &[f32]) -> Vec<f64> {
 #[test]
 fn every_backward_kernel_is_in_the_ptx() {
     for d in [64, 128] {
-        let cfg = flash_tc_backward::config(d).unwrap();
+        assert!(flash_tc_backward::VARIANTS.contains(&flash_tc_backward::config(d).unwrap()));
+    }
+    for cfg in flash_tc_backward::VARIANTS {
+        let d = cfg.head_dim;
         for dtype in [DType::F16, DType::Bf16] {
             for name in [
                 backward_kernel_name(dtype, &cfg),
@@ -115,26 +137,35 @@ fn tensor_core_backward_matches_reference() {
                         d_o: &dod,
                         lse: &lse_d,
                     };
-                    let got = tensor_core_backward(&gpu, &s, &inputs, &opts).unwrap();
-                    let err = |t: &DeviceTensor, w: &[f64]| {
-                        relative_error(&widen(&t.to_f32().unwrap()), w)
-                    };
-                    let errs = [
-                        err(&got.dq, &want.dq),
-                        err(&got.dk, &want.dk),
-                        err(&got.dv, &want.dv),
-                    ];
-                    // NaN (an unwritten or non-finite element) fails this comparison.
-                    let ok = errs.iter().all(|&e| e <= bound(dtype));
-                    println!(
-                        "{} {dtype} d={head_dim} causal={causal} b={batch} nq={n_q} nk={n_k} hq={heads_q} hkv={heads_kv}: rel dQ {:.2e} dK {:.2e} dV {:.2e}",
-                        if ok { "ok  " } else { "FAIL" },
-                        errs[0],
-                        errs[1],
-                        errs[2]
-                    );
-                    if !ok {
-                        failures.push(format!("{dtype} causal={causal} {s:?}: {errs:?}"));
+                    for cfg in flash_tc_backward::VARIANTS
+                        .into_iter()
+                        .filter(|c| c.head_dim == head_dim)
+                    {
+                        let got = run(&gpu, cfg, &s, &inputs, &opts);
+                        let err = |t: &DeviceTensor, w: &[f64]| {
+                            relative_error(&widen(&t.to_f32().unwrap()), w)
+                        };
+                        let errs = [
+                            err(&got.dq, &want.dq),
+                            err(&got.dk, &want.dk),
+                            err(&got.dv, &want.dv),
+                        ];
+                        // NaN (an unwritten or non-finite element) fails this comparison.
+                        let ok = errs.iter().all(|&e| e <= bound(dtype));
+                        println!(
+                            "{} {dtype} d={head_dim} w{} causal={causal} b={batch} nq={n_q} nk={n_k} hq={heads_q} hkv={heads_kv}: rel dQ {:.2e} dK {:.2e} dV {:.2e}",
+                            if ok { "ok  " } else { "FAIL" },
+                            cfg.warps,
+                            errs[0],
+                            errs[1],
+                            errs[2]
+                        );
+                        if !ok {
+                            failures.push(format!(
+                                "{dtype} w{} causal={causal} {s:?}: {errs:?}",
+                                cfg.warps
+                            ));
+                        }
                     }
                 }
             }

@@ -27,5 +27,5 @@ pub use tensor_core::{
 };
 pub use tensor_core_backward::{
     BackwardInputs, BackwardOutput, BackwardWorkspace, tensor_core_backward,
-    tensor_core_backward_config, tensor_core_backward_into,
+    tensor_core_backward_config, tensor_core_backward_into, tensor_core_backward_variant_into,
 };

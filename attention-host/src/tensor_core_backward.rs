@@ -137,9 +137,30 @@ pub fn tensor_core_backward_into(
     workspace: &BackwardWorkspace,
     options: &AttentionOptions,
 ) -> Result<()> {
+    let cfg = tensor_core_backward_config(shape, inputs.q.dtype(), options)?;
+    tensor_core_backward_variant_into(gpu, cfg, shape, inputs, out, workspace, options)
+}
+
+/// As [`tensor_core_backward_into`] with one of `flash_tc_backward::VARIANTS` instead of the
+/// default tiles (for comparing configurations).
+pub fn tensor_core_backward_variant_into(
+    gpu: &Gpu,
+    cfg: TcBackwardConfig,
+    shape: &AttentionShape,
+    inputs: &BackwardInputs,
+    out: &BackwardOutput,
+    workspace: &BackwardWorkspace,
+    options: &AttentionOptions,
+) -> Result<()> {
     let dtype = inputs.q.dtype();
     check_qkv(shape, inputs.q, inputs.k, inputs.v)?;
-    let cfg = tensor_core_backward_config(shape, dtype, options)?;
+    tensor_core_backward_config(shape, dtype, options)?;
+    if cfg.head_dim != shape.head_dim || !flash_tc_backward::VARIANTS.contains(&cfg) {
+        return Err(invalid!(
+            "no compiled tensor-core backward {cfg:?} for head_dim {}",
+            shape.head_dim
+        ));
+    }
     for (name, t, want) in [
         ("o", inputs.o, shape.q_elems()),
         ("d_o", inputs.d_o, shape.q_elems()),
@@ -252,9 +273,12 @@ mod tests {
                 )
                 .unwrap();
                 assert_eq!(cfg.head_dim, d);
-                // Two blocks per SM (228 KiB, 1 KiB reserved per block) is the occupancy plan.
+                // Two blocks per SM (228 KiB, 1 KiB reserved per block) is the defaults' plan.
                 assert!(2 * (cfg.shared_bytes() + 1024) <= 228 * 1024, "{cfg:?}");
             }
+        }
+        for cfg in flash_tc_backward::VARIANTS {
+            assert!(cfg.shared_bytes() <= 227 * 1024, "{cfg:?}");
         }
     }
 

@@ -10,7 +10,9 @@
 //!   `dSᵀ = Pᵀ ∘ (dPᵀ − D)`, `dK += dSᵀ·Q`;
 //! `Pᵀ` and `dSᵀ` go from accumulators straight to A operands (see `tile::mma`). `dQ = dS·K` needs
 //! `dS` by query rows: `dSᵀ` goes through shared memory, each warp then computes 16 query rows of
-//! dQ and adds them into the f32 accumulator with `red.global.add`.
+//! dQ (all columns with 4 warps, half of them with 8) and adds them into the f32 accumulator with
+//! `red.global.add`: one atomic per dQ element per visited K/V block, so 128-key blocks (8 warps)
+//! send half as many as 64-key ones.
 
 use crate::device::{
     block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
@@ -41,12 +43,10 @@ unsafe fn store_quad(tile: SwizzledTile, row0: u32, c: u32, g: u32, t: u32, a: [
     }
 }
 
-/// n-tiles of dQ computed and sent to the accumulator at a time.
-const DQ_TILES: usize = 8;
-
 /// Generic over `KD = d / 16`, `ND = d / 8`, `NQ = block_rows / 8` (n-tiles of `Sᵀ`),
-/// `NQP = NQ / 2` (k-steps over the Q block) and `WARPS`, so every register array has a
-/// compile-time size and every loop over one unrolls.
+/// `NQP = NQ / 2` (k-steps over the Q block), `WARPS`, and `DQ` (dQ n-tiles computed and sent to
+/// the accumulator at a time), so every register array has a compile-time size and every loop over
+/// one unrolls.
 #[inline(always)]
 unsafe fn backward<
     T: Pair,
@@ -55,12 +55,14 @@ unsafe fn backward<
     const NQ: usize,
     const NQP: usize,
     const WARPS: usize,
+    const DQ: usize,
 >(
     p: &TensorCoreBackwardParams,
 ) {
     const {
-        assert!(ND == 2 * KD && NQ == 2 * NQP && NQ == 2 * WARPS && KD >= 4 && NQ >= 8);
-        assert!(ND.is_multiple_of(DQ_TILES) && DQ_TILES.is_multiple_of(2) && NQP.is_multiple_of(2));
+        assert!(ND == 2 * KD && NQ == 2 * NQP && KD >= 4 && NQ == 8 && WARPS.is_multiple_of(4));
+        // dQ: 16 rows per warp, the block's 64 rows over 4 warps, columns over WARPS / 4.
+        assert!((ND / (WARPS / 4)).is_multiple_of(DQ) && DQ.is_multiple_of(2));
     };
     let (d, bc, br) = (16 * KD as u32, 16 * WARPS as u32, 8 * NQ as u32);
     let threads = 32 * WARPS as u32;
@@ -286,22 +288,25 @@ unsafe fn backward<
         // dQ reads every warp's dSᵀ rows.
         sync_threads();
 
-        // dQ rows 16w .. 16w + 16 of the Q block: dS·K over the block's keys, `DQ_TILES` n-tiles
-        // (8 columns each) at a time, so that at d = 128 the dQ part fits beside dK and dV.
+        // dQ = dS·K over the block's keys. Warp w takes rows 16(w % 4) .. + 16 of the Q block
+        // and n-tiles (w / 4)·ND / (WARPS / 4) onwards, `DQ` n-tiles (8 columns each) at a time,
+        // so that the dQ part fits beside dK and dV in registers.
         let acc_row = |row: u32| {
             p.dq_accum + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * d as u64) * 4
         };
-        for part in 0..ND / DQ_TILES {
+        let (row_group, tile0) = (warp % 4, (warp / 4) as usize * (ND / (WARPS / 4)));
+        for part in 0..ND / (WARPS / 4) / DQ {
             let lane = opaque(lane);
             let (g, t) = (lane / 4, lane % 4);
-            let mut dq = [FragC::default(); DQ_TILES];
+            let first = tile0 + DQ * part;
+            let mut dq = [FragC::default(); DQ];
             for kk in 0..WARPS as u32 {
-                // SAFETY: keys 16kk .. 16kk + 16 and queries 16w .. 16w + 16 are inside the dSᵀ
+                // SAFETY: keys 16kk .. 16kk + 16 and the row group's 16 queries are inside the dSᵀ
                 // tile; the keys and the part's chunks inside the K tile.
                 unsafe {
-                    let a = ds_tile.load_a_trans(16 * kk, 2 * warp, lane);
-                    for dp in 0..DQ_TILES / 2 {
-                        let chunk = (DQ_TILES * part + 2 * dp) as u32;
+                    let a = ds_tile.load_a_trans(16 * kk, 2 * row_group, lane);
+                    for dp in 0..DQ / 2 {
+                        let chunk = (first + 2 * dp) as u32;
                         let [b0, b1] = k_tile.load_b_pair_trans(16 * kk, chunk, lane);
                         T::mma(&mut dq[2 * dp], &a, &b0);
                         T::mma(&mut dq[2 * dp + 1], &a, &b1);
@@ -309,13 +314,13 @@ unsafe fn backward<
                 }
                 dq.iter_mut().for_each(FragC::pin);
             }
-            let row_lo = q0 + 16 * warp + g;
+            let row_lo = q0 + 16 * row_group + g;
             for (half, row) in [(0, row_lo), (2, row_lo + 8)] {
                 if row < s.n_q {
-                    let at = acc_row(row) + (32 * DQ_TILES * part + 8 * t as usize) as u64;
+                    let at = acc_row(row) + (32 * first + 8 * t as usize) as u64;
                     for (j, f) in dq.iter().enumerate() {
-                        // SAFETY: row < n_q and columns 8(DQ_TILES part + j) + 2t (+ 1) < d are
-                        // inside the accumulator.
+                        // SAFETY: row < n_q and columns 8(first + j) + 2t (+ 1) < d are inside
+                        // the accumulator.
                         unsafe {
                             red_add_f32(at + 32 * j as u64, f.0[half]);
                             red_add_f32(at + 32 * j as u64 + 4, f.0[half + 1]);
@@ -365,7 +370,7 @@ unsafe fn backward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_tc_backward_<dtype>_d<d>_w<warps>` as
-/// the host formats it.
+/// the host formats it; the test checks that every `VARIANTS` entry exists.
 macro_rules! entry_points {
     ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
         #[unsafe(no_mangle)]
@@ -380,6 +385,7 @@ macro_rules! entry_points {
                     { $cfg.block_rows() as usize / 8 },
                     { $cfg.block_rows() as usize / 16 },
                     { $cfg.warps as usize },
+                    { $cfg.dq_tiles() as usize },
                 >(&p)
             }
         }
@@ -391,4 +397,8 @@ entry_points! {
     flash_tc_backward_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 };
     flash_tc_backward_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 };
     flash_tc_backward_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 };
+    flash_tc_backward_bf16_d64_w8 => Bf16, TcBackwardConfig { head_dim: 64, warps: 8 };
+    flash_tc_backward_f16_d64_w8 => F16, TcBackwardConfig { head_dim: 64, warps: 8 };
+    flash_tc_backward_bf16_d128_w8 => Bf16, TcBackwardConfig { head_dim: 128, warps: 8 };
+    flash_tc_backward_f16_d128_w8 => F16, TcBackwardConfig { head_dim: 128, warps: 8 };
 }

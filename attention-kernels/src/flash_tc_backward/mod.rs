@@ -39,9 +39,9 @@ impl Pair for crate::storage::F16 {
 
 use crate::params::allowed_key_end;
 
-/// Tiles of the main kernel: `warps` warps, each owning 16 keys of the K/V block (so
-/// `block_keys = 16 · warps`) for S, dP, dK, dV, and 16 query rows of the Q block
-/// (`block_rows = 16 · warps`) for dQ.
+/// Tiles of the main kernel: `warps` warps (4 or 8), each owning 16 keys of the K/V block (so
+/// `block_keys = 16 · warps`) for S, dP, dK, dV; Q blocks of 64 rows, of which each warp computes
+/// 16 rows of dQ (all columns with 4 warps, half with 8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcBackwardConfig {
     pub head_dim: u32,
@@ -53,11 +53,18 @@ impl TcBackwardConfig {
         16 * self.warps
     }
     pub const fn block_rows(&self) -> u32 {
-        16 * self.warps
+        64
     }
     pub const fn threads(&self) -> u32 {
         32 * self.warps
     }
+    /// dQ n-tiles a warp computes and sends to the accumulator at a time: at most 4 (16 registers
+    /// beside dK and dV; 8 spilled at d = 128 with 8 warps), at most its share of the columns.
+    pub const fn dq_tiles(&self) -> u32 {
+        let share = self.head_dim / 8 / (self.warps / 4);
+        if share < 4 { share } else { 4 }
+    }
+
     /// `n_q` rounded up to whole Q blocks: the length of each (batch, head) row of the padded
     /// statistics, so every Q block's statistics are whole 16-byte chunks.
     pub const fn n_q_pad(&self, n_q: u32) -> u32 {
@@ -103,7 +110,7 @@ pub const PREPROCESS_WARPS: u32 = 4;
 pub const CONVERT_THREADS: u32 = 256;
 
 /// d = 64 and d = 128: 4 warps, 64 keys × 64 query rows (the `dSᵀ` tile needs at least 64 query
-/// columns for its swizzle).
+/// columns for its swizzle); two blocks per SM. Not yet measured against the 8-warp variants.
 pub const D64: TcBackwardConfig = TcBackwardConfig {
     head_dim: 64,
     warps: 4,
@@ -112,6 +119,21 @@ pub const D128: TcBackwardConfig = TcBackwardConfig {
     head_dim: 128,
     warps: 4,
 };
+
+/// Every configuration compiled into the PTX: the defaults first, then 8 warps × 128 keys, which
+/// halves the dQ atomics (one per element per visited K/V block), at one block per SM at d = 128.
+pub const VARIANTS: [TcBackwardConfig; 4] = [
+    D64,
+    D128,
+    TcBackwardConfig {
+        head_dim: 64,
+        warps: 8,
+    },
+    TcBackwardConfig {
+        head_dim: 128,
+        warps: 8,
+    },
+];
 
 /// The configuration for a head dimension, `None` where no tensor-core backward exists.
 pub const fn config(head_dim: u32) -> Option<TcBackwardConfig> {
@@ -148,7 +170,7 @@ mod tests {
 
     #[test]
     fn visited_blocks_cover_every_allowed_pair_and_unmasked_blocks_hide_none() {
-        for cfg in [D64, D128] {
+        for cfg in VARIANTS {
             let (br, bc) = (cfg.block_rows(), cfg.block_keys());
             for (n_q, n_k) in [
                 (1, 1),
