@@ -74,6 +74,23 @@ fn every_backward_kernel_is_in_the_ptx() {
     }
 }
 
+/// The kernels keep every register array in registers: an array the compiler could not (a
+/// run-time index, a loop that did not unroll) shows as a local-memory depot in the PTX.
+#[test]
+fn backward_kernels_use_no_local_memory() {
+    for cfg in flash_tc_backward::VARIANTS {
+        for dtype in [DType::F16, DType::Bf16] {
+            let name = backward_kernel_name(dtype, &cfg);
+            let start = flash_attn::PTX
+                .find(&format!(".entry {name}("))
+                .unwrap_or_else(|| panic!("{name} missing from the PTX"));
+            let body = &flash_attn::PTX[start..];
+            let body = &body[..body.find("\n}").unwrap_or(body.len())];
+            assert!(!body.contains("__local_depot"), "{name} uses local memory");
+        }
+    }
+}
+
 #[test]
 fn tensor_core_backward_matches_reference() {
     let test = "tensor_core_backward_matches_reference";

@@ -26,20 +26,21 @@ use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, load_shared_u32, red_add_f32};
 use crate::tile::mma::FragC;
 
-/// Stores an A operand built from accumulators (`MmaElem::pack_a`) back as the 16 rows
-/// `row0 ..` and chunks `c`, `c + 1` of `tile`: lane (g, t) holds rows g and g + 8, columns 2t, 2t + 1
-/// of each chunk.
+/// Stores an A operand built from accumulators (`MmaElem::pack_a`) row-major into rows
+/// `row0 .. row0 + 16`, chunks `c`, `c + 1` of `tile` (`SwizzledTile::quad_addrs`).
 ///
 /// # Safety
 /// The rows and chunks must lie inside the tile.
 #[inline(always)]
 unsafe fn store_quad(tile: SwizzledTile, row0: u32, c: u32, g: u32, t: u32, a: [u32; 4]) {
-    // SAFETY: forwarded to the caller.
+    let at = tile.quad_addrs(row0, c, g, t);
+    // SAFETY: forwarded to the caller. Four plain stores: an iterator over the arrays would
+    // keep them in local memory.
     unsafe {
-        store_shared_u32(tile.chunk_addr(row0 + g, c) + 4 * t, a[0]);
-        store_shared_u32(tile.chunk_addr(row0 + g + 8, c) + 4 * t, a[1]);
-        store_shared_u32(tile.chunk_addr(row0 + g, c + 1) + 4 * t, a[2]);
-        store_shared_u32(tile.chunk_addr(row0 + g + 8, c + 1) + 4 * t, a[3]);
+        store_shared_u32(at[0], a[0]);
+        store_shared_u32(at[1], a[1]);
+        store_shared_u32(at[2], a[2]);
+        store_shared_u32(at[3], a[3]);
     }
 }
 

@@ -4,6 +4,7 @@
 //! The swizzle is plain address arithmetic and compiles for the host too, where its bank-conflict
 //! properties are tested; everything else is device code.
 
+pub mod fragment_addr;
 pub mod swizzle;
 
 #[cfg(target_arch = "nvptx64")]
