@@ -18,91 +18,131 @@ const SAMPLES: usize = 30;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// (batch, heads, seq, head_dim, causal, dtype, PyTorch flash fwd, cuDNN fwd) in TFLOP/s (bf16).
-const SHAPES: &[(u32, u32, u32, u32, bool, DType, Option<f64>, Option<f64>)] = &[
-    (
-        1,
-        32,
-        4096,
-        128,
-        false,
-        DType::Bf16,
-        Some(345.0),
-        Some(620.0),
-    ),
-    (1, 32, 4096, 128, false, DType::F16, None, None),
-    (1, 32, 4096, 128, true, DType::Bf16, None, None),
-    (
-        4,
-        16,
-        4096,
-        128,
-        false,
-        DType::Bf16,
-        Some(340.0),
-        Some(648.0),
-    ),
-    (
-        4,
-        16,
-        4096,
-        128,
-        true,
-        DType::Bf16,
-        Some(296.0),
-        Some(566.0),
-    ),
-    (
-        16,
-        16,
-        1024,
-        128,
-        false,
-        DType::Bf16,
-        Some(310.0),
-        Some(539.0),
-    ),
-    (
-        16,
-        16,
-        1024,
-        128,
-        true,
-        DType::Bf16,
-        Some(226.0),
-        Some(369.0),
-    ),
-    (
-        4,
-        32,
-        4096,
-        64,
-        false,
-        DType::Bf16,
-        Some(293.0),
-        Some(449.0),
-    ),
-    (4, 32, 4096, 64, true, DType::Bf16, Some(272.0), Some(408.0)),
-    (
-        16,
-        32,
-        1024,
-        64,
-        false,
-        DType::Bf16,
-        Some(277.0),
-        Some(398.0),
-    ),
-    (
-        16,
-        32,
-        1024,
-        64,
-        true,
-        DType::Bf16,
-        Some(204.0),
-        Some(297.0),
-    ),
+/// One timed shape, with PyTorch's flash and cuDNN forward rates (TFLOP/s, bf16) where the anchor
+/// file has them.
+#[derive(Clone, Copy)]
+struct Anchor {
+    batch: u32,
+    heads: u32,
+    n: u32,
+    head_dim: u32,
+    causal: bool,
+    dtype: DType,
+    flash: Option<f64>,
+    cudnn: Option<f64>,
+}
+
+const SHAPES: &[Anchor] = &[
+    Anchor {
+        batch: 1,
+        heads: 32,
+        n: 4096,
+        head_dim: 128,
+        causal: false,
+        dtype: DType::Bf16,
+        flash: Some(345.0),
+        cudnn: Some(620.0),
+    },
+    Anchor {
+        batch: 1,
+        heads: 32,
+        n: 4096,
+        head_dim: 128,
+        causal: false,
+        dtype: DType::F16,
+        flash: None,
+        cudnn: None,
+    },
+    Anchor {
+        batch: 1,
+        heads: 32,
+        n: 4096,
+        head_dim: 128,
+        causal: true,
+        dtype: DType::Bf16,
+        flash: None,
+        cudnn: None,
+    },
+    Anchor {
+        batch: 4,
+        heads: 16,
+        n: 4096,
+        head_dim: 128,
+        causal: false,
+        dtype: DType::Bf16,
+        flash: Some(340.0),
+        cudnn: Some(648.0),
+    },
+    Anchor {
+        batch: 4,
+        heads: 16,
+        n: 4096,
+        head_dim: 128,
+        causal: true,
+        dtype: DType::Bf16,
+        flash: Some(296.0),
+        cudnn: Some(566.0),
+    },
+    Anchor {
+        batch: 16,
+        heads: 16,
+        n: 1024,
+        head_dim: 128,
+        causal: false,
+        dtype: DType::Bf16,
+        flash: Some(310.0),
+        cudnn: Some(539.0),
+    },
+    Anchor {
+        batch: 16,
+        heads: 16,
+        n: 1024,
+        head_dim: 128,
+        causal: true,
+        dtype: DType::Bf16,
+        flash: Some(226.0),
+        cudnn: Some(369.0),
+    },
+    Anchor {
+        batch: 4,
+        heads: 32,
+        n: 4096,
+        head_dim: 64,
+        causal: false,
+        dtype: DType::Bf16,
+        flash: Some(293.0),
+        cudnn: Some(449.0),
+    },
+    Anchor {
+        batch: 4,
+        heads: 32,
+        n: 4096,
+        head_dim: 64,
+        causal: true,
+        dtype: DType::Bf16,
+        flash: Some(272.0),
+        cudnn: Some(408.0),
+    },
+    Anchor {
+        batch: 16,
+        heads: 32,
+        n: 1024,
+        head_dim: 64,
+        causal: false,
+        dtype: DType::Bf16,
+        flash: Some(277.0),
+        cudnn: Some(398.0),
+    },
+    Anchor {
+        batch: 16,
+        heads: 32,
+        n: 1024,
+        head_dim: 64,
+        causal: true,
+        dtype: DType::Bf16,
+        flash: Some(204.0),
+        cudnn: Some(297.0),
+    },
 ];
 
 /// Indices into `SHAPES` on which every variant is timed.
@@ -199,8 +239,17 @@ fn main() -> Result<()> {
     let fmt = |x: Option<f64>| x.map_or("-".to_owned(), |v| format!("{v:.0}"));
     let mut table = Vec::new();
     let mut variants = Vec::new();
-    for (i, &(batch, heads, n, head_dim, causal, dtype, flash, cudnn)) in SHAPES.iter().enumerate()
-    {
+    for (i, a) in SHAPES.iter().enumerate() {
+        let Anchor {
+            batch,
+            heads,
+            n,
+            head_dim,
+            causal,
+            dtype,
+            flash,
+            cudnn,
+        } = *a;
         let x = inputs(&mut rng, batch, heads, n, head_dim, dtype)?;
         let default = flash_tc::config(head_dim).ok_or("no default configuration")?;
         let (median, min) = time(&gpu, default, &x, causal)?;

@@ -1,13 +1,9 @@
-//! The tensor-core forward against a higher-precision result on fresh random inputs.
-//!
-//! Until `attention_host::reference` (the f64 CPU reference) is merged, `O` is checked against the
-//! materialized baseline run in f32 on the same (already rounded) inputs, and `LSE` against an f64
-//! log-sum-exp computed here. Outputs are NaN-poisoned before each launch, so an unwritten element
-//! fails. Skips, with a visible line, where no CUDA device answers.
+//! The tensor-core forward against the f64 CPU reference (`attention_host::reference`) on fresh
+//! random inputs, for every compiled tile variant. Outputs are NaN-poisoned before each launch, so
+//! an unwritten element fails. Skips, with a visible line, where no CUDA device answers.
 
 use attention_kernels::flash_tc;
-use attention_kernels::params::causal_key_end;
-use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
+use flash_attn::reference;
 use flash_attn::{
     AttentionError, AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor,
     ForwardOutput, Gpu, tensor_core_forward, tensor_core_forward_variant_into,
@@ -23,42 +19,6 @@ fn gpu_or_skip(test: &str) -> Option<Gpu> {
         }
         Err(e) => panic!("creating the GPU context: {e}"),
     }
-}
-
-/// `LSE` of every `(b, h, i)` in f64 from the rounded inputs; `−∞` where no key is allowed.
-fn lse_f64(s: &AttentionShape, q: &[f32], k: &[f32], scale: f32, causal: bool) -> Vec<f64> {
-    let d = s.head_dim as usize;
-    let mut out = Vec::with_capacity(s.row_elems());
-    for b in 0..s.batch {
-        for h in 0..s.heads_q {
-            let hk = s.kv_head(h);
-            for i in 0..s.n_q {
-                let end = if causal {
-                    causal_key_end(i, s.n_q, s.n_k)
-                } else {
-                    s.n_k
-                };
-                let qi = &q[((b * s.n_q + i) * s.heads_q + h) as usize * d..][..d];
-                let scores: Vec<f64> = (0..end)
-                    .map(|j| {
-                        let kj = &k[((b * s.n_k + j) * s.heads_kv + hk) as usize * d..][..d];
-                        scale as f64
-                            * qi.iter()
-                                .zip(kj)
-                                .map(|(&x, &y)| x as f64 * y as f64)
-                                .sum::<f64>()
-                    })
-                    .collect();
-                let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                out.push(if end == 0 {
-                    f64::NEG_INFINITY
-                } else {
-                    m + scores.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
-                });
-            }
-        }
-    }
-    out
 }
 
 /// Runs `cfg` through the public entry point when it is the default, else as a variant.
@@ -83,13 +43,13 @@ fn run(
     out
 }
 
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
     let num: f64 = got
         .iter()
         .zip(want)
-        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+        .map(|(&a, &b)| (a as f64 - b).powi(2))
         .sum();
-    let den: f64 = want.iter().map(|&b| (b as f64).powi(2)).sum();
+    let den: f64 = want.iter().map(|b| b.powi(2)).sum();
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
@@ -140,23 +100,7 @@ fn tensor_core_forward_matches_reference() {
                     let opts = AttentionOptions::new().causal(causal);
                     let upload = |t: DType, x: &[f32]| DeviceTensor::from_f32(t, x).unwrap();
                     let (qd, kd, vd) = (upload(dtype, &q), upload(dtype, &k), upload(dtype, &v));
-                    let o_ref = {
-                        let o = DeviceTensor::poisoned(DType::F32, s.q_elems()).unwrap();
-                        let ws = MaterializedWorkspace::new(&s, DType::F32).unwrap();
-                        materialized_forward(
-                            &gpu,
-                            &ws,
-                            &upload(DType::F32, &q),
-                            &upload(DType::F32, &k),
-                            &upload(DType::F32, &v),
-                            &o,
-                            &opts,
-                        )
-                        .unwrap();
-                        gpu.synchronize().unwrap();
-                        o.to_f32().unwrap()
-                    };
-                    let lse_ref = lse_f64(&s, &q, &k, opts.scale_for(head_dim), causal);
+                    let want = reference::forward_f32(&s, &q, &k, &v, &opts).unwrap();
 
                     for cfg in flash_tc::VARIANTS
                         .into_iter()
@@ -165,8 +109,8 @@ fn tensor_core_forward_matches_reference() {
                         let out = run(&gpu, cfg, &s, &qd, &kd, &vd, &opts);
                         let o = out.o.to_f32().unwrap();
                         let lse = out.lse.to_vec().unwrap();
-                        let o_err = rel_l2(&o, &o_ref);
-                        let lse_err = lse.iter().zip(&lse_ref).fold(0.0f64, |acc, (&g, &w)| {
+                        let o_err = rel_l2(&o, &want.o);
+                        let lse_err = lse.iter().zip(&want.lse).fold(0.0f64, |acc, (&g, &w)| {
                             if w == f64::NEG_INFINITY && g == f32::NEG_INFINITY {
                                 acc
                             } else {

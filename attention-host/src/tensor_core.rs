@@ -51,7 +51,10 @@ pub fn tensor_core_config(
 
 /// The PTX entry point that runs `cfg` on `dtype`.
 pub fn kernel_name(dtype: DType, cfg: &TcConfig) -> String {
-    format!("flash_tc_forward_{dtype}_d{}_w{}_k{}", cfg.head_dim, cfg.warps, cfg.block_keys)
+    format!(
+        "flash_tc_forward_{dtype}_d{}_w{}_k{}",
+        cfg.head_dim, cfg.warps, cfg.block_keys
+    )
 }
 
 /// Runs the forward into fresh outputs (poisoned first, so an unwritten element shows as NaN) and

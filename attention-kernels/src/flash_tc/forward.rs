@@ -16,7 +16,7 @@ use crate::flash_tc::softmax::RowState;
 use crate::params::{TensorCoreForwardParams, causal_key_end};
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
-use crate::tile::cp_async::wait_all;
+use crate::tile::cp_async::{GlobalRows, wait_all};
 use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
 use crate::tile::mma::{FragA, FragC, MmaElem};
 
@@ -50,8 +50,21 @@ unsafe fn forward<
     let kv_stride = s.heads_kv as u64 * row_bytes;
     let q_off = (b as u64 * s.n_q as u64 * s.heads_q as u64 + h as u64) * row_bytes;
     let kv_off = (b as u64 * s.n_k as u64 * s.heads_kv as u64 + s.kv_head(h) as u64) * row_bytes;
-    let (q_src, o_dst) = (p.q + q_off, p.o + q_off);
-    let (k_src, v_src) = (p.k + kv_off, p.v + kv_off);
+    let o_dst = p.o + q_off;
+    let q_rows = GlobalRows {
+        base: p.q + q_off,
+        stride: q_stride,
+        limit: s.n_q,
+    };
+    let k_rows = GlobalRows {
+        base: p.k + kv_off,
+        stride: kv_stride,
+        limit: s.n_k,
+    };
+    let v_rows = GlobalRows {
+        base: p.v + kv_off,
+        ..k_rows
+    };
 
     let smem = shared_window();
     let q_tile = SwizzledTile::new(smem, d);
@@ -62,8 +75,8 @@ unsafe fn forward<
     let fill_kv = |block: u32, stage: u32| {
         // SAFETY: each stage holds `bc` rows; rows below n_k are inside K and V.
         unsafe {
-            k_tile(stage).fill_async(k_src, kv_stride, block * bc, s.n_k, bc, tid, threads);
-            v_tile(stage).fill_async(v_src, kv_stride, block * bc, s.n_k, bc, tid, threads);
+            k_tile(stage).fill_async(k_rows, block * bc, bc, tid, threads);
+            v_tile(stage).fill_async(v_rows, block * bc, bc, tid, threads);
         }
     };
 
@@ -80,7 +93,7 @@ unsafe fn forward<
     let unmasked_end = key_end(q0);
 
     // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
-    unsafe { q_tile.fill_async(q_src, q_stride, q0, s.n_q, br, tid, threads) };
+    unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };
     if n_blocks > 0 {
         fill_kv(0, 0);
     }

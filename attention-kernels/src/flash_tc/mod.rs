@@ -30,19 +30,39 @@ impl TcConfig {
 
 /// d = 64: 40 KiB of shared memory and 167 registers, three blocks (12 warps) per SM; measured
 /// 5–7% faster on the H200 than 4 warps × 128 keys or 8 warps × 128 keys (reports/PERF_LOG.md).
-pub const D64: TcConfig = TcConfig { head_dim: 64, warps: 4, block_keys: 64 };
+pub const D64: TcConfig = TcConfig {
+    head_dim: 64,
+    warps: 4,
+    block_keys: 64,
+};
 /// d = 128: 96 KiB of shared memory and 248 registers, one block of 8 warps per SM; 128-row blocks
 /// read K/V from L2 half as often as 64-row ones, measured 3% faster non-causal, equal causal.
-pub const D128: TcConfig = TcConfig { head_dim: 128, warps: 8, block_keys: 64 };
+pub const D128: TcConfig = TcConfig {
+    head_dim: 128,
+    warps: 8,
+    block_keys: 64,
+};
 
 /// Every configuration compiled into the PTX: the defaults first, then the candidates they were
 /// measured against, kept so that the timing example can compare them on other GPUs and shapes.
 pub const VARIANTS: [TcConfig; 5] = [
     D64,
     D128,
-    TcConfig { head_dim: 64, warps: 4, block_keys: 128 },
-    TcConfig { head_dim: 64, warps: 8, block_keys: 128 },
-    TcConfig { head_dim: 128, warps: 4, block_keys: 64 },
+    TcConfig {
+        head_dim: 64,
+        warps: 4,
+        block_keys: 128,
+    },
+    TcConfig {
+        head_dim: 64,
+        warps: 8,
+        block_keys: 128,
+    },
+    TcConfig {
+        head_dim: 128,
+        warps: 4,
+        block_keys: 64,
+    },
 ];
 
 /// The default configuration for a head dimension, `None` where no tensor-core kernel exists.

@@ -21,7 +21,7 @@ use crate::flash_tc_backward::{Pair, TcBackwardConfig, hidden};
 use crate::params::TensorCoreBackwardParams;
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
-use crate::tile::cp_async::{copy16, wait_all};
+use crate::tile::cp_async::{GlobalRows, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, load_shared_u32, red_add_f32};
 use crate::tile::mma::FragC;
@@ -111,8 +111,13 @@ unsafe fn backward<
         // SAFETY: each stage holds `br` rows; rows below n_q are inside Q and dO; the statistics
         // are padded to whole Q blocks, so every chunk is inside them.
         unsafe {
-            q_tile(st).fill_async(p.q + src, q_stride, q0, s.n_q, br, tid, threads);
-            do_tile(st).fill_async(p.d_o + src, q_stride, q0, s.n_q, br, tid, threads);
+            let rows = |base: u64| GlobalRows {
+                base: base + src,
+                stride: q_stride,
+                limit: s.n_q,
+            };
+            q_tile(st).fill_async(rows(p.q), q0, br, tid, threads);
+            do_tile(st).fill_async(rows(p.d_o), q0, br, tid, threads);
             let chunks = br / 4;
             if tid < 2 * chunks {
                 let (which, c) = (tid / chunks, tid % chunks);
@@ -129,8 +134,13 @@ unsafe fn backward<
 
     // SAFETY: the K and V tiles hold `bc` rows; rows below n_k are inside K and V.
     unsafe {
-        k_tile.fill_async(p.k + kv_off, kv_stride, k0, s.n_k, bc, tid, threads);
-        v_tile.fill_async(p.v + kv_off, kv_stride, k0, s.n_k, bc, tid, threads);
+        let rows = |base: u64| GlobalRows {
+            base: base + kv_off,
+            stride: kv_stride,
+            limit: s.n_k,
+        };
+        k_tile.fill_async(rows(p.k), k0, bc, tid, threads);
+        v_tile.fill_async(rows(p.v), k0, bc, tid, threads);
     }
     if iters > 0 {
         fill(0, 0);

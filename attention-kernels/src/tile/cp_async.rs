@@ -30,22 +30,26 @@ pub fn wait_all() {
     unsafe { asm!("cp.async.wait_all;", options(nostack)) }
 }
 
+/// Rows of a global tensor: row `r` starts at `base + r · stride` bytes and exists for `r < limit`.
+#[derive(Clone, Copy)]
+pub struct GlobalRows {
+    pub base: u64,
+    pub stride: u64,
+    pub limit: u32,
+}
+
 impl SwizzledTile {
-    /// Starts filling rows `0 .. rows` of the tile from global rows `first .. first + rows` of a
-    /// tensor at `src` with `stride` bytes between rows; rows at or past `limit` become zeros.
-    /// The block's `threads` threads share the work, consecutive threads on consecutive chunks so
-    /// that global reads coalesce.
+    /// Starts filling rows `0 .. rows` of the tile from rows `first .. first + rows` of `src`;
+    /// rows at or past `src.limit` become zeros. The block's `threads` threads share the work,
+    /// consecutive threads on consecutive chunks so that global reads coalesce.
     ///
     /// # Safety
-    /// The tile must hold `rows` rows; `src + r · stride` must be readable for the whole row for
-    /// every `first + r < limit`.
+    /// The tile must hold `rows` rows; every row of `src` below its limit must be readable.
     #[inline(always)]
     pub unsafe fn fill_async(
         &self,
-        src: u64,
-        stride: u64,
+        src: GlobalRows,
         first: u32,
-        limit: u32,
         rows: u32,
         tid: u32,
         threads: u32,
@@ -54,11 +58,11 @@ impl SwizzledTile {
         let mut i = tid;
         while i < rows * chunks {
             let (r, c) = (i / chunks, i % chunks);
-            let valid = first + r < limit;
+            let valid = first + r < src.limit;
             let at = if valid {
-                src + (first + r) as u64 * stride + c as u64 * 16
+                src.base + (first + r) as u64 * src.stride + c as u64 * 16
             } else {
-                src
+                src.base
             };
             // SAFETY: the caller guarantees the tile size and the readable rows.
             unsafe { copy16(self.chunk_addr(r, c), at, valid) };

@@ -18,7 +18,7 @@ impl SwizzledTile {
     #[inline(always)]
     pub const fn new(base: u32, cols: u32) -> Self {
         assert!(
-            cols >= 64 && cols % 64 == 0,
+            cols >= 64 && cols.is_multiple_of(64),
             "swizzled rows need a multiple of 8 chunks"
         );
         SwizzledTile {
