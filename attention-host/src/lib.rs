@@ -13,6 +13,7 @@ pub mod reference;
 pub mod runtime;
 pub mod schedule;
 pub mod tensor_core;
+pub mod tensor_core_backward;
 pub mod timing;
 
 pub use attention_kernels::params::AttentionShape;

@@ -113,3 +113,34 @@ pub struct TensorCoreForwardParams {
     /// 1 for the causal mask, 0 for none.
     pub causal: u32,
 }
+
+/// The tensor-core backward (`flash_tc_backward`), one struct for its three kernels. Q, K, V, O, dO,
+/// dQ, dK, dV are f16 or bf16 `[batch, seq, heads, head_dim]`; `lse` is the forward's f32
+/// `[batch, heads_q, n_q]` (natural log). Workspace, all f32: `dq_accum` with Q's layout, and
+/// `lse_log2`, `d_sum` as `[batch, heads_q, n_q_pad]` (rows padded to whole Q blocks so each block's
+/// statistics are whole 16-byte chunks).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TensorCoreBackwardParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub d_o: u64,
+    pub lse: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+    pub dq_accum: u64,
+    pub lse_log2: u64,
+    pub d_sum: u64,
+    pub shape: AttentionShape,
+    /// `n_q` rounded up to the Q block of the main kernel.
+    pub n_q_pad: u32,
+    /// `τ`: applied to dK at the end and to dQ by the conversion.
+    pub scale: f32,
+    /// `τ · log2 e`: scores go straight to the base-2 exponent.
+    pub scale_log2: f32,
+    /// 1 for the causal mask, 0 for none.
+    pub causal: u32,
+}

@@ -222,3 +222,14 @@ pub fn sync_warp() {
     // SAFETY: all 32 lanes reach it from warp-uniform control flow.
     unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) }
 }
+
+/// `x`, recomputed where it is used: the compiler may not hoist it (nor what derives from it) out
+/// of a loop. Lane-derived shared addresses hoisted out of a long loop body each hold a register
+/// for the whole loop; recomputing them costs an add or two per use.
+#[inline(always)]
+pub fn opaque(x: u32) -> u32 {
+    let r: u32;
+    // SAFETY: a register move; without `pure` the compiler treats it as having effects.
+    unsafe { asm!("mov.u32 {r}, {x};", r = out(reg32) r, x = in(reg32) x, options(nomem, nostack)) }
+    r
+}

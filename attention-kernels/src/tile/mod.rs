@@ -4,6 +4,7 @@
 //! The swizzle is plain address arithmetic and compiles for the host too, where its bank-conflict
 //! properties are tested; everything else is device code.
 
+pub mod fragment_addr;
 pub mod swizzle;
 
 #[cfg(target_arch = "nvptx64")]
@@ -11,8 +12,14 @@ pub mod cp_async;
 #[cfg(target_arch = "nvptx64")]
 pub mod ldmatrix;
 #[cfg(target_arch = "nvptx64")]
+pub mod ldmatrix_a_trans;
+#[cfg(target_arch = "nvptx64")]
 pub mod mem;
 #[cfg(target_arch = "nvptx64")]
+pub mod mem_backward;
+#[cfg(target_arch = "nvptx64")]
 pub mod mma;
+#[cfg(target_arch = "nvptx64")]
+pub mod order;
 
 pub use swizzle::SwizzledTile;

@@ -1,0 +1,320 @@
+//! Host side of the tensor-core backward (`attention_kernels::flash_tc_backward`): validation,
+//! workspace and the three launches.
+
+use attention_kernels::flash_tc_backward::{
+    self, CONVERT_THREADS, PREPROCESS_WARPS, TcBackwardConfig,
+};
+use attention_kernels::params::{AttentionShape, TensorCoreBackwardParams};
+
+use crate::buffer::{DeviceF32, DeviceTensor};
+use crate::dtype::DType;
+use crate::error::{Result, invalid};
+use crate::materialized::check_qkv;
+use crate::options::{AttentionOptions, Lengths};
+use crate::runtime::{Gpu, LaunchConfig};
+
+/// dQ (Q's layout), dK and dV (K/V's layout, summed over each KV head's query heads), in the
+/// inputs' dtype.
+pub struct BackwardOutput {
+    pub dq: DeviceTensor,
+    pub dk: DeviceTensor,
+    pub dv: DeviceTensor,
+}
+
+impl BackwardOutput {
+    /// NaN-poisoned outputs for `shape`, so an element the kernels fail to write shows.
+    pub fn poisoned(shape: &AttentionShape, dtype: DType) -> Result<BackwardOutput> {
+        Ok(BackwardOutput {
+            dq: DeviceTensor::poisoned(dtype, shape.q_elems())?,
+            dk: DeviceTensor::poisoned(dtype, shape.kv_elems())?,
+            dv: DeviceTensor::poisoned(dtype, shape.kv_elems())?,
+        })
+    }
+}
+
+/// f32 scratch of one backward: the dQ accumulator (Q's layout) and the rows' `LSE · log2 e` and
+/// `D = rowsum(dO ∘ O)`, `[batch, heads_q, n_q_pad]`.
+pub struct BackwardWorkspace {
+    shape: AttentionShape,
+    n_q_pad: u32,
+    dq_accum: DeviceF32,
+    lse_log2: DeviceF32,
+    d_sum: DeviceF32,
+}
+
+impl BackwardWorkspace {
+    /// Allocates the workspace for `shape` (its contents are written by every call before use).
+    pub fn new(shape: &AttentionShape) -> Result<BackwardWorkspace> {
+        let cfg = backward_config_of(shape.head_dim)?;
+        let n_q_pad = cfg.n_q_pad(shape.n_q);
+        let rows = shape.batch as usize * shape.heads_q as usize * n_q_pad as usize;
+        Ok(BackwardWorkspace {
+            shape: *shape,
+            n_q_pad,
+            dq_accum: DeviceF32::poisoned(shape.q_elems())?,
+            lse_log2: DeviceF32::poisoned(rows)?,
+            d_sum: DeviceF32::poisoned(rows)?,
+        })
+    }
+
+    /// Bytes of device memory the workspace holds.
+    pub fn size_bytes(&self) -> usize {
+        4 * (self.dq_accum.len() + self.lse_log2.len() + self.d_sum.len())
+    }
+}
+
+fn backward_config_of(head_dim: u32) -> Result<TcBackwardConfig> {
+    flash_tc_backward::config(head_dim).ok_or_else(|| {
+        invalid!("the tensor-core backward supports head_dim 64 and 128, not {head_dim}")
+    })
+}
+
+/// Checks that the tensor-core backward can run `shape` in `dtype` with `options`, and returns the
+/// tile configuration of its main kernel. Needs no device.
+pub fn tensor_core_backward_config(
+    shape: &AttentionShape,
+    dtype: DType,
+    options: &AttentionOptions,
+) -> Result<TcBackwardConfig> {
+    options.validate(shape)?;
+    if options.dropout.is_some() || options.lengths != Lengths::Full {
+        return Err(invalid!(
+            "the tensor-core backward supports scale and causal only (no dropout, no length masks)"
+        ));
+    }
+    if dtype == DType::F32 {
+        return Err(invalid!(
+            "the tensor-core backward takes f16 or bf16 inputs, not f32"
+        ));
+    }
+    let cfg = backward_config_of(shape.head_dim)?;
+    if shape.heads_kv > u16::MAX as u32 || shape.batch > u16::MAX as u32 {
+        return Err(invalid!(
+            "heads_kv and batch must be at most 65535 (grid y and z)"
+        ));
+    }
+    Ok(cfg)
+}
+
+/// The main kernel's PTX entry point for `cfg` on `dtype`.
+pub fn backward_kernel_name(dtype: DType, cfg: &TcBackwardConfig) -> String {
+    format!("flash_tc_backward_{dtype}_d{}_w{}", cfg.head_dim, cfg.warps)
+}
+
+/// The saved forward state and the incoming gradient: `o` and `d_o` in the dtype of `q`, `lse`
+/// f32 `[batch, heads_q, n_q]` in natural log (`−∞` for rows with no allowed key).
+pub struct BackwardInputs<'a> {
+    pub q: &'a DeviceTensor,
+    pub k: &'a DeviceTensor,
+    pub v: &'a DeviceTensor,
+    pub o: &'a DeviceTensor,
+    pub d_o: &'a DeviceTensor,
+    pub lse: &'a DeviceF32,
+}
+
+/// Runs the backward into fresh, NaN-poisoned outputs with a fresh workspace and waits for it.
+pub fn tensor_core_backward(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    inputs: &BackwardInputs,
+    options: &AttentionOptions,
+) -> Result<BackwardOutput> {
+    tensor_core_backward_config(shape, inputs.q.dtype(), options)?;
+    let out = BackwardOutput::poisoned(shape, inputs.q.dtype())?;
+    let workspace = BackwardWorkspace::new(shape)?;
+    tensor_core_backward_into(gpu, shape, inputs, &out, &workspace, options)?;
+    gpu.synchronize()?;
+    Ok(out)
+}
+
+/// Launches the three kernels into existing outputs and workspace without waiting (for timing
+/// loops). Every buffer is checked against `shape` before the first launch.
+pub fn tensor_core_backward_into(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    inputs: &BackwardInputs,
+    out: &BackwardOutput,
+    workspace: &BackwardWorkspace,
+    options: &AttentionOptions,
+) -> Result<()> {
+    let cfg = tensor_core_backward_config(shape, inputs.q.dtype(), options)?;
+    tensor_core_backward_variant_into(gpu, cfg, shape, inputs, out, workspace, options)
+}
+
+/// As [`tensor_core_backward_into`] with one of `flash_tc_backward::VARIANTS` instead of the
+/// default tiles (for comparing configurations).
+pub fn tensor_core_backward_variant_into(
+    gpu: &Gpu,
+    cfg: TcBackwardConfig,
+    shape: &AttentionShape,
+    inputs: &BackwardInputs,
+    out: &BackwardOutput,
+    workspace: &BackwardWorkspace,
+    options: &AttentionOptions,
+) -> Result<()> {
+    let dtype = inputs.q.dtype();
+    check_qkv(shape, inputs.q, inputs.k, inputs.v)?;
+    tensor_core_backward_config(shape, dtype, options)?;
+    if cfg.head_dim != shape.head_dim || !flash_tc_backward::VARIANTS.contains(&cfg) {
+        return Err(invalid!(
+            "no compiled tensor-core backward {cfg:?} for head_dim {}",
+            shape.head_dim
+        ));
+    }
+    for (name, t, want) in [
+        ("o", inputs.o, shape.q_elems()),
+        ("d_o", inputs.d_o, shape.q_elems()),
+        ("dq", &out.dq, shape.q_elems()),
+        ("dk", &out.dk, shape.kv_elems()),
+        ("dv", &out.dv, shape.kv_elems()),
+    ] {
+        if t.dtype() != dtype || t.len() != want {
+            return Err(invalid!(
+                "{name} must be {dtype} with {want} elements, it is {} with {}",
+                t.dtype(),
+                t.len()
+            ));
+        }
+    }
+    if inputs.lse.len() != shape.row_elems() {
+        return Err(invalid!(
+            "lse must hold {} elements, it holds {}",
+            shape.row_elems(),
+            inputs.lse.len()
+        ));
+    }
+    if workspace.shape != *shape {
+        return Err(invalid!(
+            "the workspace was made for {:?}, not {shape:?}",
+            workspace.shape
+        ));
+    }
+    let scale = options.scale_for(shape.head_dim);
+    let params = TensorCoreBackwardParams {
+        q: inputs.q.device_ptr(),
+        k: inputs.k.device_ptr(),
+        v: inputs.v.device_ptr(),
+        o: inputs.o.device_ptr(),
+        d_o: inputs.d_o.device_ptr(),
+        lse: inputs.lse.device_ptr(),
+        dq: out.dq.device_ptr(),
+        dk: out.dk.device_ptr(),
+        dv: out.dv.device_ptr(),
+        dq_accum: workspace.dq_accum.device_ptr(),
+        lse_log2: workspace.lse_log2.device_ptr(),
+        d_sum: workspace.d_sum.device_ptr(),
+        shape: *shape,
+        n_q_pad: workspace.n_q_pad,
+        scale,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        causal: options.causal as u32,
+    };
+    let rows = workspace.lse_log2.len() as u32;
+    gpu.launch(
+        &format!("flash_tc_backward_preprocess_{dtype}_d{}", shape.head_dim),
+        LaunchConfig {
+            grid: (rows.div_ceil(PREPROCESS_WARPS), 1, 1),
+            block: (32 * PREPROCESS_WARPS, 1, 1),
+            shared_bytes: 0,
+        },
+        &params,
+    )?;
+    gpu.launch(
+        &backward_kernel_name(dtype, &cfg),
+        LaunchConfig {
+            grid: (
+                shape.n_k.div_ceil(cfg.block_keys()),
+                shape.heads_kv,
+                shape.batch,
+            ),
+            block: (cfg.threads(), 1, 1),
+            shared_bytes: cfg.shared_bytes(),
+        },
+        &params,
+    )?;
+    gpu.launch(
+        &format!("flash_tc_backward_convert_dq_{dtype}"),
+        LaunchConfig {
+            grid: (
+                (shape.q_elems() / 8).div_ceil(CONVERT_THREADS as usize) as u32,
+                1,
+                1,
+            ),
+            block: (CONVERT_THREADS, 1, 1),
+            shared_bytes: 0,
+        },
+        &params,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(head_dim: u32) -> AttentionShape {
+        AttentionShape {
+            batch: 2,
+            n_q: 100,
+            n_k: 70,
+            heads_q: 4,
+            heads_kv: 2,
+            head_dim,
+        }
+    }
+
+    #[test]
+    fn accepts_half_types_at_head_dims_64_and_128() {
+        for dtype in [DType::F16, DType::Bf16] {
+            for d in [64, 128] {
+                let cfg = tensor_core_backward_config(
+                    &shape(d),
+                    dtype,
+                    &AttentionOptions::new().causal(true),
+                )
+                .unwrap();
+                assert_eq!(cfg.head_dim, d);
+                // Two blocks per SM (228 KiB, 1 KiB reserved per block) is the defaults' plan.
+                assert!(2 * (cfg.shared_bytes() + 1024) <= 228 * 1024, "{cfg:?}");
+            }
+        }
+        for cfg in flash_tc_backward::VARIANTS {
+            assert!(cfg.shared_bytes() <= 227 * 1024, "{cfg:?}");
+        }
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_run() {
+        let refused = |s: AttentionShape, dtype, o: AttentionOptions| {
+            matches!(
+                tensor_core_backward_config(&s, dtype, &o),
+                Err(crate::AttentionError::InvalidInput(_))
+            )
+        };
+        let plain = AttentionOptions::new();
+        assert!(refused(shape(128), DType::F32, plain.clone()));
+        for d in [32, 80, 96, 256] {
+            assert!(
+                refused(shape(d), DType::Bf16, plain.clone()),
+                "head_dim {d}"
+            );
+        }
+        assert!(refused(
+            shape(64),
+            DType::F16,
+            plain.clone().dropout(0.1, 1, 0)
+        ));
+        assert!(refused(
+            shape(64),
+            DType::F16,
+            plain.clone().key_lengths(vec![10, 20])
+        ));
+        assert!(refused(
+            AttentionShape {
+                heads_kv: 3,
+                ..shape(64)
+            },
+            DType::F16,
+            plain
+        ));
+    }
+}

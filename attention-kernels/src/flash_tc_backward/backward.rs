@@ -1,0 +1,415 @@
+//! The main backward kernel, FlashAttention-2 schedule (K/V outer, Q inner).
+//!
+//! A thread block owns one K/V block of `16 · WARPS` keys of one (batch, kv-head); warp `w` owns
+//! keys `16w .. 16w + 16` and keeps their dK and dV accumulators in registers across the whole
+//! loop. The loop visits every Q block (of every query head of the GQA group) that can see the
+//! block's keys; Q, dO and the rows' statistics stream through two shared stages (`cp.async`
+//! fills block `i + 1` while block `i` is computed). Per Q block, all on `mma.sync`, transposed so
+//! that each warp's products are row blocks of its own keys:
+//!   `Sᵀ = K·Qᵀ`, `Pᵀ = 2^(Sᵀ·τ·log2 e − LSE·log2 e)`, `dV += Pᵀ·dO`, `dPᵀ = V·dOᵀ`,
+//!   `dSᵀ = Pᵀ ∘ (dPᵀ − D)`, `dK += dSᵀ·Q`;
+//! `Pᵀ` and `dSᵀ` go from accumulators straight to A operands (see `tile::mma`). `dQ = dS·K` needs
+//! `dS` by query rows: `dSᵀ` goes through shared memory, each warp then computes 16 query rows of
+//! dQ (all columns with 4 warps, half of them with 8) and adds them into the f32 accumulator with
+//! `red.global.add`: one atomic per dQ element per visited K/V block, so 128-key blocks (8 warps)
+//! send half as many as 64-key ones.
+
+use crate::device::{
+    block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
+};
+use crate::flash_tc_backward::{Pair, TcBackwardConfig, hidden};
+use crate::params::TensorCoreBackwardParams;
+use crate::storage::{Bf16, F16};
+use crate::tile::SwizzledTile;
+use crate::tile::cp_async::{GlobalRows, copy16, wait_all};
+use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
+use crate::tile::mem_backward::{load_shared_f32x2, load_shared_u32, red_add_f32};
+use crate::tile::mma::FragC;
+
+/// Stores an A operand built from accumulators (`MmaElem::pack_a`) row-major into rows
+/// `row0 .. row0 + 16`, chunks `c`, `c + 1` of `tile` (`SwizzledTile::quad_addrs`).
+///
+/// # Safety
+/// The rows and chunks must lie inside the tile.
+#[inline(always)]
+unsafe fn store_quad(tile: SwizzledTile, row0: u32, c: u32, g: u32, t: u32, a: [u32; 4]) {
+    let at = tile.quad_addrs(row0, c, g, t);
+    // SAFETY: forwarded to the caller. Four plain stores: an iterator over the arrays would
+    // keep them in local memory.
+    unsafe {
+        store_shared_u32(at[0], a[0]);
+        store_shared_u32(at[1], a[1]);
+        store_shared_u32(at[2], a[2]);
+        store_shared_u32(at[3], a[3]);
+    }
+}
+
+/// Generic over `KD = d / 16`, `ND = d / 8`, `NQ = block_rows / 8` (n-tiles of `Sᵀ`),
+/// `NQP = NQ / 2` (k-steps over the Q block), `WARPS`, and `DQ` (dQ n-tiles computed and sent to
+/// the accumulator at a time), so every register array has a compile-time size and every loop over
+/// one unrolls.
+#[inline(always)]
+unsafe fn backward<
+    T: Pair,
+    const KD: usize,
+    const ND: usize,
+    const NQ: usize,
+    const NQP: usize,
+    const WARPS: usize,
+    const DQ: usize,
+>(
+    p: &TensorCoreBackwardParams,
+) {
+    const {
+        assert!(ND == 2 * KD && NQ == 2 * NQP && KD >= 4 && NQ == 8 && WARPS.is_multiple_of(4));
+        // dQ: 16 rows per warp, the block's 64 rows over 4 warps, columns over WARPS / 4.
+        assert!((ND / (WARPS / 4)).is_multiple_of(DQ) && DQ.is_multiple_of(2));
+    };
+    let (d, bc, br) = (16 * KD as u32, 16 * WARPS as u32, 8 * NQ as u32);
+    let threads = 32 * WARPS as u32;
+    let s = p.shape;
+    let (tid, warp, lane) = (thread_x(), thread_x() / 32, thread_x() % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let causal = p.causal != 0;
+    let (kv_block, hk, b) = (block_x(), block_y(), block_z());
+    let k0 = kv_block * bc;
+    let group = s.heads_q / s.heads_kv;
+
+    let row_bytes = d as u64 * 2;
+    let q_stride = s.heads_q as u64 * row_bytes;
+    let kv_stride = s.heads_kv as u64 * row_bytes;
+    let kv_off = (b as u64 * s.n_k as u64 * s.heads_kv as u64 + hk as u64) * row_bytes;
+    // Element index of (b, row 0, head 0) in Q-shaped tensors.
+    let q_batch = b as u64 * s.n_q as u64 * s.heads_q as u64 * d as u64;
+
+    let smem = shared_window();
+    let (kv_bytes, q_bytes) = (bc * d * 2, br * d * 2);
+    let k_tile = SwizzledTile::new(smem, d);
+    let v_tile = SwizzledTile::new(smem + kv_bytes, d);
+    let stage_base = smem + 2 * kv_bytes;
+    let q_tile = |st: u32| SwizzledTile::new(stage_base + st * 2 * q_bytes, d);
+    let do_tile = |st: u32| SwizzledTile::new(stage_base + st * 2 * q_bytes + q_bytes, d);
+    let ds_base = stage_base + 4 * q_bytes;
+    // dSᵀ: one key per row, one query per column.
+    let ds_tile = SwizzledTile::new(ds_base, br);
+    // Per stage: `LSE · log2 e` of the block's rows, then their `D`.
+    let stats = |st: u32| ds_base + bc * br * 2 + st * 2 * br * 4;
+
+    let cfg = TcBackwardConfig {
+        head_dim: d,
+        warps: WARPS as u32,
+    };
+    let first_block = cfg.first_q_block(k0, s.n_q, s.n_k, causal);
+    let per_head = s.n_q.div_ceil(br).saturating_sub(first_block);
+    let iters = per_head * group;
+    let head_of = |i: u32| hk * group + i / per_head;
+    let row0_of = |i: u32| (first_block + i % per_head) * br;
+
+    let fill = |i: u32, st: u32| {
+        let (h, q0) = (head_of(i), row0_of(i));
+        let src = (q_batch + h as u64 * d as u64) * 2;
+        // SAFETY: each stage holds `br` rows; rows below n_q are inside Q and dO; the statistics
+        // are padded to whole Q blocks, so every chunk is inside them.
+        unsafe {
+            let rows = |base: u64| GlobalRows {
+                base: base + src,
+                stride: q_stride,
+                limit: s.n_q,
+            };
+            q_tile(st).fill_async(rows(p.q), q0, br, tid, threads);
+            do_tile(st).fill_async(rows(p.d_o), q0, br, tid, threads);
+            let chunks = br / 4;
+            if tid < 2 * chunks {
+                let (which, c) = (tid / chunks, tid % chunks);
+                let base = if which == 0 { p.lse_log2 } else { p.d_sum };
+                let row = (b * s.heads_q + h) as u64 * p.n_q_pad as u64 + q0 as u64;
+                copy16(
+                    stats(st) + which * br * 4 + c * 16,
+                    base + row * 4 + c as u64 * 16,
+                    true,
+                );
+            }
+        }
+    };
+
+    // SAFETY: the K and V tiles hold `bc` rows; rows below n_k are inside K and V.
+    unsafe {
+        let rows = |base: u64| GlobalRows {
+            base: base + kv_off,
+            stride: kv_stride,
+            limit: s.n_k,
+        };
+        k_tile.fill_async(rows(p.k), k0, bc, tid, threads);
+        v_tile.fill_async(rows(p.v), k0, bc, tid, threads);
+    }
+    if iters > 0 {
+        fill(0, 0);
+    }
+
+    let key_row = 16 * warp;
+    let mut dk = [FragC::default(); ND];
+    let mut dv = [FragC::default(); ND];
+    let mut i = 0;
+    while i < iters {
+        // Block i has landed, and every warp is done with block i − 1 (its stage is refilled
+        // next) and with the previous dSᵀ.
+        wait_all();
+        sync_threads();
+        let st = i & 1;
+        if i + 1 < iters {
+            fill(i + 1, st ^ 1);
+        }
+        // Fresh each iteration, so the dozens of swizzled addresses derived from the lane are
+        // computed at their use instead of each holding a register across the loop (spills at
+        // d = 128 otherwise).
+        let lane = opaque(lane);
+        let g = lane / 4;
+        let (h, q0) = (head_of(i), row0_of(i));
+        let (qt, dot) = (q_tile(st), do_tile(st));
+
+        // Sᵀ = K·Qᵀ for the warp's 16 keys and Pᵀ from it, half the Q block (`NQP` n-tiles) at a
+        // time so that only 16 score registers live beside dK and dV. Pᵀ, rounded, goes to the
+        // warp's own rows of the dSᵀ tile: read back as A operands for dV and by element for dS
+        // (which overwrites it in place).
+        let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
+        let masked = cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal);
+        for half in 0..2 {
+            let lane = opaque(lane);
+            let t = lane % 4;
+            let mut pt = [FragC::default(); NQP];
+            for kk in 0..KD as u32 {
+                // SAFETY: the warp's keys and chunks 2kk, 2kk + 1 are inside the K tile; the
+                // half's queries inside the Q tile.
+                unsafe {
+                    let a = k_tile.load_a(key_row, kk, lane);
+                    for np in 0..NQP / 2 {
+                        let q = 16 * (half * NQP / 2 + np) as u32;
+                        let [b0, b1] = qt.load_b_pair(q, kk, lane);
+                        T::mma(&mut pt[2 * np], &a, &b0);
+                        T::mma(&mut pt[2 * np + 1], &a, &b1);
+                    }
+                }
+                pt.iter_mut().for_each(FragC::pin);
+            }
+            // Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows past n_q
+            // and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already.
+            for (j, f) in pt.iter_mut().enumerate() {
+                let col = 8 * (half * NQP + j) as u32 + 2 * t;
+                // SAFETY: columns col, col + 1 are inside the stage's statistics.
+                let lse = unsafe { load_shared_f32x2(stats(st) + col * 4) };
+                for e in 0..4 {
+                    f.0[e] = exp2(f.0[e] * p.scale_log2 - lse[e % 2]);
+                }
+                if masked {
+                    // Selects, not branches, so the loop unrolls and `pt` stays in registers.
+                    for e in 0..4 {
+                        let key = if e < 2 { key_lo } else { key_hi };
+                        let row = q0 + col + (e % 2) as u32;
+                        let hidden = hidden(row, key, s.n_q, s.n_k, causal);
+                        f.0[e] = if hidden { 0.0 } else { f.0[e] };
+                    }
+                }
+            }
+            for k in 0..NQP / 2 {
+                let a = T::pack_a(&pt[2 * k], &pt[2 * k + 1]);
+                let c = 2 * (half * NQP / 2 + k) as u32;
+                // SAFETY: the warp's own key rows of the tile.
+                unsafe { store_quad(ds_tile, key_row, c, g, t, a.0) };
+            }
+        }
+        sync_warp();
+
+        // dV += Pᵀ·dO.
+        let lane = opaque(lane);
+        for k in 0..NQP as u32 {
+            // SAFETY: the warp's key rows, queries 16k .. 16k + 16 of the tile; queries
+            // 16k .. 16k + 16 and chunks 2dp, 2dp + 1 of the dO tile.
+            unsafe {
+                let a = ds_tile.load_a(key_row, k, lane);
+                for dp in 0..KD {
+                    let [b0, b1] = dot.load_b_pair_trans(16 * k, 2 * dp as u32, lane);
+                    T::mma(&mut dv[2 * dp], &a, &b0);
+                    T::mma(&mut dv[2 * dp + 1], &a, &b1);
+                }
+            }
+            dv.iter_mut().for_each(FragC::pin);
+        }
+        // Every lane's loads of Pᵀ are done before dSᵀ overwrites it.
+        sync_warp();
+
+        // dPᵀ = V·dOᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − D) (Pᵀ as rounded for dV), half the Q block at a time.
+        for half in 0..2 {
+            let lane = opaque(lane);
+            let (g, t) = (lane / 4, lane % 4);
+            let mut ds = [FragC::default(); NQP];
+            for kk in 0..KD as u32 {
+                // SAFETY: as for Sᵀ, with V and dO.
+                unsafe {
+                    let a = v_tile.load_a(key_row, kk, lane);
+                    for np in 0..NQP / 2 {
+                        let q = 16 * (half * NQP / 2 + np) as u32;
+                        let [b0, b1] = dot.load_b_pair(q, kk, lane);
+                        T::mma(&mut ds[2 * np], &a, &b0);
+                        T::mma(&mut ds[2 * np + 1], &a, &b1);
+                    }
+                }
+                ds.iter_mut().for_each(FragC::pin);
+            }
+            for (j, f) in ds.iter_mut().enumerate() {
+                let jj = (half * NQP + j) as u32;
+                let col = 8 * jj + 2 * t;
+                let (lo_at, hi_at) = (
+                    ds_tile.chunk_addr(key_row + g, jj) + 4 * t,
+                    ds_tile.chunk_addr(key_row + g + 8, jj) + 4 * t,
+                );
+                // SAFETY: columns col, col + 1 are inside the stage's statistics; rows
+                // key_row + g (+ 8), chunk jj inside the tile, written back by this lane only.
+                unsafe {
+                    let d_row = load_shared_f32x2(stats(st) + br * 4 + col * 4);
+                    let (lo, hi) = (
+                        T::unpack(load_shared_u32(lo_at)),
+                        T::unpack(load_shared_u32(hi_at)),
+                    );
+                    let p_row = [lo[0], lo[1], hi[0], hi[1]];
+                    for e in 0..4 {
+                        f.0[e] = p_row[e] * (f.0[e] - d_row[e % 2]);
+                    }
+                    store_shared_u32(lo_at, T::pack(f.0[0], f.0[1]));
+                    store_shared_u32(hi_at, T::pack(f.0[2], f.0[3]));
+                }
+            }
+        }
+        sync_warp();
+
+        // dK += dSᵀ·Q.
+        let lane = opaque(lane);
+        for k in 0..NQP as u32 {
+            // SAFETY: the warp's key rows, queries 16k .. 16k + 16 of the dSᵀ tile; queries
+            // 16k .. 16k + 16 and chunks 2dp, 2dp + 1 of the Q tile.
+            unsafe {
+                let a = ds_tile.load_a(key_row, k, lane);
+                for dp in 0..KD {
+                    let [b0, b1] = qt.load_b_pair_trans(16 * k, 2 * dp as u32, lane);
+                    T::mma(&mut dk[2 * dp], &a, &b0);
+                    T::mma(&mut dk[2 * dp + 1], &a, &b1);
+                }
+            }
+            dk.iter_mut().for_each(FragC::pin);
+        }
+        // dQ reads every warp's dSᵀ rows.
+        sync_threads();
+
+        // dQ = dS·K over the block's keys. Warp w takes rows 16(w % 4) .. + 16 of the Q block
+        // and n-tiles (w / 4)·ND / (WARPS / 4) onwards, `DQ` n-tiles (8 columns each) at a time,
+        // so that the dQ part fits beside dK and dV in registers.
+        let acc_row = |row: u32| {
+            p.dq_accum + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * d as u64) * 4
+        };
+        let (row_group, tile0) = (warp % 4, (warp / 4) as usize * (ND / (WARPS / 4)));
+        for part in 0..ND / (WARPS / 4) / DQ {
+            let lane = opaque(lane);
+            let (g, t) = (lane / 4, lane % 4);
+            let first = tile0 + DQ * part;
+            let mut dq = [FragC::default(); DQ];
+            for kk in 0..WARPS as u32 {
+                // SAFETY: keys 16kk .. 16kk + 16 and the row group's 16 queries are inside the dSᵀ
+                // tile; the keys and the part's chunks inside the K tile.
+                unsafe {
+                    let a = ds_tile.load_a_trans(16 * kk, 2 * row_group, lane);
+                    for dp in 0..DQ / 2 {
+                        let chunk = (first + 2 * dp) as u32;
+                        let [b0, b1] = k_tile.load_b_pair_trans(16 * kk, chunk, lane);
+                        T::mma(&mut dq[2 * dp], &a, &b0);
+                        T::mma(&mut dq[2 * dp + 1], &a, &b1);
+                    }
+                }
+                dq.iter_mut().for_each(FragC::pin);
+            }
+            let row_lo = q0 + 16 * row_group + g;
+            for (half, row) in [(0, row_lo), (2, row_lo + 8)] {
+                if row < s.n_q {
+                    let at = acc_row(row) + (32 * first + 8 * t as usize) as u64;
+                    for (j, f) in dq.iter().enumerate() {
+                        // SAFETY: row < n_q and columns 8(first + j) + 2t (+ 1) < d are inside
+                        // the accumulator.
+                        unsafe {
+                            red_add_f32(at + 32 * j as u64, f.0[half]);
+                            red_add_f32(at + 32 * j as u64 + 4, f.0[half + 1]);
+                        }
+                    }
+                }
+            }
+        }
+        i += 1;
+    }
+
+    // Stage dK (× τ) and dV through the warp's own rows of the K and V tiles, once every warp is
+    // done reading them (dQ reads all keys) and their copies have landed (no iteration ran).
+    wait_all();
+    sync_threads();
+    for (tile, acc, scale) in [(k_tile, &dk, p.scale), (v_tile, &dv, 1.0)] {
+        for (j, f) in acc.iter().enumerate() {
+            // SAFETY: rows key_row + g (+ 8) and chunk j are inside the tile.
+            unsafe {
+                store_shared_u32(
+                    tile.chunk_addr(key_row + g, j as u32) + 4 * t,
+                    T::pack(scale * f.0[0], scale * f.0[1]),
+                );
+                store_shared_u32(
+                    tile.chunk_addr(key_row + g + 8, j as u32) + 4 * t,
+                    T::pack(scale * f.0[2], scale * f.0[3]),
+                );
+            }
+        }
+    }
+    sync_warp();
+    let chunks = k_tile.chunks();
+    for (tile, dst) in [(k_tile, p.dk), (v_tile, p.dv)] {
+        for n in 0..(16 * ND as u32 / 32) {
+            let idx = 32 * n + lane;
+            let (r, c) = (idx / chunks, idx % chunks);
+            let key = k0 + key_row + r;
+            // SAFETY: the shared chunk is inside the tile; the global row is below n_k.
+            unsafe {
+                let v = load_shared_16(tile.chunk_addr(key_row + r, c));
+                if key < s.n_k {
+                    store_global_16(dst + kv_off + key as u64 * kv_stride + c as u64 * 16, v);
+                }
+            }
+        }
+    }
+}
+
+/// One entry point per (dtype, configuration), named `flash_tc_backward_<dtype>_d<d>_w<warps>` as
+/// the host formats it; the test checks that every `VARIANTS` entry exists.
+macro_rules! entry_points {
+    ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
+            // SAFETY: the host validated the buffers against `p` and launched the configuration's
+            // grid, block and shared memory.
+            unsafe {
+                backward::<
+                    $t,
+                    { $cfg.head_dim as usize / 16 },
+                    { $cfg.head_dim as usize / 8 },
+                    { $cfg.block_rows() as usize / 8 },
+                    { $cfg.block_rows() as usize / 16 },
+                    { $cfg.warps as usize },
+                    { $cfg.dq_tiles() as usize },
+                >(&p)
+            }
+        }
+    )*};
+}
+
+entry_points! {
+    flash_tc_backward_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 };
+    flash_tc_backward_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 };
+    flash_tc_backward_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 };
+    flash_tc_backward_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 };
+    flash_tc_backward_bf16_d64_w8 => Bf16, TcBackwardConfig { head_dim: 64, warps: 8 };
+    flash_tc_backward_f16_d64_w8 => F16, TcBackwardConfig { head_dim: 64, warps: 8 };
+    flash_tc_backward_bf16_d128_w8 => Bf16, TcBackwardConfig { head_dim: 128, warps: 8 };
+    flash_tc_backward_f16_d128_w8 => F16, TcBackwardConfig { head_dim: 128, warps: 8 };
+}

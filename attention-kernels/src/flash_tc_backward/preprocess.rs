@@ -1,0 +1,119 @@
+//! Kernels 1 and 3 of the backward: per-row statistics before the main kernel, dQ conversion
+//! after it.
+
+use crate::device::{block_dim_x, block_x, thread_x, warp_sum};
+use crate::flash_tc_backward::PREPROCESS_WARPS;
+use crate::flash_tc_backward::Pair;
+use crate::params::TensorCoreBackwardParams;
+use crate::storage::{Bf16, F16};
+use crate::tile::mem::store_global_16;
+use crate::tile::mma::MmaElem;
+
+/// One warp per padded row `(b, h, i)` of `[batch, heads_q, n_q_pad]`: `D_i = Σ dO ∘ O` in f32,
+/// `LSE_i · log2 e`, and zeros for row i of the dQ accumulator. Padding rows (`i ≥ n_q`) and rows
+/// with no allowed key (`LSE = −∞`) get `LSE · log2 e = +∞`, so the main kernel's
+/// `P = 2^(S·τ·log2 e − LSE·log2 e)` is 0 there without a test. `W = d / 64` words per lane.
+#[inline(always)]
+unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
+    let s = p.shape;
+    let lane = thread_x() % 32;
+    let row = block_x() * PREPROCESS_WARPS + thread_x() / 32;
+    let rows = s.batch * s.heads_q * p.n_q_pad;
+    if row >= rows {
+        return;
+    }
+    let (bh, i) = (row / p.n_q_pad, row % p.n_q_pad);
+    let (b, h) = (bh / s.heads_q, bh % s.heads_q);
+    let (lse_log2, d_sum) = (p.lse_log2 as *mut f32, p.d_sum as *mut f32);
+    if i >= s.n_q {
+        if lane == 0 {
+            // SAFETY: `row` indexes the padded statistics.
+            unsafe {
+                *lse_log2.add(row as usize) = f32::INFINITY;
+                *d_sum.add(row as usize) = 0.0;
+            }
+        }
+        return;
+    }
+    let d = 64 * W;
+    let elem = ((b as usize * s.n_q as usize + i as usize) * s.heads_q as usize + h as usize) * d;
+    let (o, d_o) = (p.o as *const u32, p.d_o as *const u32);
+    let acc = p.dq_accum as *mut f32;
+    let mut dot = 0.0f32;
+    for w in 0..W {
+        // Consecutive lanes read consecutive words: one coalesced row.
+        let word = elem / 2 + w * 32 + lane as usize;
+        // SAFETY: the row is inside O, dO and the accumulator (validated by the host).
+        unsafe {
+            let (x, y) = (T::unpack(*o.add(word)), T::unpack(*d_o.add(word)));
+            dot += x[0] * y[0] + x[1] * y[1];
+            *acc.add(2 * word) = 0.0;
+            *acc.add(2 * word + 1) = 0.0;
+        }
+    }
+    let dot = warp_sum(dot);
+    if lane == 0 {
+        // SAFETY: `row` indexes the padded statistics; `bh · n_q + i` the forward's LSE.
+        unsafe {
+            let lse = *(p.lse as *const f32).add(bh as usize * s.n_q as usize + i as usize);
+            *lse_log2.add(row as usize) = if lse == f32::NEG_INFINITY {
+                f32::INFINITY
+            } else {
+                lse * core::f32::consts::LOG2_E
+            };
+            *d_sum.add(row as usize) = dot;
+        }
+    }
+}
+
+/// Eight elements per thread: `dQ = τ · accumulator`, rounded to the storage dtype.
+#[inline(always)]
+unsafe fn convert_dq<T: MmaElem>(p: &TensorCoreBackwardParams) {
+    let first = (block_x() * block_dim_x() + thread_x()) as usize * 8;
+    if first >= p.shape.q_elems() {
+        return;
+    }
+    // SAFETY: q_elems is a multiple of d (hence of 8); the eight elements are inside both tensors.
+    unsafe {
+        let x = *(p.dq_accum as *const [f32; 8]).add(first / 8);
+        let mut words = [0u32; 4];
+        for (k, w) in words.iter_mut().enumerate() {
+            *w = T::pack(p.scale * x[2 * k], p.scale * x[2 * k + 1]);
+        }
+        store_global_16(p.dq + first as u64 * 2, words);
+    }
+}
+
+/// Entry points named as the host formats them: `flash_tc_backward_preprocess_<dtype>_d<d>`,
+/// `flash_tc_backward_convert_dq_<dtype>`.
+macro_rules! preprocess_entries {
+    ($($name:ident => $t:ty, $w:expr;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
+            // SAFETY: the host validated the buffers against `p` and launched one warp per row.
+            unsafe { preprocess::<$t, $w>(&p) }
+        }
+    )*};
+}
+
+macro_rules! convert_entries {
+    ($($name:ident => $t:ty;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
+            // SAFETY: the host validated the buffers against `p`.
+            unsafe { convert_dq::<$t>(&p) }
+        }
+    )*};
+}
+
+preprocess_entries! {
+    flash_tc_backward_preprocess_bf16_d64 => Bf16, 1;
+    flash_tc_backward_preprocess_f16_d64 => F16, 1;
+    flash_tc_backward_preprocess_bf16_d128 => Bf16, 2;
+    flash_tc_backward_preprocess_f16_d128 => F16, 2;
+}
+
+convert_entries! {
+    flash_tc_backward_convert_dq_bf16 => Bf16;
+    flash_tc_backward_convert_dq_f16 => F16;
+}

@@ -1,0 +1,45 @@
+//! Accesses the backward adds to `mem`: per-row statistics and `Pᵀ` read back from shared memory,
+//! and the dQ accumulation that many thread blocks add into at once.
+
+use core::arch::asm;
+
+/// Two consecutive f32 from shared memory.
+///
+/// # Safety
+/// `addr` must be an 8-byte aligned address inside the shared window.
+#[inline(always)]
+pub unsafe fn load_shared_f32x2(addr: u32) -> [f32; 2] {
+    let (a, b): (f32, f32);
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("ld.shared.v2.f32 {{{0}, {1}}}, [{a}];", out(reg32) a, out(reg32) b,
+             a = in(reg32) addr, options(nostack, readonly));
+    }
+    [a, b]
+}
+
+/// # Safety
+/// `addr` must be a 4-byte aligned address inside the shared window.
+#[inline(always)]
+pub unsafe fn load_shared_u32(addr: u32) -> u32 {
+    let v: u32;
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("ld.shared.b32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr,
+             options(nostack, readonly));
+    }
+    v
+}
+
+/// `*addr += v` in global memory, atomically, without returning the old value (`red`).
+///
+/// # Safety
+/// `addr` must be a 4-byte aligned, writable global address.
+#[inline(always)]
+pub unsafe fn red_add_f32(addr: u64, v: f32) {
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("red.global.add.f32 [{a}], {v};", a = in(reg64) addr, v = in(reg32) v,
+             options(nostack));
+    }
+}
