@@ -170,7 +170,10 @@ unsafe fn forward<
 
     let lse = state.finish(&mut o);
     // Stage O through the warp's own Q rows (only this warp ever read them) so that the global
-    // stores are 16 bytes wide and coalesced.
+    // stores are 16 bytes wide and coalesced. The warp barrier orders the lanes' `ldmatrix` reads
+    // of those rows before the other lanes' stores: with fewer than two K/V blocks no block-wide
+    // barrier lies between them, and racecheck reports the pair as a hazard.
+    sync_warp();
     let (g, t) = (lane / 4, lane % 4);
     for (j, f) in o.iter().enumerate() {
         // SAFETY: rows warp_row + g (+ 8) and chunk j are inside the Q tile.
