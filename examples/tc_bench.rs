@@ -6,8 +6,9 @@
 //! with a pair of CUDA events; the median is reported. FLOPs = 4·B·H·N²·d, halved when causal.
 
 use attention_kernels::flash_tc::{self, TcConfig};
-use cust::event::{Event, EventFlags};
+use flash_attn::bench::forward_flops;
 use flash_attn::tensor_core::{ForwardOutput, tensor_core_forward_variant_into};
+use flash_attn::timing::{median, time_calls};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
 use rand::{Rng, SeedableRng};
 
@@ -187,25 +188,9 @@ fn inputs(
 /// `(median, min)` milliseconds of one launch of `cfg`.
 fn time(gpu: &Gpu, cfg: TcConfig, x: &Inputs, causal: bool) -> Result<(f64, f64)> {
     let opts = AttentionOptions::new().causal(causal);
-    let launch =
-        || tensor_core_forward_variant_into(gpu, cfg, &x.shape, &x.q, &x.k, &x.v, &x.out, &opts);
-    for _ in 0..WARMUP {
-        launch()?;
-    }
-    gpu.synchronize()?;
-    let (start, stop) = (
-        Event::new(EventFlags::DEFAULT)?,
-        Event::new(EventFlags::DEFAULT)?,
-    );
-    let mut ms = Vec::with_capacity(SAMPLES);
-    for _ in 0..SAMPLES {
-        start.record(gpu.stream())?;
-        launch()?;
-        stop.record(gpu.stream())?;
-        stop.synchronize()?;
-        ms.push(stop.elapsed_time_f32(&start)? as f64);
-    }
-    gpu.synchronize()?;
+    let ms = time_calls(gpu, WARMUP, SAMPLES, || {
+        tensor_core_forward_variant_into(gpu, cfg, &x.shape, &x.q, &x.k, &x.v, &x.out, &opts)
+    })?;
     if x.out.o.to_f32()?.iter().any(|v| !v.is_finite()) {
         return Err(format!(
             "non-finite output from {cfg:?} at {:?} causal={causal}",
@@ -213,14 +198,20 @@ fn time(gpu: &Gpu, cfg: TcConfig, x: &Inputs, causal: bool) -> Result<(f64, f64)
         )
         .into());
     }
-    ms.sort_by(f64::total_cmp);
-    Ok((ms[SAMPLES / 2], ms[0]))
+    let min = ms.iter().copied().fold(f32::INFINITY, f32::min);
+    Ok((median(&ms) as f64, min as f64))
 }
 
 fn tflops(batch: u32, heads: u32, n: u32, head_dim: u32, causal: bool, ms: f64) -> f64 {
-    let flops = 4.0 * (batch * heads) as f64 * (n as f64).powi(2) * head_dim as f64
-        / if causal { 2.0 } else { 1.0 };
-    flops / (ms * 1e-3) / 1e12
+    let shape = AttentionShape {
+        batch,
+        n_q: n,
+        n_k: n,
+        heads_q: heads,
+        heads_kv: heads,
+        head_dim,
+    };
+    forward_flops(&shape, causal) / (ms * 1e-3) / 1e12
 }
 
 fn main() -> Result<()> {

@@ -7,7 +7,7 @@ use flash_attn::reference;
 use flash_attn::tensor_core::{
     ForwardOutput, tensor_core_forward, tensor_core_forward_variant_into,
 };
-use flash_attn::testing::gpu_or_skip;
+use flash_attn::testing::{fresh_seed, gpu_or_skip};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
 use rand::{Rng, SeedableRng};
 
@@ -48,8 +48,7 @@ fn tensor_core_forward_matches_reference() {
     let Some(gpu) = gpu_or_skip("tensor_core_forward_matches_reference") else {
         return;
     };
-    let seed: u64 = rand::thread_rng().r#gen();
-    println!("seed {seed}");
+    let seed = fresh_seed("tensor_core_forward_matches_reference");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     // (batch, n_q, n_k, heads_q, heads_kv): tails on both sides, GQA, MQA, n_q > n_k (causal rows
     // with no allowed key), exact tile multiples, one token, a long key loop.

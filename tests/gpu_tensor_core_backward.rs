@@ -95,7 +95,6 @@ fn backward_kernels_use_no_local_memory() {
 fn tensor_core_backward_matches_reference() {
     let test = "tensor_core_backward_matches_reference";
     let Some(gpu) = gpu_or_skip(test) else {
-        println!("SKIP {test}: no CUDA device");
         return;
     };
     let seed = fresh_seed(test);

@@ -17,6 +17,40 @@ pub struct ForwardOutput {
     pub lse: DeviceF32,
 }
 
+/// What both tensor-core passes admit: f16/bf16 storage, scale and causal only (no dropout, no
+/// length masks), head dims 64 and 128, and a batch and head count that fit the grid's y and z.
+/// `pass` names the pass in the refusal.
+pub(crate) fn check_tensor_core_call(
+    pass: &str,
+    shape: &AttentionShape,
+    dtype: DType,
+    options: &AttentionOptions,
+) -> Result<()> {
+    options.validate(shape)?;
+    if options.dropout.is_some() || options.lengths != Lengths::Full {
+        return Err(invalid!(
+            "the tensor-core {pass} supports scale and causal only (no dropout, no length masks)"
+        ));
+    }
+    if dtype == DType::F32 {
+        return Err(invalid!(
+            "the tensor-core {pass} takes f16 or bf16 inputs, not f32"
+        ));
+    }
+    if !matches!(shape.head_dim, 64 | 128) {
+        return Err(invalid!(
+            "the tensor-core {pass} supports head_dim 64 and 128, not {}",
+            shape.head_dim
+        ));
+    }
+    if shape.heads_q > u16::MAX as u32 || shape.batch > u16::MAX as u32 {
+        return Err(invalid!(
+            "heads_q and batch must be at most 65535 (grid y and z)"
+        ));
+    }
+    Ok(())
+}
+
 /// Checks that the tensor-core forward can run `shape` in `dtype` with `options`, and returns the
 /// tile configuration it would use. Needs no device.
 pub fn tensor_core_config(
@@ -24,29 +58,13 @@ pub fn tensor_core_config(
     dtype: DType,
     options: &AttentionOptions,
 ) -> Result<TcConfig> {
-    options.validate(shape)?;
-    if options.dropout.is_some() || options.lengths != Lengths::Full {
-        return Err(invalid!(
-            "the tensor-core forward supports scale and causal only (no dropout, no length masks)"
-        ));
-    }
-    if dtype == DType::F32 {
-        return Err(invalid!(
-            "the tensor-core forward takes f16 or bf16 inputs, not f32"
-        ));
-    }
-    let Some(cfg) = flash_tc::config(shape.head_dim) else {
-        return Err(invalid!(
-            "the tensor-core forward supports head_dim 64 and 128, not {}",
+    check_tensor_core_call("forward", shape, dtype, options)?;
+    flash_tc::config(shape.head_dim).ok_or_else(|| {
+        invalid!(
+            "no tensor-core forward compiled for head_dim {}",
             shape.head_dim
-        ));
-    };
-    if shape.heads_q > u16::MAX as u32 || shape.batch > u16::MAX as u32 {
-        return Err(invalid!(
-            "heads_q and batch must be at most 65535 (grid y and z)"
-        ));
-    }
-    Ok(cfg)
+        )
+    })
 }
 
 /// The PTX entry point that runs `cfg` on `dtype`.

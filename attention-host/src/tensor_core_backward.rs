@@ -10,8 +10,9 @@ use crate::buffer::{DeviceF32, DeviceTensor};
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
 use crate::materialized::check_qkv;
-use crate::options::{AttentionOptions, Lengths};
+use crate::options::AttentionOptions;
 use crate::runtime::{Gpu, LaunchConfig};
+use crate::tensor_core::check_tensor_core_call;
 
 /// dQ (Q's layout), dK and dV (K/V's layout, summed over each KV head's query heads), in the
 /// inputs' dtype.
@@ -45,7 +46,12 @@ pub struct BackwardWorkspace {
 impl BackwardWorkspace {
     /// Allocates the workspace for `shape` (its contents are written by every call before use).
     pub fn new(shape: &AttentionShape) -> Result<BackwardWorkspace> {
-        let cfg = backward_config_of(shape.head_dim)?;
+        let cfg = flash_tc_backward::config(shape.head_dim).ok_or_else(|| {
+            invalid!(
+                "no tensor-core backward compiled for head_dim {}",
+                shape.head_dim
+            )
+        })?;
         let n_q_pad = cfg.n_q_pad(shape.n_q);
         let rows = shape.batch as usize * shape.heads_q as usize * n_q_pad as usize;
         Ok(BackwardWorkspace {
@@ -63,37 +69,21 @@ impl BackwardWorkspace {
     }
 }
 
-fn backward_config_of(head_dim: u32) -> Result<TcBackwardConfig> {
-    flash_tc_backward::config(head_dim).ok_or_else(|| {
-        invalid!("the tensor-core backward supports head_dim 64 and 128, not {head_dim}")
-    })
-}
-
-/// Checks that the tensor-core backward can run `shape` in `dtype` with `options`, and returns the
-/// tile configuration of its main kernel. Needs no device.
+/// Checks that the tensor-core backward can run `shape` in `dtype` with `options` (the rules of
+/// the forward, `check_tensor_core_call`), and returns the tile configuration of its main kernel.
+/// Needs no device.
 pub fn tensor_core_backward_config(
     shape: &AttentionShape,
     dtype: DType,
     options: &AttentionOptions,
 ) -> Result<TcBackwardConfig> {
-    options.validate(shape)?;
-    if options.dropout.is_some() || options.lengths != Lengths::Full {
-        return Err(invalid!(
-            "the tensor-core backward supports scale and causal only (no dropout, no length masks)"
-        ));
-    }
-    if dtype == DType::F32 {
-        return Err(invalid!(
-            "the tensor-core backward takes f16 or bf16 inputs, not f32"
-        ));
-    }
-    let cfg = backward_config_of(shape.head_dim)?;
-    if shape.heads_kv > u16::MAX as u32 || shape.batch > u16::MAX as u32 {
-        return Err(invalid!(
-            "heads_kv and batch must be at most 65535 (grid y and z)"
-        ));
-    }
-    Ok(cfg)
+    check_tensor_core_call("backward", shape, dtype, options)?;
+    flash_tc_backward::config(shape.head_dim).ok_or_else(|| {
+        invalid!(
+            "no tensor-core backward compiled for head_dim {}",
+            shape.head_dim
+        )
+    })
 }
 
 /// The main kernel's PTX entry point for `cfg` on `dtype`.
@@ -283,38 +273,16 @@ mod tests {
     }
 
     #[test]
-    fn refuses_what_it_cannot_run() {
-        let refused = |s: AttentionShape, dtype, o: AttentionOptions| {
-            matches!(
-                tensor_core_backward_config(&s, dtype, &o),
-                Err(crate::AttentionError::InvalidInput(_))
-            )
-        };
+    fn refuses_what_the_forward_refuses() {
+        // The rules are the forward's (`check_tensor_core_call`, tested there); one of each kind.
         let plain = AttentionOptions::new();
-        assert!(refused(shape(128), DType::F32, plain.clone()));
-        for d in [32, 80, 96, 256] {
-            assert!(
-                refused(shape(d), DType::Bf16, plain.clone()),
-                "head_dim {d}"
-            );
+        for (s, dtype, o) in [
+            (shape(128), DType::F32, plain.clone()),
+            (shape(96), DType::Bf16, plain.clone()),
+            (shape(64), DType::F16, plain.clone().dropout(0.1, 1, 0)),
+        ] {
+            let err = tensor_core_backward_config(&s, dtype, &o).unwrap_err();
+            assert!(err.to_string().contains("tensor-core backward"), "{err}");
         }
-        assert!(refused(
-            shape(64),
-            DType::F16,
-            plain.clone().dropout(0.1, 1, 0)
-        ));
-        assert!(refused(
-            shape(64),
-            DType::F16,
-            plain.clone().key_lengths(vec![10, 20])
-        ));
-        assert!(refused(
-            AttentionShape {
-                heads_kv: 3,
-                ..shape(64)
-            },
-            DType::F16,
-            plain
-        ));
     }
 }
