@@ -65,3 +65,33 @@ fn shapes_and_options_are_validated() {
         Err(AttentionError::InvalidInput(_))
     ));
 }
+
+#[test]
+fn half_tensors_round_trip_bit_for_bit() {
+    let Some(_gpu) = flash_attn::testing::gpu_or_skip("half_tensors_round_trip_bit_for_bit") else {
+        return;
+    };
+    let values =
+        flash_attn::inputs::uniform(flash_attn::testing::fresh_seed("half round trip"), 1000);
+    let f16: Vec<half::f16> = values
+        .iter()
+        .map(|&x| half::f16::from_f32(x * 1000.0))
+        .collect();
+    let bf16: Vec<half::bf16> = values
+        .iter()
+        .map(|&x| half::bf16::from_f32(x * 1e30))
+        .collect();
+    let f16_back = flash_attn::DeviceTensor::from_f16(&f16)
+        .unwrap()
+        .to_f16()
+        .unwrap();
+    let bf16_tensor = flash_attn::DeviceTensor::from_bf16(&bf16).unwrap();
+    assert_eq!(f16_back, f16);
+    assert_eq!(bf16_tensor.to_bf16().unwrap(), bf16);
+    let widened = bf16_tensor.to_f32().unwrap();
+    assert!(widened.iter().zip(&bf16).all(|(w, b)| *w == b.to_f32()));
+    assert!(matches!(
+        bf16_tensor.to_f16(),
+        Err(AttentionError::InvalidInput(_))
+    ));
+}

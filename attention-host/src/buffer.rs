@@ -48,6 +48,45 @@ impl DeviceTensor {
         Ok(DeviceTensor::tracked(dtype, Storage::Bits16(buf)))
     }
 
+    /// Uploads `half::f16` values as an f16 tensor, bit for bit.
+    pub fn from_f16(host: &[half::f16]) -> Result<DeviceTensor> {
+        let bits: Vec<u16> = host.iter().map(|x| x.to_bits()).collect();
+        DeviceTensor::from_bits16(DType::F16, &bits)
+    }
+
+    /// Uploads `half::bf16` values as a bf16 tensor, bit for bit.
+    pub fn from_bf16(host: &[half::bf16]) -> Result<DeviceTensor> {
+        let bits: Vec<u16> = host.iter().map(|x| x.to_bits()).collect();
+        DeviceTensor::from_bits16(DType::Bf16, &bits)
+    }
+
+    /// Downloads an f16 tensor as `half::f16`, bit for bit.
+    pub fn to_f16(&self) -> Result<Vec<half::f16>> {
+        self.check_dtype(DType::F16)?;
+        Ok(self
+            .to_bits16()?
+            .into_iter()
+            .map(half::f16::from_bits)
+            .collect())
+    }
+
+    /// Downloads a bf16 tensor as `half::bf16`, bit for bit.
+    pub fn to_bf16(&self) -> Result<Vec<half::bf16>> {
+        self.check_dtype(DType::Bf16)?;
+        Ok(self
+            .to_bits16()?
+            .into_iter()
+            .map(half::bf16::from_bits)
+            .collect())
+    }
+
+    fn check_dtype(&self, want: DType) -> Result<()> {
+        if self.dtype != want {
+            return Err(invalid!("the tensor is {}, not {want}", self.dtype));
+        }
+        Ok(())
+    }
+
     /// A tensor of `len` elements filled with NaN on the device, so any element a kernel fails to
     /// write shows.
     pub fn poisoned(dtype: DType, len: usize) -> Result<DeviceTensor> {
