@@ -162,11 +162,7 @@ pub fn tensor_core_forward_variant_into(
         block: (cfg.threads(), 1, 1),
         shared_bytes: cfg.shared_bytes(),
     };
-    let name = format!(
-        "flash_tc_forward_{dtype}_d{}_w{}_k{}",
-        cfg.head_dim, cfg.warps, cfg.block_keys
-    );
-    gpu.launch(&name, launch, &params)
+    gpu.launch(&kernel_name(dtype, &cfg), launch, &params)
 }
 
 #[cfg(test)]
