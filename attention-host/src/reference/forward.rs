@@ -2,7 +2,7 @@
 
 use attention_kernels::params::AttentionShape;
 
-use super::row::Problem;
+use super::row::{Problem, Row};
 use super::validate::check;
 use crate::error::{Result, invalid};
 use crate::options::AttentionOptions;
@@ -24,16 +24,7 @@ pub fn forward(
     v: &[f64],
     options: &AttentionOptions,
 ) -> Result<Forward> {
-    check(
-        shape,
-        options,
-        &[
-            ("q", q.len(), shape.q_elems()),
-            ("k", k.len(), shape.kv_elems()),
-            ("v", v.len(), shape.kv_elems()),
-        ],
-    )?;
-    let problem = Problem::new(shape, q, k, options);
+    let problem = checked_problem(shape, q, k, v, options)?;
     let d = shape.head_dim as usize;
     let mut o = vec![0.0; shape.q_elems()];
     let mut lse = vec![f64::NEG_INFINITY; shape.row_elems()];
@@ -41,13 +32,7 @@ pub fn forward(
         lse[problem.lse_index(row.seq.item, row.head, row.seq.q_start + row.local)] =
             row.softmax.lse;
         let o_off = problem.row_offset(&row);
-        for (j, p) in row.softmax.support() {
-            let weight = p * problem.multiplier(&row, j);
-            let v_off = problem.key_offset(&row, j);
-            for c in 0..d {
-                o[o_off + c] += weight * v[v_off + c];
-            }
-        }
+        accumulate_row(&problem, &row, v, &mut o[o_off..o_off + d]);
     }
     Ok(Forward { o, lse })
 }
@@ -63,6 +48,28 @@ pub fn forward_rows(
     options: &AttentionOptions,
     rows: &[(u32, u32, u32)],
 ) -> Result<Vec<f64>> {
+    let problem = checked_problem(shape, q, k, v, options)?;
+    let d = shape.head_dim as usize;
+    let mut o = vec![0.0; rows.len() * d];
+    for (out, &(item, head, t)) in o.chunks_mut(d).zip(rows) {
+        let Some(row) = problem.row_at(item, head, t) else {
+            return Err(invalid!(
+                "row ({item}, {head}, {t}) is outside the shape {shape:?}"
+            ));
+        };
+        accumulate_row(&problem, &row, v, out);
+    }
+    Ok(o)
+}
+
+/// The checked inputs of a forward call as a [`Problem`].
+fn checked_problem<'a>(
+    shape: &AttentionShape,
+    q: &'a [f64],
+    k: &'a [f64],
+    v: &[f64],
+    options: &AttentionOptions,
+) -> Result<Problem<'a>> {
     check(
         shape,
         options,
@@ -72,24 +79,18 @@ pub fn forward_rows(
             ("v", v.len(), shape.kv_elems()),
         ],
     )?;
-    let problem = Problem::new(shape, q, k, options);
-    let d = shape.head_dim as usize;
-    let mut o = vec![0.0; rows.len() * d];
-    for (out, &(item, head, t)) in o.chunks_mut(d).zip(rows) {
-        let Some(row) = problem.row_at(item, head, t) else {
-            return Err(invalid!(
-                "row ({item}, {head}, {t}) is outside the shape {shape:?}"
-            ));
-        };
-        for (j, p) in row.softmax.support() {
-            let weight = p * problem.multiplier(&row, j);
-            let v_off = problem.key_offset(&row, j);
-            for (c, o_c) in out.iter_mut().enumerate() {
-                *o_c += weight * v[v_off + c];
-            }
+    Ok(Problem::new(shape, q, k, options))
+}
+
+/// `out += Σ_j P_ij Z_ij v_j` over the row's allowed keys.
+fn accumulate_row(problem: &Problem, row: &Row, v: &[f64], out: &mut [f64]) {
+    for (j, p) in row.softmax.support() {
+        let weight = p * problem.multiplier(row, j);
+        let v_off = problem.key_offset(row, j);
+        for (o_c, v_c) in out.iter_mut().zip(&v[v_off..]) {
+            *o_c += weight * v_c;
         }
     }
-    Ok(o)
 }
 
 #[cfg(test)]
