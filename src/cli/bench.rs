@@ -166,16 +166,28 @@ fn inputs(
     Ok((host, device))
 }
 
-/// Rows the forward error is measured on: first, middle and last of a few (batch, head) planes.
-fn check_rows_of(shape: &AttentionShape) -> Vec<(u32, u32, u32)> {
+/// The forward's error on sampled rows (first, middle and last of a few (batch, head) planes)
+/// against the f64 reference, as the bundle records it.
+fn forward_error(
+    shape: &AttentionShape,
+    options: &AttentionOptions,
+    host: &[Vec<f32>],
+    o: &DeviceTensor,
+) -> flash_attn::Result<serde_json::Value> {
     let n = shape.n_q;
-    [
+    let rows = [
         (0, 0, 0),
         (0, shape.heads_q / 2, n / 2),
         (shape.batch - 1, shape.heads_q - 1, n - 1),
-    ]
-    .into_iter()
-    .collect()
+    ];
+    let relative = check_rows(
+        shape,
+        options,
+        (&host[0], &host[1], &host[2]),
+        &o.to_f32()?,
+        &rows,
+    )?;
+    Ok(json!({"relative": relative, "on": format!("{} sampled rows vs f64", rows.len())}))
 }
 
 fn bench_materialized<'a>(
@@ -192,14 +204,7 @@ fn bench_materialized<'a>(
     let samples_ms = time_calls(gpu, args.warmup, args.samples as usize, || {
         materialized_forward(gpu, &workspace, &dev[0], &dev[1], &dev[2], &o, &options)
     })?;
-    let rows = check_rows_of(shape);
-    let relative = check_rows(
-        shape,
-        &options,
-        (&host[0], &host[1], &host[2]),
-        &o.to_f32()?,
-        &rows,
-    )?;
+    let error = forward_error(shape, &options, &host, &o)?;
     Ok(CaseRecord {
         kernel: "materialized",
         pass: "forward",
@@ -211,7 +216,7 @@ fn bench_materialized<'a>(
         flops: forward_flops(shape, causal),
         warmup: args.warmup,
         samples_ms,
-        error: json!({"relative": relative, "on": format!("{} sampled rows vs f64", rows.len())}),
+        error,
         peak_bytes: memory::peak_bytes(),
     })
 }
@@ -233,9 +238,7 @@ fn bench_exact_forward<'a>(
         Ok(())
     })?;
     let out = out.expect("time_calls ran the forward");
-    let rows = check_rows_of(shape);
-    let qkv = (&host[0][..], &host[1][..], &host[2][..]);
-    let relative = check_rows(shape, &options.attention, qkv, &out.o.to_f32()?, &rows)?;
+    let error = forward_error(shape, &options.attention, &host, &out.o)?;
     Ok(CaseRecord {
         kernel: "exact",
         pass: "forward",
@@ -247,7 +250,7 @@ fn bench_exact_forward<'a>(
         flops: forward_flops(shape, causal),
         warmup: args.warmup,
         samples_ms,
-        error: json!({"relative": relative, "on": format!("{} sampled rows vs f64", rows.len())}),
+        error,
         peak_bytes: memory::peak_bytes(),
     })
 }
@@ -303,9 +306,7 @@ fn bench_tc_forward<'a>(
     let samples_ms = time_calls(gpu, args.warmup, args.samples as usize, || {
         tensor_core_forward_into(gpu, shape, &dev[0], &dev[1], &dev[2], &out, &options)
     })?;
-    let rows = check_rows_of(shape);
-    let qkv = (&host[0][..], &host[1][..], &host[2][..]);
-    let relative = check_rows(shape, &options, qkv, &out.o.to_f32()?, &rows)?;
+    let error = forward_error(shape, &options, &host, &out.o)?;
     Ok(CaseRecord {
         kernel: "tensor-core",
         pass: "forward",
@@ -317,7 +318,7 @@ fn bench_tc_forward<'a>(
         flops: forward_flops(shape, causal),
         warmup: args.warmup,
         samples_ms,
-        error: json!({"relative": relative, "on": format!("{} sampled rows vs f64", rows.len())}),
+        error,
         peak_bytes: memory::peak_bytes(),
     })
 }
