@@ -8,6 +8,11 @@
 //!
 //! `FLASH_ATTN_ARCH` selects the architecture (default `sm_90`, e.g. `sm_80`). The PTX is copied to
 //! `target/ptx/<arch>/attention_kernels.ptx` for reading.
+//!
+//! For `sm_90` (and `sm_90a`) a second module is built for `sm_90a` with `--cfg flash_attn_sm90a`:
+//! every kernel plus the `wgmma` ones, which only the `a` target accepts. It is embedded as
+//! `attention_kernels_sm90a.ptx` (empty for other architectures) and loaded on compute
+//! capability 9.0 devices, whose driver is the only one that runs `sm_90a` code.
 
 use std::env;
 use std::fs;
@@ -16,6 +21,7 @@ use std::process::Command;
 
 const KERNEL_CRATE: &str = "attention-kernels";
 const PTX_NAME: &str = "attention_kernels.ptx";
+const HOPPER_PTX_NAME: &str = "attention_kernels_sm90a.ptx";
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -37,16 +43,27 @@ fn main() {
     println!("cargo:rerun-if-env-changed=FLASH_ATTN_ARCH");
 
     let target_root = target_root(&out_dir);
-    let child_target = target_root.join("ptx-build").join(&arch);
-    let ptx = build_ptx(&kernel_dir, &child_target, &arch);
+    let hopper = arch == "sm_90" || arch == "sm_90a";
+    let base_arch = if arch == "sm_90a" { "sm_90" } else { &arch };
+    let ptx = build_ptx(&kernel_dir, &target_root, base_arch, false);
+    let hopper_ptx = if hopper {
+        build_ptx(&kernel_dir, &target_root, "sm_90a", true)
+    } else {
+        String::new()
+    };
 
-    let embedded = out_dir.join(PTX_NAME);
-    fs::write(&embedded, &ptx).expect("write embedded PTX");
-    let readable = target_root.join("ptx").join(&arch);
+    fs::write(out_dir.join(PTX_NAME), &ptx).expect("write embedded PTX");
+    fs::write(out_dir.join(HOPPER_PTX_NAME), &hopper_ptx).expect("write embedded PTX");
+    let readable = target_root.join("ptx").join(base_arch);
     fs::create_dir_all(&readable).expect("create target/ptx");
     fs::write(readable.join(PTX_NAME), &ptx).expect("write target/ptx copy");
+    if hopper {
+        let readable = target_root.join("ptx").join("sm_90a");
+        fs::create_dir_all(&readable).expect("create target/ptx");
+        fs::write(readable.join(PTX_NAME), &hopper_ptx).expect("write target/ptx copy");
+    }
 
-    println!("cargo:rustc-env=FLASH_ATTN_PTX_ARCH={arch}");
+    println!("cargo:rustc-env=FLASH_ATTN_PTX_ARCH={base_arch}");
     println!(
         "cargo:rustc-env=FLASH_ATTN_GIT_COMMIT={}",
         git_commit(&manifest_dir)
@@ -69,7 +86,14 @@ fn target_root(out_dir: &Path) -> PathBuf {
     }
 }
 
-fn build_ptx(kernel_dir: &Path, child_target: &Path, arch: &str) -> String {
+/// Compiles the kernel crate for `arch` in `<target-dir>/ptx-build/<arch>`; `wgmma` adds the
+/// `flash_attn_sm90a` cfg.
+fn build_ptx(kernel_dir: &Path, target_root: &Path, arch: &str, wgmma: bool) -> String {
+    let child_target = target_root.join("ptx-build").join(arch);
+    let mut rustflags = format!("-Ctarget-cpu={arch}\x1f-Cllvm-args=-unroll-threshold=1000");
+    if wgmma {
+        rustflags.push_str("\x1f--cfg\x1fflash_attn_sm90a");
+    }
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(kernel_dir)
@@ -78,15 +102,12 @@ fn build_ptx(kernel_dir: &Path, child_target: &Path, arch: &str) -> String {
         .args(["--config", "profile.release.panic=\"abort\""])
         .args(["--config", "profile.release.debug=false"])
         .arg("--target-dir")
-        .arg(child_target)
+        .arg(&child_target)
         .env("RUSTC_BOOTSTRAP", "1")
         // The tensor-core kernels index register arrays only in loops that must unroll fully (as
         // CUDA's `#pragma unroll` would make them); the default threshold leaves some rolled,
         // which sends the arrays to local memory.
-        .env(
-            "CARGO_ENCODED_RUSTFLAGS",
-            format!("-Ctarget-cpu={arch}\x1f-Cllvm-args=-unroll-threshold=1000"),
-        );
+        .env("CARGO_ENCODED_RUSTFLAGS", rustflags);
     // What the parent cargo exports for its own host build must not leak into the device build.
     for var in [
         "RUSTFLAGS",

@@ -1,13 +1,16 @@
 //! Times the tensor-core forward on the anchor shapes of `shared/anchors/sdpa_h200_2026-11-29.md`
 //! (PyTorch SDPA on one H200) and prints TFLOP/s next to the peers' numbers, then compares the
-//! compiled tile variants (`flash_tc::VARIANTS`) on the long-sequence shapes.
+//! compiled tile variants (`flash_tc::VARIANTS`, and `flash_wgmma::VARIANTS` on an H100/H200) on
+//! the long-sequence shapes. The main table times this device's default kernel.
 //!
 //! Each measurement: random inputs (never zeros), 5 warm-up launches, then 30 launches each timed
 //! with a pair of CUDA events; the median is reported. FLOPs = 4·B·H·N²·d, halved when causal.
 
-use attention_kernels::flash_tc::{self, TcConfig};
+use attention_kernels::{flash_tc, flash_wgmma};
 use flash_attn::bench::forward_flops;
-use flash_attn::tensor_core::{ForwardOutput, tensor_core_forward_variant_into};
+use flash_attn::tensor_core::{
+    ForwardOutput, TcKernel, tensor_core_forward_variant_into, tensor_core_kernel,
+};
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
 use rand::{Rng, SeedableRng};
@@ -186,7 +189,7 @@ fn inputs(
 }
 
 /// `(median, min)` milliseconds of one launch of `cfg`.
-fn time(gpu: &Gpu, cfg: TcConfig, x: &Inputs, causal: bool) -> Result<(f64, f64)> {
+fn time(gpu: &Gpu, cfg: TcKernel, x: &Inputs, causal: bool) -> Result<(f64, f64)> {
     let opts = AttentionOptions::new().causal(causal);
     let ms = time_calls(gpu, WARMUP, SAMPLES, || {
         tensor_core_forward_variant_into(gpu, cfg, &x.shape, &x.q, &x.k, &x.v, &x.out, &opts)
@@ -223,7 +226,7 @@ fn main() -> Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
-    println!("device: {}", gpu.device_name());
+    println!("device: {} (wgmma: {})", gpu.device_name(), gpu.has_wgmma());
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::thread_rng().r#gen());
     let fmt = |x: Option<f64>| x.map_or("-".to_owned(), |v| format!("{v:.0}"));
     let mut table = Vec::new();
@@ -240,7 +243,8 @@ fn main() -> Result<()> {
             cudnn,
         } = *a;
         let x = inputs(&mut rng, batch, heads, n, head_dim, dtype)?;
-        let default = flash_tc::config(head_dim).ok_or("no default configuration")?;
+        let opts = AttentionOptions::new().causal(causal);
+        let default = tensor_core_kernel(&gpu, &x.shape, dtype, &opts)?;
         let (median, min) = time(&gpu, default, &x, causal)?;
         let rate = tflops(batch, heads, n, head_dim, causal, median);
         table.push(format!(
@@ -249,15 +253,17 @@ fn main() -> Result<()> {
             fmt(cudnn)
         ));
         if VARIANT_SHAPES.contains(&i) {
-            for cfg in flash_tc::VARIANTS
-                .into_iter()
-                .filter(|c| c.head_dim == head_dim)
-            {
+            let mut kernels: Vec<TcKernel> =
+                flash_tc::VARIANTS.into_iter().map(Into::into).collect();
+            if gpu.has_wgmma() {
+                kernels.extend(flash_wgmma::VARIANTS.into_iter().map(TcKernel::from));
+            }
+            for cfg in kernels.into_iter().filter(|c| c.head_dim() == head_dim) {
                 let (median, _) = time(&gpu, cfg, &x, causal)?;
                 let rate = tflops(batch, heads, n, head_dim, causal, median);
                 variants.push(format!(
-                    "| {batch} | {heads} | {n} | {head_dim} | {causal} | {} | {} | {median:.3} | {rate:.0} |",
-                    cfg.warps, cfg.block_keys
+                    "| {batch} | {heads} | {n} | {head_dim} | {causal} | {} | {median:.3} | {rate:.0} |",
+                    cfg.name(dtype)
                 ));
             }
         }
@@ -268,8 +274,8 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     table.iter().for_each(|row| println!("{row}"));
     println!("\nvariants (bf16):");
-    println!("| B | H | N | d | causal | warps | keys/block | median ms | TFLOP/s |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| B | H | N | d | causal | kernel | median ms | TFLOP/s |");
+    println!("|---|---|---|---|---|---|---|---|");
     variants.iter().for_each(|row| println!("{row}"));
     Ok(())
 }

@@ -1,27 +1,30 @@
 //! The tensor-core forward against the f64 CPU reference (`attention_host::reference`) on fresh
-//! random inputs, for every compiled tile variant. Outputs are NaN-poisoned before each launch, so
-//! an unwritten element fails. Skips, with a visible line, where no CUDA device answers.
+//! random inputs, for every compiled tile variant: the `mma.sync` kernels everywhere, the `wgmma`
+//! ones where the device loads the sm_90a module (a visible line says when they are not tested).
+//! Outputs are NaN-poisoned before each launch, so an unwritten element fails. Skips, with a
+//! visible line, where no CUDA device answers.
 
-use attention_kernels::flash_tc;
+use attention_kernels::{flash_tc, flash_wgmma};
 use flash_attn::reference;
 use flash_attn::tensor_core::{
-    ForwardOutput, tensor_core_forward, tensor_core_forward_variant_into,
+    ForwardOutput, TcKernel, tensor_core_forward, tensor_core_forward_variant_into,
+    tensor_core_kernel,
 };
 use flash_attn::testing::{fresh_seed, gpu_or_skip};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
 use rand::{Rng, SeedableRng};
 
-/// Runs `cfg` through the public entry point when it is the default, else as a variant.
+/// Runs `cfg` through the public entry point when it is this device's default, else as a variant.
 fn run(
     gpu: &Gpu,
-    cfg: flash_tc::TcConfig,
+    cfg: TcKernel,
     s: &AttentionShape,
     q: &DeviceTensor,
     k: &DeviceTensor,
     v: &DeviceTensor,
     opts: &AttentionOptions,
 ) -> ForwardOutput {
-    if flash_tc::config(s.head_dim) == Some(cfg) {
+    if tensor_core_kernel(gpu, s, q.dtype(), opts).unwrap() == cfg {
         return tensor_core_forward(gpu, s, q, k, v, opts).unwrap();
     }
     let out = ForwardOutput {
@@ -49,6 +52,15 @@ fn tensor_core_forward_matches_reference() {
         return;
     };
     let seed = fresh_seed("tensor_core_forward_matches_reference");
+    let mut kernels: Vec<TcKernel> = flash_tc::VARIANTS.into_iter().map(Into::into).collect();
+    if gpu.has_wgmma() {
+        kernels.extend(flash_wgmma::VARIANTS.into_iter().map(TcKernel::from));
+    } else {
+        eprintln!(
+            "SKIP wgmma kernels in tensor_core_forward_matches_reference: {} loads no sm_90a module",
+            gpu.device_name()
+        );
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     // (batch, n_q, n_k, heads_q, heads_kv): tails on both sides, GQA, MQA, n_q > n_k (causal rows
     // with no allowed key), exact tile multiples, one token, a long key loop.
@@ -91,10 +103,7 @@ fn tensor_core_forward_matches_reference() {
                     let (qd, kd, vd) = (upload(dtype, &q), upload(dtype, &k), upload(dtype, &v));
                     let want = reference::forward_f32(&s, &q, &k, &v, &opts).unwrap();
 
-                    for cfg in flash_tc::VARIANTS
-                        .into_iter()
-                        .filter(|c| c.head_dim == head_dim)
-                    {
+                    for &cfg in kernels.iter().filter(|c| c.head_dim() == head_dim) {
                         let out = run(&gpu, cfg, &s, &qd, &kd, &vd, &opts);
                         let o = out.o.to_f32().unwrap();
                         let lse = out.lse.to_vec().unwrap();
@@ -108,13 +117,13 @@ fn tensor_core_forward_matches_reference() {
                         });
                         let finite = o.iter().all(|x| x.is_finite());
                         let ok = finite && o_err <= o_tol && lse_err <= lse_tol; // NaN errors fail these comparisons.
-                        let (w, kb) = (cfg.warps, cfg.block_keys);
+                        let name = cfg.name(dtype);
                         println!(
-                            "{} {dtype} d={head_dim} w{w} k{kb} causal={causal} b={batch} nq={n_q} nk={n_k} hq={heads_q} hkv={heads_kv}: O rel {o_err:.2e} LSE abs {lse_err:.2e}",
+                            "{} {name} causal={causal} b={batch} nq={n_q} nk={n_k} hq={heads_q} hkv={heads_kv}: O rel {o_err:.2e} LSE abs {lse_err:.2e}",
                             if ok { "ok  " } else { "FAIL" }
                         );
                         if !ok {
-                            failures.push(format!("{dtype} w{w} k{kb} causal={causal} {s:?}"));
+                            failures.push(format!("{name} causal={causal} {s:?}"));
                         }
                     }
                 }

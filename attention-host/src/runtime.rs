@@ -17,6 +17,7 @@ pub struct Gpu {
     stream: Stream,
     module: Module,
     device: Device,
+    wgmma: bool,
     _context: Context,
 }
 
@@ -32,6 +33,13 @@ impl Gpu {
     /// Creates a context on device 0 and loads `ptx`. A machine without a driver or without a
     /// device gives `AttentionError::NoDevice`; a module that does not load gives `Module`.
     pub fn new(ptx: &str) -> Result<Gpu> {
+        Gpu::with_hopper_module(ptx, None)
+    }
+
+    /// As [`Gpu::new`], but on a compute capability 9.0 device loads `hopper` instead when given:
+    /// the `sm_90a` module, which holds every kernel of `ptx` plus the `wgmma` ones
+    /// ([`Gpu::has_wgmma`]). `sm_90a` code runs on no other architecture.
+    pub fn with_hopper_module(ptx: &str, hopper: Option<&str>) -> Result<Gpu> {
         let context = cust::quick_init().map_err(|e| match e {
             CudaError::NoDevice | CudaError::NotInitialized | CudaError::InvalidDevice => {
                 AttentionError::NoDevice(e.to_string())
@@ -45,6 +53,17 @@ impl Gpu {
             },
         })?;
         let device = Device::get_device(0).cuda("getting device 0")?;
+        let capability = |what| {
+            device
+                .get_attribute(what)
+                .cuda("reading the compute capability")
+        };
+        let is_hopper = capability(DeviceAttribute::ComputeCapabilityMajor)? == 9
+            && capability(DeviceAttribute::ComputeCapabilityMinor)? == 0;
+        let (ptx, wgmma) = match hopper {
+            Some(h) if is_hopper => (h, true),
+            _ => (ptx, false),
+        };
         let module = Module::from_ptx(ptx, &[]).map_err(|e| {
             AttentionError::Module(format!("loading PTX ({} bytes): {e}", ptx.len()))
         })?;
@@ -55,8 +74,14 @@ impl Gpu {
             stream,
             module,
             device,
+            wgmma,
             _context: context,
         })
+    }
+
+    /// Whether the loaded module has the `wgmma` kernels (an `sm_90a` module on a 9.0 device).
+    pub fn has_wgmma(&self) -> bool {
+        self.wgmma
     }
 
     pub fn stream(&self) -> &Stream {

@@ -1,6 +1,9 @@
-//! Host side of the tensor-core forward (`attention_kernels::flash_tc`): validation and launch.
+//! Host side of the tensor-core forward: validation, the choice between the `mma.sync` kernels
+//! (`attention_kernels::flash_tc`, any sm_80+ device) and the `wgmma` ones
+//! (`attention_kernels::flash_wgmma`, compute capability 9.0), and the launch.
 
 use attention_kernels::flash_tc::{self, TcConfig};
+use attention_kernels::flash_wgmma::{self, WgConfig};
 use attention_kernels::params::{AttentionShape, TensorCoreForwardParams};
 
 use crate::buffer::{DeviceF32, DeviceTensor};
@@ -75,6 +78,96 @@ pub fn kernel_name(dtype: DType, cfg: &TcConfig) -> String {
     )
 }
 
+/// The PTX entry point (sm_90a module only) that runs `cfg` on `dtype`.
+pub fn wgmma_kernel_name(dtype: DType, cfg: &WgConfig) -> String {
+    format!(
+        "flash_wgmma_forward_{dtype}_d{}_g{}_k{}",
+        cfg.head_dim, cfg.warpgroups, cfg.block_keys
+    )
+}
+
+/// One compiled tensor-core forward: `mma.sync` tiles or `wgmma` tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcKernel {
+    MmaSync(TcConfig),
+    Wgmma(WgConfig),
+}
+
+impl From<TcConfig> for TcKernel {
+    fn from(c: TcConfig) -> Self {
+        TcKernel::MmaSync(c)
+    }
+}
+
+impl From<WgConfig> for TcKernel {
+    fn from(c: WgConfig) -> Self {
+        TcKernel::Wgmma(c)
+    }
+}
+
+impl TcKernel {
+    pub fn name(&self, dtype: DType) -> String {
+        match self {
+            TcKernel::MmaSync(c) => kernel_name(dtype, c),
+            TcKernel::Wgmma(c) => wgmma_kernel_name(dtype, c),
+        }
+    }
+    pub fn head_dim(&self) -> u32 {
+        match self {
+            TcKernel::MmaSync(c) => c.head_dim,
+            TcKernel::Wgmma(c) => c.head_dim,
+        }
+    }
+    /// Query rows per thread block.
+    pub fn block_rows(&self) -> u32 {
+        match self {
+            TcKernel::MmaSync(c) => c.block_rows(),
+            TcKernel::Wgmma(c) => c.block_rows(),
+        }
+    }
+    /// Keys per K/V block.
+    pub fn block_keys(&self) -> u32 {
+        match self {
+            TcKernel::MmaSync(c) => c.block_keys,
+            TcKernel::Wgmma(c) => c.block_keys,
+        }
+    }
+    pub fn threads(&self) -> u32 {
+        match self {
+            TcKernel::MmaSync(c) => c.threads(),
+            TcKernel::Wgmma(c) => c.threads(),
+        }
+    }
+    pub fn shared_bytes(&self) -> u32 {
+        match self {
+            TcKernel::MmaSync(c) => c.shared_bytes(),
+            TcKernel::Wgmma(c) => c.shared_bytes(),
+        }
+    }
+    /// Whether this build compiled the configuration.
+    pub fn is_compiled(&self) -> bool {
+        match self {
+            TcKernel::MmaSync(c) => flash_tc::VARIANTS.contains(c),
+            TcKernel::Wgmma(c) => flash_wgmma::VARIANTS.contains(c),
+        }
+    }
+}
+
+/// The forward kernel [`tensor_core_forward`] runs on `gpu`: the `wgmma` default where the loaded
+/// module has it (an H100/H200), else the `mma.sync` default.
+pub fn tensor_core_kernel(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    dtype: DType,
+    options: &AttentionOptions,
+) -> Result<TcKernel> {
+    let mma_sync = tensor_core_config(shape, dtype, options)?;
+    Ok(match flash_wgmma::config(shape.head_dim) {
+        Some(cfg) if gpu.has_wgmma() => TcKernel::Wgmma(cfg),
+        _ => TcKernel::MmaSync(mma_sync),
+    })
+}
+
 /// Runs the forward into fresh outputs (poisoned first, so an unwritten element shows as NaN) and
 /// waits for it.
 pub fn tensor_core_forward(
@@ -104,16 +197,16 @@ pub fn tensor_core_forward_into(
     out: &ForwardOutput,
     options: &AttentionOptions,
 ) -> Result<()> {
-    let cfg = tensor_core_config(shape, q.dtype(), options)?;
-    tensor_core_forward_variant_into(gpu, cfg, shape, q, k, v, out, options)
+    let kernel = tensor_core_kernel(gpu, shape, q.dtype(), options)?;
+    tensor_core_forward_variant_into(gpu, kernel, shape, q, k, v, out, options)
 }
 
-/// As [`tensor_core_forward_into`] with one of `flash_tc::VARIANTS` instead of the default tiles
-/// (for comparing configurations).
+/// As [`tensor_core_forward_into`] with one of `flash_tc::VARIANTS` or `flash_wgmma::VARIANTS`
+/// instead of the default tiles (for comparing configurations).
 #[allow(clippy::too_many_arguments)]
 pub fn tensor_core_forward_variant_into(
     gpu: &Gpu,
-    cfg: TcConfig,
+    kernel: impl Into<TcKernel>,
     shape: &AttentionShape,
     q: &DeviceTensor,
     k: &DeviceTensor,
@@ -124,10 +217,16 @@ pub fn tensor_core_forward_variant_into(
     check_qkv(shape, q, k, v)?;
     let dtype = q.dtype();
     tensor_core_config(shape, dtype, options)?;
-    if cfg.head_dim != shape.head_dim || !flash_tc::VARIANTS.contains(&cfg) {
+    let kernel = kernel.into();
+    if kernel.head_dim() != shape.head_dim || !kernel.is_compiled() {
         return Err(invalid!(
-            "no compiled tensor-core kernel {cfg:?} for head_dim {}",
+            "no compiled tensor-core kernel {kernel:?} for head_dim {}",
             shape.head_dim
+        ));
+    }
+    if matches!(kernel, TcKernel::Wgmma(_)) && !gpu.has_wgmma() {
+        return Err(invalid!(
+            "the wgmma kernels need the sm_90a module on a compute capability 9.0 device"
         ));
     }
     if out.o.dtype() != dtype || out.o.len() != shape.q_elems() {
@@ -155,14 +254,14 @@ pub fn tensor_core_forward_variant_into(
     };
     let launch = LaunchConfig {
         grid: (
-            shape.n_q.div_ceil(cfg.block_rows()),
+            shape.n_q.div_ceil(kernel.block_rows()),
             shape.heads_q,
             shape.batch,
         ),
-        block: (cfg.threads(), 1, 1),
-        shared_bytes: cfg.shared_bytes(),
+        block: (kernel.threads(), 1, 1),
+        shared_bytes: kernel.shared_bytes(),
     };
-    gpu.launch(&kernel_name(dtype, &cfg), launch, &params)
+    gpu.launch(&kernel.name(dtype), launch, &params)
 }
 
 #[cfg(test)]

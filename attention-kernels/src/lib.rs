@@ -17,6 +17,7 @@ extern crate std;
 pub mod flash;
 pub mod flash_tc;
 pub mod flash_tc_backward;
+pub mod flash_wgmma;
 pub mod online_state;
 pub mod params;
 pub mod philox;

@@ -9,7 +9,9 @@ use flash_attn::bench::{
 use flash_attn::inputs::uniform;
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
 use flash_attn::sampled_rows::check_rows;
-use flash_attn::tensor_core::{tensor_core_config, tensor_core_forward, tensor_core_forward_into};
+use flash_attn::tensor_core::{
+    TcKernel, tensor_core_forward, tensor_core_forward_into, tensor_core_kernel,
+};
 use flash_attn::tensor_core_backward::{
     BackwardInputs, BackwardOutput, BackwardWorkspace, tensor_core_backward_config,
     tensor_core_backward_into,
@@ -299,7 +301,7 @@ fn bench_tc_forward<'a>(
 ) -> flash_attn::Result<CaseRecord<'a>> {
     let options = AttentionOptions::new().causal(causal);
     let (host, dev) = inputs(shape, args.dtype)?;
-    let config = tensor_core_config(shape, args.dtype, &options)?;
+    let kernel = tensor_core_kernel(gpu, shape, args.dtype, &options)?;
     memory::reset_peak();
     // Outputs allocated (and poisoned) once, so the samples time the kernel alone.
     let out = tensor_core_forward(gpu, shape, &dev[0], &dev[1], &dev[2], &options)?;
@@ -310,8 +312,11 @@ fn bench_tc_forward<'a>(
     Ok(CaseRecord {
         kernel: "tensor-core",
         pass: "forward",
-        schedule: "row-owned (FA2)",
-        block_sizes: json!({"warps": config.warps, "rows_per_block": config.block_rows(), "keys_per_block": config.block_keys}),
+        schedule: match kernel {
+            TcKernel::MmaSync(_) => "row-owned (FA2), mma.sync",
+            TcKernel::Wgmma(_) => "row-owned (FA2), wgmma",
+        },
+        block_sizes: json!({"entry": kernel.name(args.dtype), "threads": kernel.threads(), "rows_per_block": kernel.block_rows(), "keys_per_block": kernel.block_keys()}),
         shape: *shape,
         causal,
         dtype: args.dtype,

@@ -10,8 +10,9 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
     unsafe { nvptx::trap() }
 }
 
-// One dynamic shared-memory window per kernel; its size is set at launch.
-core::arch::global_asm!(".extern .shared .align 128 .b8 SMEM[];");
+// One dynamic shared-memory window per kernel; its size is set at launch. 1024-byte alignment is
+// what `wgmma`'s 128-byte swizzle atoms need.
+core::arch::global_asm!(".extern .shared .align 1024 .b8 SMEM[];");
 
 #[inline(always)]
 pub fn thread_x() -> u32 {

@@ -16,7 +16,7 @@ use crate::flash_tc::softmax::RowState;
 use crate::params::{TensorCoreForwardParams, causal_key_end};
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
-use crate::tile::cp_async::{GlobalRows, wait_all};
+use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
 use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
 use crate::tile::mma::{FragA, FragC, MmaElem};
 

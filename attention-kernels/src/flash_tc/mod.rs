@@ -4,7 +4,7 @@
 #[cfg(target_arch = "nvptx64")]
 mod forward;
 #[cfg(target_arch = "nvptx64")]
-mod softmax;
+pub(crate) mod softmax;
 
 /// Tiles of one kernel instance: `warps` warps of 16 query rows each, K/V blocks of `block_keys`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

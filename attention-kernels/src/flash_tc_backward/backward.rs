@@ -21,7 +21,7 @@ use crate::flash_tc_backward::{Pair, TcBackwardConfig, hidden};
 use crate::params::TensorCoreBackwardParams;
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
-use crate::tile::cp_async::{GlobalRows, copy16, wait_all};
+use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, load_shared_u32, red_add_f32};
 use crate::tile::mma::FragC;

@@ -3,7 +3,7 @@
 
 use core::arch::asm;
 
-use super::SwizzledTile;
+use super::{PanelTile, SwizzledTile};
 
 /// Starts copying 16 bytes from `src` (global, 16-byte aligned) to shared address `dst`. With
 /// `valid == false` nothing is read and the 16 bytes become zeros (source size 0): tails of a tile
@@ -38,7 +38,13 @@ pub struct GlobalRows {
     pub limit: u32,
 }
 
-impl SwizzledTile {
+/// A shared tile stored as 16-byte chunks: what `fill_async` needs to know of its layout.
+pub trait ChunkedTile {
+    /// 16-byte chunks per row.
+    fn chunks(&self) -> u32;
+    /// Shared-space address of logical chunk `chunk` of row `row`.
+    fn chunk_addr(&self, row: u32, chunk: u32) -> u32;
+
     /// Starts filling rows `0 .. rows` of the tile from rows `first .. first + rows` of `src`;
     /// rows at or past `src.limit` become zeros. The block's `threads` threads share the work,
     /// consecutive threads on consecutive chunks so that global reads coalesce.
@@ -46,14 +52,7 @@ impl SwizzledTile {
     /// # Safety
     /// The tile must hold `rows` rows; every row of `src` below its limit must be readable.
     #[inline(always)]
-    pub unsafe fn fill_async(
-        &self,
-        src: GlobalRows,
-        first: u32,
-        rows: u32,
-        tid: u32,
-        threads: u32,
-    ) {
+    unsafe fn fill_async(&self, src: GlobalRows, first: u32, rows: u32, tid: u32, threads: u32) {
         let chunks = self.chunks();
         let mut i = tid;
         while i < rows * chunks {
@@ -68,5 +67,27 @@ impl SwizzledTile {
             unsafe { copy16(self.chunk_addr(r, c), at, valid) };
             i += threads;
         }
+    }
+}
+
+impl ChunkedTile for SwizzledTile {
+    #[inline(always)]
+    fn chunks(&self) -> u32 {
+        SwizzledTile::chunks(self)
+    }
+    #[inline(always)]
+    fn chunk_addr(&self, row: u32, chunk: u32) -> u32 {
+        SwizzledTile::chunk_addr(self, row, chunk)
+    }
+}
+
+impl ChunkedTile for PanelTile {
+    #[inline(always)]
+    fn chunks(&self) -> u32 {
+        PanelTile::chunks(self)
+    }
+    #[inline(always)]
+    fn chunk_addr(&self, row: u32, chunk: u32) -> u32 {
+        PanelTile::chunk_addr(self, row, chunk)
     }
 }

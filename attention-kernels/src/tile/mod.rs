@@ -5,6 +5,7 @@
 //! properties are tested; everything else is device code.
 
 pub mod fragment_addr;
+pub mod panel;
 pub mod swizzle;
 
 #[cfg(target_arch = "nvptx64")]
@@ -21,5 +22,8 @@ pub mod mem_backward;
 pub mod mma;
 #[cfg(target_arch = "nvptx64")]
 pub mod order;
+#[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
+pub mod wgmma;
 
+pub use panel::PanelTile;
 pub use swizzle::SwizzledTile;

@@ -1,0 +1,252 @@
+//! The `wgmma` forward: FlashAttention-2's schedule with each product issued by a warpgroup.
+//!
+//! A thread block owns `64 · WG` query rows of one (batch, head); warpgroup `w` owns rows
+//! `64w .. 64w + 64` and reads its Q straight from shared memory for every `S = Q·Kᵀ`. K/V blocks
+//! of `8 · NK` keys stream through two shared stages (`cp.async` fills block `j + 1` while block
+//! `j` is computed; one barrier per block). `O += P·V` takes P from registers (the scores'
+//! accumulator layout is the A operand's, see `tile::wgmma`) and V transposed from shared memory.
+//! The online softmax is `flash_tc`'s: each thread holds two rows of its warp's 16.
+//! Generic over `KD = d / 16` (k-steps of `Q·Kᵀ`), `ND = d / 8` (fragments of O), `NK` (fragments
+//! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
+
+use crate::device::{block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads, thread_x};
+use crate::flash_tc::softmax::RowState;
+use crate::flash_wgmma::WgConfig;
+use crate::params::{TensorCoreForwardParams, causal_key_end};
+use crate::storage::{Bf16, F16};
+use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
+use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
+use crate::tile::mma::{FragA, FragC};
+use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
+use crate::tile::{PanelTile, SwizzledTile};
+
+unsafe fn forward<
+    T: Wgmma,
+    const KD: usize,
+    const ND: usize,
+    const NK: usize,
+    const NP: usize,
+    const WG: usize,
+>(
+    p: &TensorCoreForwardParams,
+) where
+    [FragC; NK]: Accumulator,
+    [FragC; ND]: Accumulator,
+{
+    const { assert!(ND == 2 * KD && NK == 2 * NP && NP > 0 && KD >= 4 && WG > 0) };
+    let (d, bc, br) = (16 * KD as u32, 8 * NK as u32, 64 * WG as u32);
+    let threads = 128 * WG as u32;
+    let s = p.shape;
+    let tid = thread_x();
+    let (group, warp, lane) = (tid / 128, (tid / 32) % 4, tid % 32);
+    let causal = p.causal != 0;
+    // Causal blocks near the end of the sequence do the most work: launch those first.
+    let q_block = if causal {
+        grid_dim_x() - 1 - block_x()
+    } else {
+        block_x()
+    };
+    let (h, b) = (block_y(), block_z());
+    let q0 = q_block * br;
+
+    let row_bytes = d as u64 * 2;
+    let q_stride = s.heads_q as u64 * row_bytes;
+    let kv_stride = s.heads_kv as u64 * row_bytes;
+    let q_off = (b as u64 * s.n_q as u64 * s.heads_q as u64 + h as u64) * row_bytes;
+    let kv_off = (b as u64 * s.n_k as u64 * s.heads_kv as u64 + s.kv_head(h) as u64) * row_bytes;
+    let o_dst = p.o + q_off;
+    let q_rows = GlobalRows {
+        base: p.q + q_off,
+        stride: q_stride,
+        limit: s.n_q,
+    };
+    let k_rows = GlobalRows {
+        base: p.k + kv_off,
+        stride: kv_stride,
+        limit: s.n_k,
+    };
+    let v_rows = GlobalRows {
+        base: p.v + kv_off,
+        ..k_rows
+    };
+
+    let smem = shared_window();
+    let q_tile = PanelTile::new(smem, br, d);
+    let kv_bytes = bc * d * 2;
+    let kv_base = smem + br * d * 2;
+    let k_tile = |stage: u32| PanelTile::new(kv_base + stage * 2 * kv_bytes, bc, d);
+    let v_tile = |stage: u32| PanelTile::new(kv_base + stage * 2 * kv_bytes + kv_bytes, bc, d);
+    let fill_kv = |block: u32, stage: u32| {
+        // SAFETY: each stage holds `bc` rows; rows below n_k are inside K and V.
+        unsafe {
+            k_tile(stage).fill_async(k_rows, block * bc, bc, tid, threads);
+            v_tile(stage).fill_async(v_rows, block * bc, bc, tid, threads);
+        }
+    };
+    let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
+
+    let key_end = |row: u32| {
+        if causal {
+            causal_key_end(row, s.n_q, s.n_k)
+        } else {
+            s.n_k
+        }
+    };
+    let last_row = (q0 + br).min(s.n_q) - 1;
+    let n_blocks = key_end(last_row).div_ceil(bc);
+    // Keys below this are allowed for every row of the block: those blocks skip the mask.
+    let unmasked_end = key_end(q0);
+
+    // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
+    unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };
+    if n_blocks > 0 {
+        fill_kv(0, 0);
+    }
+
+    let group_row = 64 * group;
+    let (g, t) = (lane / 4, lane % 4);
+    let row_lo = q0 + group_row + 16 * warp + g;
+    let row_hi = row_lo + 8;
+    let (end_lo, end_hi) = (key_end(row_lo), key_end(row_hi));
+    let mut o = [FragC::default(); ND];
+    let mut state = RowState::new();
+    let mut block = 0;
+    while block < n_blocks {
+        // This block has landed and is visible to the tensor cores, and every warp is done with
+        // the previous one, whose stage the next fill overwrites.
+        wait_all();
+        wgmma::fence_proxy_async();
+        sync_threads();
+        let stage = block & 1;
+        if block + 1 < n_blocks {
+            fill_kv(block + 1, stage ^ 1);
+        }
+
+        let mut sc = [FragC::default(); NK];
+        wgmma::fence();
+        for kk in 0..KD as u32 {
+            // SAFETY: Q rows of this group and the whole K stage are filled (barrier above).
+            unsafe {
+                sc.mma_ss::<T>(
+                    desc(q_tile.k_major(group_row, kk)),
+                    desc(k_tile(stage).k_major(0, kk)),
+                    kk > 0,
+                )
+            };
+        }
+        wgmma::commit();
+        wgmma::wait::<0>();
+        sc.pin();
+
+        let k0 = block * bc;
+        for f in sc.iter_mut() {
+            for e in 0..4 {
+                f.0[e] *= p.scale_log2;
+            }
+        }
+        if k0 + bc > unmasked_end {
+            // Selects, not branches, so the loop unrolls and `sc` stays in registers.
+            let col0 = k0 + 2 * t;
+            for (j, f) in sc.iter_mut().enumerate() {
+                for e in 0..4 {
+                    let col = col0 + 8 * j as u32 + (e % 2) as u32;
+                    let end = if e < 2 { end_lo } else { end_hi };
+                    f.0[e] = if col >= end {
+                        f32::NEG_INFINITY
+                    } else {
+                        f.0[e]
+                    };
+                }
+            }
+        }
+        let pf: [FragA; NP] = state.update::<T, NK, NP, ND>(&mut sc, &mut o);
+
+        wgmma::fence();
+        for (kk, pa) in pf.iter().enumerate() {
+            // SAFETY: keys 16 kk .. 16 kk + 16 of the V stage are filled.
+            unsafe { o.mma_rs_trans_b::<T>(pa, desc(v_tile(stage).mn_major(16 * kk as u32))) };
+        }
+        wgmma::commit();
+        wgmma::wait::<0>();
+        o.pin();
+        block += 1;
+    }
+
+    let lse = state.finish(&mut o);
+    // Stage O through the first K stage (row-major, 16-byte chunks swizzled) once every warpgroup
+    // is done reading it, so that the global stores are 16 bytes wide and coalesced.
+    sync_threads();
+    let staging = SwizzledTile::new(kv_base, d);
+    let warp_row = group_row + 16 * warp;
+    for (j, f) in o.iter().enumerate() {
+        // SAFETY: rows warp_row + g (+ 8) and chunk j are inside the staging tile.
+        unsafe {
+            store_shared_u32(
+                staging.chunk_addr(warp_row + g, j as u32) + 4 * t,
+                T::pack(f.0[0], f.0[1]),
+            );
+            store_shared_u32(
+                staging.chunk_addr(warp_row + g + 8, j as u32) + 4 * t,
+                T::pack(f.0[2], f.0[3]),
+            );
+        }
+    }
+    sync_threads();
+    let chunks = staging.chunks();
+    let mut i = tid;
+    while i < br * chunks {
+        let (r, c) = (i / chunks, i % chunks);
+        let row = q0 + r;
+        // SAFETY: the shared chunk is inside the staging tile; the global row is below n_q.
+        unsafe {
+            let v = load_shared_16(staging.chunk_addr(r, c));
+            if row < s.n_q {
+                store_global_16(o_dst + row as u64 * q_stride + c as u64 * 16, v);
+            }
+        }
+        i += threads;
+    }
+    if t == 0 {
+        let lse_row = (b as u64 * s.heads_q as u64 + h as u64) * s.n_q as u64;
+        let lse_ptr = p.lse as *mut f32;
+        for (row, value) in [(row_lo, lse[0]), (row_hi, lse[1])] {
+            if row < s.n_q {
+                // SAFETY: the index is inside the [batch, heads_q, n_q] LSE tensor.
+                unsafe { *lse_ptr.add((lse_row + row as u64) as usize) = value };
+            }
+        }
+    }
+}
+
+/// One entry point per (dtype, configuration), named `flash_wgmma_forward_<dtype>_d<d>_g<groups>_k<keys>`
+/// as the host formats it.
+macro_rules! entry_points {
+    ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreForwardParams) {
+            // SAFETY: the host validated the buffers against `p` and launched the configuration's
+            // grid, block and shared memory.
+            unsafe {
+                forward::<
+                    $t,
+                    { $cfg.head_dim as usize / 16 },
+                    { $cfg.head_dim as usize / 8 },
+                    { $cfg.block_keys as usize / 8 },
+                    { $cfg.block_keys as usize / 16 },
+                    { $cfg.warpgroups as usize },
+                >(&p)
+            }
+        }
+    )*};
+}
+
+entry_points! {
+    flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 };
+    flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 };
+    flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 };
+    flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 };
+    flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 };
+    flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 };
+    flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 };
+    flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 };
+}

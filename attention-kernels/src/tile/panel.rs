@@ -1,0 +1,150 @@
+//! Shared tiles in the layout `wgmma` reads with 128-byte swizzling: the columns are cut into
+//! panels of 64 16-bit elements (128 bytes), each panel stores all rows at 128 bytes apart, and
+//! 16-byte chunk `c` of row `r` sits at chunk position `c ^ (r % 8)` inside its row. Every 8 rows of
+//! a panel form one 1024-byte swizzle atom.
+//!
+//! The same bytes serve both operand orientations (PTX ISA, "matrix descriptor"):
+//! - K-major (Q and K in `Q·Kᵀ`, rows = M or N, columns = K): 8-row groups are 1024 bytes apart
+//!   (stride offset); one k-step of 16 columns is 32 bytes inside a panel row, so the descriptor of
+//!   k-step `kk` starts `(kk % 4) · 32` bytes into panel `kk / 4`.
+//! - MN-major (V in `P·V`, rows = K = keys, columns = N = head dim): 8 key rows are 1024 bytes
+//!   apart (stride offset), panels of 64 columns one panel apart (leading offset).
+//!
+//! Like `SwizzledTile`, eight consecutive chunks of a row and one chunk of eight consecutive rows
+//! land in eight different bank groups, so `cp.async` fills and 16-byte reads are conflict-free.
+
+/// A tile at shared-space address `base` (1024-byte aligned) with `rows` rows of `cols` 16-bit
+/// elements (`cols` a multiple of 64, `rows` a multiple of 8).
+#[derive(Clone, Copy, Debug)]
+pub struct PanelTile {
+    base: u32,
+    rows: u32,
+    chunks: u32,
+}
+
+/// Bytes of one row of a panel: 64 elements.
+pub const PANEL_ROW_BYTES: u32 = 128;
+/// Bytes of one swizzle atom: 8 panel rows.
+pub const ATOM_BYTES: u32 = 8 * PANEL_ROW_BYTES;
+
+impl PanelTile {
+    #[inline(always)]
+    pub const fn new(base: u32, rows: u32, cols: u32) -> Self {
+        assert!(
+            cols.is_multiple_of(64) && rows.is_multiple_of(8),
+            "panels need columns in 64s and rows in 8s"
+        );
+        PanelTile {
+            base,
+            rows,
+            chunks: cols / 8,
+        }
+    }
+
+    /// 16-byte chunks per row.
+    #[inline(always)]
+    pub const fn chunks(&self) -> u32 {
+        self.chunks
+    }
+
+    /// Bytes from one panel to the next.
+    #[inline(always)]
+    pub const fn panel_bytes(&self) -> u32 {
+        self.rows * PANEL_ROW_BYTES
+    }
+
+    /// Byte offset of logical chunk `chunk` of row `row` from the tile's start.
+    #[inline(always)]
+    pub const fn chunk_offset(&self, row: u32, chunk: u32) -> u32 {
+        (chunk / 8) * self.panel_bytes() + row * PANEL_ROW_BYTES + ((chunk % 8) ^ (row % 8)) * 16
+    }
+
+    /// Shared-space address of logical chunk `chunk` of row `row`.
+    #[inline(always)]
+    pub const fn chunk_addr(&self, row: u32, chunk: u32) -> u32 {
+        self.base + self.chunk_offset(row, chunk)
+    }
+
+    /// Start address, leading and stride byte offsets of the K-major operand made of rows
+    /// `row0 ..` (a multiple of 8) and columns `16 kk .. 16 kk + 16`.
+    #[inline(always)]
+    pub const fn k_major(&self, row0: u32, kk: u32) -> (u32, u32, u32) {
+        let start = self.base + (kk / 4) * self.panel_bytes() + row0 * PANEL_ROW_BYTES + (kk % 4) * 32;
+        // The leading offset is unused when one k-step lies inside the 128-byte swizzle row.
+        (start, 16, ATOM_BYTES)
+    }
+
+    /// Start address, leading and stride byte offsets of the MN-major operand made of rows
+    /// (the K dimension) `k0 .. k0 + 16` (`k0` a multiple of 8) and every column.
+    #[inline(always)]
+    pub const fn mn_major(&self, k0: u32) -> (u32, u32, u32) {
+        (self.base + k0 * PANEL_ROW_BYTES, self.panel_bytes(), ATOM_BYTES)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::collections::HashSet;
+
+    fn bank_group(offset: u32) -> u32 {
+        (offset / 16) % 8
+    }
+
+    #[test]
+    fn panels_are_a_permutation_of_the_tile() {
+        for (rows, cols) in [(64, 64), (128, 128), (64, 128), (8, 256)] {
+            let tile = PanelTile::new(0, rows, cols);
+            let offsets: HashSet<u32> = (0..rows)
+                .flat_map(|r| (0..tile.chunks()).map(move |c| tile.chunk_offset(r, c)))
+                .collect();
+            let all: HashSet<u32> = (0..rows * cols / 8).map(|i| 16 * i).collect();
+            assert_eq!(offsets, all, "{rows}×{cols}");
+        }
+    }
+
+    /// The hardware's 128-byte swizzle: inside each 1024-byte atom, address bits 4–6 are XORed with
+    /// bits 7–9. Our chunk of (row, col) must be where the unswizzled canonical layout lands.
+    #[test]
+    fn layout_is_the_hardware_128_byte_swizzle() {
+        let tile = PanelTile::new(0, 128, 128);
+        for row in 0..128 {
+            for chunk in 0..16 {
+                let plain = (chunk / 8) * tile.panel_bytes() + row * 128 + (chunk % 8) * 16;
+                let swizzled = plain ^ (((plain >> 7) & 7) << 4);
+                assert_eq!(tile.chunk_offset(row, chunk), swizzled, "row {row} chunk {chunk}");
+            }
+        }
+    }
+
+    #[test]
+    fn descriptors_step_through_panels() {
+        let tile = PanelTile::new(1024, 128, 128);
+        assert_eq!(tile.k_major(0, 0), (1024, 16, 1024));
+        assert_eq!(tile.k_major(64, 3), (1024 + 64 * 128 + 96, 16, 1024));
+        assert_eq!(tile.k_major(0, 4), (1024 + 128 * 128, 16, 1024));
+        assert_eq!(tile.mn_major(16), (1024 + 16 * 128, 128 * 128, 1024));
+    }
+
+    #[test]
+    fn fills_and_row_reads_hit_distinct_bank_groups() {
+        let tile = PanelTile::new(0, 64, 128);
+        for row in 0..64 {
+            for chunk0 in (0..16).step_by(8) {
+                let groups: HashSet<u32> = (chunk0..chunk0 + 8)
+                    .map(|c| bank_group(tile.chunk_offset(row, c)))
+                    .collect();
+                assert_eq!(groups.len(), 8);
+            }
+        }
+        for row0 in (0..64).step_by(8) {
+            for chunk in 0..16 {
+                let groups: HashSet<u32> = (row0..row0 + 8)
+                    .map(|r| bank_group(tile.chunk_offset(r, chunk)))
+                    .collect();
+                assert_eq!(groups.len(), 8);
+            }
+        }
+    }
+}
