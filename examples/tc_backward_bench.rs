@@ -9,10 +9,11 @@
 //! input buffers serves all shapes of a head dimension. At N = 4096 every compiled configuration
 //! (`flash_tc_backward::VARIANTS`) is timed too.
 
-use attention_kernels::flash_tc_backward::{self, TcBackwardConfig};
+use attention_kernels::{flash_tc_backward, flash_wgmma};
 use flash_attn::tensor_core::{ForwardOutput, tensor_core_forward_into};
 use flash_attn::tensor_core_backward::{
-    BackwardInputs, BackwardOutput, BackwardWorkspace, tensor_core_backward_variant_into,
+    BackwardInputs, BackwardOutput, BackwardWorkspace, TcBackwardKernel,
+    tensor_core_backward_kernel, tensor_core_backward_variant_into,
 };
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
@@ -61,7 +62,7 @@ fn backward_tflops(s: &AttentionShape, causal: bool, ms: f64) -> f64 {
 /// Median milliseconds of one backward with `cfg`, after checking that it wrote finite gradients.
 fn time(
     gpu: &Gpu,
-    cfg: TcBackwardConfig,
+    cfg: TcBackwardKernel,
     shape: &AttentionShape,
     inputs: &BackwardInputs,
     opts: &AttentionOptions,
@@ -84,7 +85,14 @@ fn main() -> Result<()> {
         println!("SKIP tc_backward_bench: no CUDA device");
         return Ok(());
     };
-    println!("device: {}", gpu.device_name());
+    println!("device: {} (wgmma: {})", gpu.device_name(), gpu.has_wgmma());
+    let mut kernels: Vec<TcBackwardKernel> = flash_tc_backward::VARIANTS
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    if gpu.has_wgmma() {
+        kernels.extend(flash_wgmma::BACKWARD_VARIANTS.into_iter().map(TcBackwardKernel::from));
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::thread_rng().r#gen());
     let dtype = DType::Bf16;
     let elems = 16384 * 2048;
@@ -119,19 +127,15 @@ fn main() -> Result<()> {
                 d_o: &d_o,
                 lse: &fwd.lse,
             };
-            let default = flash_tc_backward::config(d).ok_or("no default configuration")?;
+            let default = tensor_core_backward_kernel(&gpu, &shape, dtype, &opts)?;
             let med = time(&gpu, default, &shape, &inputs, &opts)?;
             let rate = backward_tflops(&shape, causal, med);
             if n == 4096 {
-                for cfg in flash_tc_backward::VARIANTS
-                    .into_iter()
-                    .filter(|c| c.head_dim == d)
-                {
+                for &cfg in kernels.iter().filter(|c| c.tiles().head_dim == d) {
                     let ms = time(&gpu, cfg, &shape, &inputs, &opts)?;
                     variants.push(format!(
-                        "| {n} | {d} | {causal} | {} | {} | {ms:.3} | {:.0} |",
-                        cfg.warps,
-                        cfg.block_keys(),
+                        "| {n} | {d} | {causal} | {} | {ms:.3} | {:.0} |",
+                        cfg.name(dtype),
                         backward_tflops(&shape, causal, ms)
                     ));
                 }
@@ -151,8 +155,8 @@ fn main() -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|---|---|");
     table.iter().for_each(|row| println!("{row}"));
     println!("\nvariants (bf16, B = 4, H = 2048 / d):");
-    println!("| N | d | causal | warps | keys/block | median ms | TFLOP/s |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| N | d | causal | kernel | median ms | TFLOP/s |");
+    println!("|---|---|---|---|---|---|");
     variants.iter().for_each(|row| println!("{row}"));
     Ok(())
 }

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds, on this machine, everything a GPU run needs and copies it to .device-run/ (git-ignored):
-# the release `flash-attn` binary and every test binary of the workspace, under stable names.
+# the release `flash-attn` binary, every test binary of the workspace under stable names, and the
+# timing examples (tc_bench, tc_backward_bench) under .device-run/examples/.
 # The GPU machine has no Rust; pass `.device-run` in the device tool's `carry`, then run
 # scripts/device-run.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf .device-run && mkdir -p .device-run/tests
-cargo build --release --bins --quiet
+rm -rf .device-run && mkdir -p .device-run/tests .device-run/examples
+cargo build --release --bins --examples --quiet
 cp target/release/flash-attn .device-run/
+cp target/release/examples/tc_bench target/release/examples/tc_backward_bench .device-run/examples/
 cargo test --workspace --release --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, shutil, sys
@@ -19,7 +21,7 @@ for line in sys.stdin:
         print("prepared", name)
 '
 # Symbols are not needed there and the carried folder is limited in size.
-strip .device-run/flash-attn .device-run/tests/*
+strip .device-run/flash-attn .device-run/tests/* .device-run/examples/*
 cp scripts/device-run.sh scripts/device-sanitize.sh scripts/bench-h200.sh .device-run/
 # The GPU machine gets no .git: record which commit (and whether the tree was clean) was built.
 echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!reports' || echo ' +uncommitted changes')" > .device-run/COMMIT

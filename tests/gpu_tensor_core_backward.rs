@@ -4,15 +4,17 @@
 //! values. O and LSE come from the reference forward (O rounded to the dtype, LSE to f32), so the
 //! backward is checked on its own, not through the GPU forward. Outputs are NaN-poisoned before
 //! each call (`tensor_core_backward` does it), so an unwritten element fails. Skips, with a
-//! visible line, where no CUDA device answers.
+//! visible line, where no CUDA device answers. The `wgmma` main kernels run where the device loads
+//! the sm_90a module; a visible line says when they are not tested.
 
-use attention_kernels::flash_tc_backward;
+use attention_kernels::{flash_tc_backward, flash_wgmma};
 use flash_attn::inputs::uniform;
 use flash_attn::reference::{backward_f32, forward_f32};
 use flash_attn::sampled_rows::relative_error;
 use flash_attn::tensor_core_backward::{
-    BackwardInputs, BackwardOutput, BackwardWorkspace, backward_kernel_name, tensor_core_backward,
-    tensor_core_backward_variant_into,
+    BackwardInputs, BackwardOutput, BackwardWorkspace, TcBackwardKernel, backward_kernel_name,
+    tensor_core_backward, tensor_core_backward_kernel, tensor_core_backward_variant_into,
+    wgmma_backward_kernel_name,
 };
 use flash_attn::testing::{fresh_seed, gpu_or_skip};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
@@ -29,16 +31,16 @@ fn bound(dtype: DType) -> f64 {
     }
 }
 
-/// Runs `cfg` through the public entry point when it is the default, else as a variant; either
-/// way into NaN-poisoned outputs.
+/// Runs `cfg` through the public entry point when it is this device's default, else as a variant;
+/// either way into NaN-poisoned outputs.
 fn run(
     gpu: &Gpu,
-    cfg: flash_tc_backward::TcBackwardConfig,
+    cfg: TcBackwardKernel,
     s: &AttentionShape,
     inputs: &BackwardInputs,
     opts: &AttentionOptions,
 ) -> BackwardOutput {
-    if flash_tc_backward::config(s.head_dim) == Some(cfg) {
+    if tensor_core_backward_kernel(gpu, s, inputs.q.dtype(), opts).unwrap() == cfg {
         return tensor_core_backward(gpu, s, inputs, opts).unwrap();
     }
     let out = BackwardOutput::poisoned(s, inputs.q.dtype()).unwrap();
@@ -74,6 +76,24 @@ fn every_backward_kernel_is_in_the_ptx() {
     }
 }
 
+#[test]
+fn every_wgmma_backward_kernel_is_in_the_sm90a_ptx() {
+    let Some(hopper) = flash_attn::PTX_SM90A else {
+        eprintln!("SKIP every_wgmma_backward_kernel_is_in_the_sm90a_ptx: no sm_90a module built");
+        return;
+    };
+    for d in [64, 128] {
+        let cfg = flash_wgmma::backward_config(d).unwrap();
+        assert!(flash_wgmma::BACKWARD_VARIANTS.contains(&cfg));
+    }
+    for cfg in flash_wgmma::BACKWARD_VARIANTS {
+        for dtype in [DType::F16, DType::Bf16] {
+            let name = wgmma_backward_kernel_name(dtype, &cfg);
+            assert!(hopper.contains(&format!(".entry {name}(")), "{name} missing");
+        }
+    }
+}
+
 /// The kernels keep every register array in registers: an array the compiler could not (a
 /// run-time index, a loop that did not unroll) shows as a local-memory depot in the PTX.
 #[test]
@@ -98,6 +118,18 @@ fn tensor_core_backward_matches_reference() {
         return;
     };
     let seed = fresh_seed(test);
+    let mut kernels: Vec<TcBackwardKernel> = flash_tc_backward::VARIANTS
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    if gpu.has_wgmma() {
+        kernels.extend(flash_wgmma::BACKWARD_VARIANTS.into_iter().map(TcBackwardKernel::from));
+    } else {
+        eprintln!(
+            "SKIP wgmma kernels in {test}: {} loads no sm_90a module",
+            gpu.device_name()
+        );
+    }
     // (batch, n_q, n_k, heads_q, heads_kv): one token, tails of every kind, an exact tile
     // multiple, GQA and MQA, n_q < n_k and n_q > n_k (causal rows that see no key).
     let shapes = [
@@ -154,10 +186,7 @@ fn tensor_core_backward_matches_reference() {
                         d_o: &dod,
                         lse: &lse_d,
                     };
-                    for cfg in flash_tc_backward::VARIANTS
-                        .into_iter()
-                        .filter(|c| c.head_dim == head_dim)
-                    {
+                    for &cfg in kernels.iter().filter(|c| c.tiles().head_dim == head_dim) {
                         let got = run(&gpu, cfg, &s, &inputs, &opts);
                         let err = |t: &DeviceTensor, w: &[f64]| {
                             relative_error(&widen(&t.to_f32().unwrap()), w)
@@ -169,19 +198,16 @@ fn tensor_core_backward_matches_reference() {
                         ];
                         // NaN (an unwritten or non-finite element) fails this comparison.
                         let ok = errs.iter().all(|&e| e <= bound(dtype));
+                        let name = cfg.name(dtype);
                         println!(
-                            "{} {dtype} d={head_dim} w{} causal={causal} b={batch} nq={n_q} nk={n_k} hq={heads_q} hkv={heads_kv}: rel dQ {:.2e} dK {:.2e} dV {:.2e}",
+                            "{} {name} causal={causal} b={batch} nq={n_q} nk={n_k} hq={heads_q} hkv={heads_kv}: rel dQ {:.2e} dK {:.2e} dV {:.2e}",
                             if ok { "ok  " } else { "FAIL" },
-                            cfg.warps,
                             errs[0],
                             errs[1],
                             errs[2]
                         );
                         if !ok {
-                            failures.push(format!(
-                                "{dtype} w{} causal={causal} {s:?}: {errs:?}",
-                                cfg.warps
-                            ));
+                            failures.push(format!("{name} causal={causal} {s:?}: {errs:?}"));
                         }
                     }
                 }

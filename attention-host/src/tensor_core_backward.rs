@@ -1,9 +1,12 @@
 //! Host side of the tensor-core backward (`attention_kernels::flash_tc_backward`): validation,
-//! workspace and the three launches.
+//! workspace and the three launches. The main kernel is `mma.sync` (any sm_80+ device) or `wgmma`
+//! (`attention_kernels::flash_wgmma`, compute capability 9.0); preprocess and dQ conversion are
+//! shared.
 
 use attention_kernels::flash_tc_backward::{
     self, CONVERT_THREADS, PREPROCESS_WARPS, TcBackwardConfig,
 };
+use attention_kernels::flash_wgmma::{self, WgBackwardConfig};
 use attention_kernels::params::{AttentionShape, TensorCoreBackwardParams};
 
 use crate::buffer::{DeviceF32, DeviceTensor};
@@ -91,6 +94,84 @@ pub fn backward_kernel_name(dtype: DType, cfg: &TcBackwardConfig) -> String {
     format!("flash_tc_backward_{dtype}_d{}_w{}", cfg.head_dim, cfg.warps)
 }
 
+/// The `wgmma` main kernel's PTX entry point (sm_90a module only) for `cfg` on `dtype`.
+pub fn wgmma_backward_kernel_name(dtype: DType, cfg: &WgBackwardConfig) -> String {
+    format!(
+        "flash_wgmma_backward_{dtype}_d{}_g{}",
+        cfg.head_dim, cfg.warpgroups
+    )
+}
+
+/// One compiled main kernel of the backward: `mma.sync` tiles or `wgmma` tiles. Both use Q blocks
+/// of 64 rows, so they share the workspace layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcBackwardKernel {
+    MmaSync(TcBackwardConfig),
+    Wgmma(WgBackwardConfig),
+}
+
+impl From<TcBackwardConfig> for TcBackwardKernel {
+    fn from(c: TcBackwardConfig) -> Self {
+        TcBackwardKernel::MmaSync(c)
+    }
+}
+
+impl From<WgBackwardConfig> for TcBackwardKernel {
+    fn from(c: WgBackwardConfig) -> Self {
+        TcBackwardKernel::Wgmma(c)
+    }
+}
+
+impl TcBackwardKernel {
+    pub fn name(&self, dtype: DType) -> String {
+        match self {
+            TcBackwardKernel::MmaSync(c) => backward_kernel_name(dtype, c),
+            TcBackwardKernel::Wgmma(c) => wgmma_backward_kernel_name(dtype, c),
+        }
+    }
+    /// The block shape, as the `mma.sync` configuration with the same keys and rows per block.
+    pub fn tiles(&self) -> TcBackwardConfig {
+        match self {
+            TcBackwardKernel::MmaSync(c) => *c,
+            TcBackwardKernel::Wgmma(c) => c.tiles(),
+        }
+    }
+    pub fn threads(&self) -> u32 {
+        match self {
+            TcBackwardKernel::MmaSync(c) => c.threads(),
+            TcBackwardKernel::Wgmma(c) => c.threads(),
+        }
+    }
+    pub fn shared_bytes(&self) -> u32 {
+        match self {
+            TcBackwardKernel::MmaSync(c) => c.shared_bytes(),
+            TcBackwardKernel::Wgmma(c) => c.shared_bytes(),
+        }
+    }
+    /// Whether this build compiled the configuration.
+    pub fn is_compiled(&self) -> bool {
+        match self {
+            TcBackwardKernel::MmaSync(c) => flash_tc_backward::VARIANTS.contains(c),
+            TcBackwardKernel::Wgmma(c) => flash_wgmma::BACKWARD_VARIANTS.contains(c),
+        }
+    }
+}
+
+/// The main kernel [`tensor_core_backward`] runs on `gpu`: the `wgmma` default where the loaded
+/// module has it (an H100/H200), else the `mma.sync` default.
+pub fn tensor_core_backward_kernel(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    dtype: DType,
+    options: &AttentionOptions,
+) -> Result<TcBackwardKernel> {
+    let mma_sync = tensor_core_backward_config(shape, dtype, options)?;
+    Ok(match flash_wgmma::backward_config(shape.head_dim) {
+        Some(cfg) if gpu.has_wgmma() => TcBackwardKernel::Wgmma(cfg),
+        _ => TcBackwardKernel::MmaSync(mma_sync),
+    })
+}
+
 /// The saved forward state and the incoming gradient: `o` and `d_o` in the dtype of `q`, `lse`
 /// f32 `[batch, heads_q, n_q]` in natural log (`−∞` for rows with no allowed key).
 pub struct BackwardInputs<'a> {
@@ -127,15 +208,15 @@ pub fn tensor_core_backward_into(
     workspace: &BackwardWorkspace,
     options: &AttentionOptions,
 ) -> Result<()> {
-    let cfg = tensor_core_backward_config(shape, inputs.q.dtype(), options)?;
-    tensor_core_backward_variant_into(gpu, cfg, shape, inputs, out, workspace, options)
+    let kernel = tensor_core_backward_kernel(gpu, shape, inputs.q.dtype(), options)?;
+    tensor_core_backward_variant_into(gpu, kernel, shape, inputs, out, workspace, options)
 }
 
-/// As [`tensor_core_backward_into`] with one of `flash_tc_backward::VARIANTS` instead of the
-/// default tiles (for comparing configurations).
+/// As [`tensor_core_backward_into`] with one of `flash_tc_backward::VARIANTS` or
+/// `flash_wgmma::BACKWARD_VARIANTS` instead of the default tiles (for comparing configurations).
 pub fn tensor_core_backward_variant_into(
     gpu: &Gpu,
-    cfg: TcBackwardConfig,
+    kernel: impl Into<TcBackwardKernel>,
     shape: &AttentionShape,
     inputs: &BackwardInputs,
     out: &BackwardOutput,
@@ -145,10 +226,24 @@ pub fn tensor_core_backward_variant_into(
     let dtype = inputs.q.dtype();
     check_qkv(shape, inputs.q, inputs.k, inputs.v)?;
     tensor_core_backward_config(shape, dtype, options)?;
-    if cfg.head_dim != shape.head_dim || !flash_tc_backward::VARIANTS.contains(&cfg) {
+    let kernel = kernel.into();
+    let cfg = kernel.tiles();
+    if cfg.head_dim != shape.head_dim || !kernel.is_compiled() {
         return Err(invalid!(
-            "no compiled tensor-core backward {cfg:?} for head_dim {}",
+            "no compiled tensor-core backward {kernel:?} for head_dim {}",
             shape.head_dim
+        ));
+    }
+    if matches!(kernel, TcBackwardKernel::Wgmma(_)) && !gpu.has_wgmma() {
+        return Err(invalid!(
+            "the wgmma kernels need the sm_90a module on a compute capability 9.0 device"
+        ));
+    }
+    if workspace.n_q_pad != cfg.n_q_pad(shape.n_q) {
+        return Err(invalid!(
+            "the workspace pads rows to {}, the kernel's Q blocks need {}",
+            workspace.n_q_pad,
+            cfg.n_q_pad(shape.n_q)
         ));
     }
     for (name, t, want) in [
@@ -210,15 +305,15 @@ pub fn tensor_core_backward_variant_into(
         &params,
     )?;
     gpu.launch(
-        &backward_kernel_name(dtype, &cfg),
+        &kernel.name(dtype),
         LaunchConfig {
             grid: (
                 shape.n_k.div_ceil(cfg.block_keys()),
                 shape.heads_kv,
                 shape.batch,
             ),
-            block: (cfg.threads(), 1, 1),
-            shared_bytes: cfg.shared_bytes(),
+            block: (kernel.threads(), 1, 1),
+            shared_bytes: kernel.shared_bytes(),
         },
         &params,
     )?;

@@ -164,7 +164,7 @@ unsafe fn forward<
         wgmma::fence();
         for (kk, pa) in pf.iter().enumerate() {
             // SAFETY: keys 16 kk .. 16 kk + 16 of the V stage are filled.
-            unsafe { o.mma_rs_trans_b::<T>(pa, desc(v_tile(stage).mn_major(16 * kk as u32))) };
+            unsafe { o.mma_rs_trans_b::<T>(pa, desc(v_tile(stage).mn_major(16 * kk as u32, 0))) };
         }
         wgmma::commit();
         wgmma::wait::<0>();

@@ -1,12 +1,18 @@
-//! FlashAttention forward on Hopper's warpgroup tensor cores (`wgmma`, sm_90a): tile
-//! configuration shared by the host launcher and the device kernels.
+//! FlashAttention forward and backward on Hopper's warpgroup tensor cores (`wgmma`, sm_90a): tile
+//! configurations shared by the host launchers and the device kernels. The backward's main kernel
+//! is the only new one: it runs between `flash_tc_backward`'s preprocess and dQ conversion, on the
+//! same workspace.
 //!
 //! These kernels exist only in the second PTX module that `build.rs` compiles for `sm_90a` (with
 //! `--cfg flash_attn_sm90a`); the host loads that module on compute capability 9.0 devices and
 //! uses the `mma.sync` kernels of `flash_tc` everywhere else.
 
 #[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
+mod backward;
+#[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
 mod forward;
+
+use crate::flash_tc_backward::TcBackwardConfig;
 
 /// Tiles of one kernel instance: `warpgroups` groups of 4 warps, each owning 64 query rows, and
 /// K/V blocks of `block_keys` keys in two shared stages.
@@ -31,13 +37,15 @@ impl WgConfig {
     }
 }
 
-/// d = 64: 80 KiB of shared memory, two blocks (16 warps) per SM.
+/// d = 64: three warpgroups (192 rows), 88 KiB of shared memory, 137 registers: two blocks (24
+/// warps) per SM; measured 30% faster than two warpgroups on the H200 (reports/PERF_LOG.md).
 pub const D64: WgConfig = WgConfig {
     head_dim: 64,
-    warpgroups: 2,
+    warpgroups: 3,
     block_keys: 128,
 };
-/// d = 128: 160 KiB of shared memory, one block of 8 warps per SM.
+/// d = 128: 160 KiB of shared memory, 175 registers, one block of 8 warps per SM; 13% faster
+/// than 64-key blocks (two blocks per SM) on the H200.
 pub const D128: WgConfig = WgConfig {
     head_dim: 128,
     warpgroups: 2,
@@ -55,7 +63,7 @@ pub const VARIANTS: [WgConfig; 4] = [
     },
     WgConfig {
         head_dim: 64,
-        warpgroups: 3,
+        warpgroups: 2,
         block_keys: 128,
     },
 ];
@@ -65,6 +73,65 @@ pub const fn config(head_dim: u32) -> Option<WgConfig> {
     match head_dim {
         64 => Some(D64),
         128 => Some(D128),
+        _ => None,
+    }
+}
+
+/// Tiles of the backward's main kernel: `warpgroups` groups of 4 warps, each owning 64 keys of the
+/// K/V block for `Sᵀ`, `dPᵀ`, dK and dV; Q blocks of 64 rows, whose dQ the groups split by
+/// columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgBackwardConfig {
+    pub head_dim: u32,
+    pub warpgroups: u32,
+}
+
+impl WgBackwardConfig {
+    /// The `mma.sync` configuration with the same block shape (`16 · warps` keys × 64 rows), whose
+    /// schedule helpers (`first_q_block`, `needs_mask`, `n_q_pad`) hold for this kernel too.
+    pub const fn tiles(&self) -> TcBackwardConfig {
+        TcBackwardConfig {
+            head_dim: self.head_dim,
+            warps: 4 * self.warpgroups,
+        }
+    }
+    pub const fn block_keys(&self) -> u32 {
+        64 * self.warpgroups
+    }
+    pub const fn block_rows(&self) -> u32 {
+        64
+    }
+    pub const fn threads(&self) -> u32 {
+        128 * self.warpgroups
+    }
+    /// dQ columns each warpgroup computes.
+    pub const fn dq_cols(&self) -> u32 {
+        self.head_dim / self.warpgroups
+    }
+    /// K and V; two stages of Q and dO; `dSᵀ`; two stages of the rows' `LSE · log2 e` and `D`.
+    pub const fn shared_bytes(&self) -> u32 {
+        self.tiles().shared_bytes()
+    }
+}
+
+/// d = 64 and 128: two warpgroups, 128 keys × 64 query rows.
+pub const BACKWARD_D64: WgBackwardConfig = WgBackwardConfig {
+    head_dim: 64,
+    warpgroups: 2,
+};
+pub const BACKWARD_D128: WgBackwardConfig = WgBackwardConfig {
+    head_dim: 128,
+    warpgroups: 2,
+};
+
+/// Every backward configuration compiled into the sm_90a PTX.
+pub const BACKWARD_VARIANTS: [WgBackwardConfig; 2] = [BACKWARD_D64, BACKWARD_D128];
+
+/// The default backward configuration for a head dimension.
+pub const fn backward_config(head_dim: u32) -> Option<WgBackwardConfig> {
+    match head_dim {
+        64 => Some(BACKWARD_D64),
+        128 => Some(BACKWARD_D128),
         _ => None,
     }
 }

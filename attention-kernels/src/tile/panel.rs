@@ -75,10 +75,12 @@ impl PanelTile {
     }
 
     /// Start address, leading and stride byte offsets of the MN-major operand made of rows
-    /// (the K dimension) `k0 .. k0 + 16` (`k0` a multiple of 8) and every column.
+    /// (the K dimension) `k0 .. k0 + 16` (`k0` a multiple of 8) and the columns from `col0` on
+    /// (a multiple of 64, or of 8 when the operand's columns end inside that panel).
     #[inline(always)]
-    pub const fn mn_major(&self, k0: u32) -> (u32, u32, u32) {
-        (self.base + k0 * PANEL_ROW_BYTES, self.panel_bytes(), ATOM_BYTES)
+    pub const fn mn_major(&self, k0: u32, col0: u32) -> (u32, u32, u32) {
+        let start = self.base + (col0 / 64) * self.panel_bytes() + (col0 % 64) * 2;
+        (start + k0 * PANEL_ROW_BYTES, self.panel_bytes(), ATOM_BYTES)
     }
 }
 
@@ -124,7 +126,9 @@ mod tests {
         assert_eq!(tile.k_major(0, 0), (1024, 16, 1024));
         assert_eq!(tile.k_major(64, 3), (1024 + 64 * 128 + 96, 16, 1024));
         assert_eq!(tile.k_major(0, 4), (1024 + 128 * 128, 16, 1024));
-        assert_eq!(tile.mn_major(16), (1024 + 16 * 128, 128 * 128, 1024));
+        assert_eq!(tile.mn_major(16, 0), (1024 + 16 * 128, 128 * 128, 1024));
+        assert_eq!(tile.mn_major(16, 64), (1024 + 128 * 128 + 16 * 128, 128 * 128, 1024));
+        assert_eq!(tile.mn_major(0, 32), (1024 + 64, 128 * 128, 1024));
     }
 
     #[test]

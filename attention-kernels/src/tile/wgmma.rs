@@ -64,6 +64,11 @@ pub trait Accumulator {
     /// Both descriptors must describe initialised shared memory laid out as `tile::panel` says;
     /// all 128 threads of the warpgroup must call it.
     unsafe fn mma_ss<T: Wgmma>(&mut self, a: Desc, b: Desc, accumulate: bool);
+    /// `self (+)= A · B` with A and B MN-major (transposed) in shared memory.
+    ///
+    /// # Safety
+    /// As [`Accumulator::mma_ss`].
+    unsafe fn mma_ss_trans<T: Wgmma>(&mut self, a: Desc, b: Desc, accumulate: bool);
     /// `self += A · B` with A in registers and B MN-major (transposed) in shared memory.
     ///
     /// # Safety
@@ -92,24 +97,32 @@ macro_rules! placeholders {
 }
 
 macro_rules! accumulator {
+    // Both operands from shared memory; `$trans` is the transpose flag of A and of B.
+    (@ss $acc:ident, $a:ident, $b:ident, $accumulate:ident, $trans:literal, [$($i:tt)*], $n:literal) => {{
+        let c = $acc;
+        let scale_d = $accumulate as u32;
+        macro_rules! ss {
+            ($ty:literal) => {
+                asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, {sd}, 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty,
+                             " {{", placeholders!($($i)*), "}}, {a}, {b}, p, 1, 1, ", $trans, ", ", $trans, "; }}"),
+                     $(inout(reg32) c[$i].0[0], inout(reg32) c[$i].0[1], inout(reg32) c[$i].0[2], inout(reg32) c[$i].0[3],)*
+                     a = in(reg64) $a.0, b = in(reg64) $b.0, sd = in(reg32) scale_d, options(nostack))
+            };
+        }
+        if T::BF16 { ss!("bf16") } else { ss!("f16") }
+    }};
     ($n:literal, $tiles:literal, [$($i:tt)*]) => {
         impl Accumulator for [FragC; $tiles] {
             #[inline(always)]
             unsafe fn mma_ss<T: Wgmma>(&mut self, a: Desc, b: Desc, accumulate: bool) {
-                let c = self;
-                let scale_d = accumulate as u32;
-                macro_rules! ss {
-                    ($ty:literal) => {
-                        // SAFETY: the caller guarantees the descriptors and the warpgroup.
-                        unsafe {
-                            asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, {sd}, 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty,
-                                         " {{", placeholders!($($i)*), "}}, {a}, {b}, p, 1, 1, 0, 0; }}"),
-                                 $(inout(reg32) c[$i].0[0], inout(reg32) c[$i].0[1], inout(reg32) c[$i].0[2], inout(reg32) c[$i].0[3],)*
-                                 a = in(reg64) a.0, b = in(reg64) b.0, sd = in(reg32) scale_d, options(nostack));
-                        }
-                    };
-                }
-                if T::BF16 { ss!("bf16") } else { ss!("f16") }
+                // SAFETY: forwarded to the caller.
+                unsafe { accumulator!(@ss self, a, b, accumulate, "0", [$($i)*], $n) }
+            }
+
+            #[inline(always)]
+            unsafe fn mma_ss_trans<T: Wgmma>(&mut self, a: Desc, b: Desc, accumulate: bool) {
+                // SAFETY: forwarded to the caller.
+                unsafe { accumulator!(@ss self, a, b, accumulate, "1", [$($i)*], $n) }
             }
 
             #[inline(always)]
@@ -144,6 +157,7 @@ macro_rules! accumulator {
     };
 }
 
+accumulator!(32, 4, [0 1 2 3]);
 accumulator!(64, 8, [0 1 2 3 4 5 6 7]);
 accumulator!(128, 16, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]);
 

@@ -1,0 +1,349 @@
+//! The `wgmma` backward's main kernel, FlashAttention-2 schedule (K/V outer, Q inner).
+//!
+//! A thread block owns one K/V block of `64 · WG` keys of one (batch, kv-head); warpgroup `w` owns
+//! keys `64w .. 64w + 64` and keeps their dK and dV accumulators in registers across the loop over
+//! the Q blocks (64 rows, every query head of the GQA group) that can see them. Q, dO and the
+//! rows' statistics stream through two shared stages (`cp.async` fills block `i + 1` while block
+//! `i` is computed). Per Q block, each product one `wgmma` chain of the warpgroup:
+//!   `Sᵀ = K·Qᵀ` and `dPᵀ = V·dOᵀ` (both operands K-major in shared memory),
+//!   `Pᵀ = 2^(Sᵀ·τ·log2 e − LSE·log2 e)`, `dSᵀ = Pᵀ ∘ (dPᵀ − D)` in registers,
+//!   `dV += Pᵀ·dO` and `dK += dSᵀ·Q` (A from registers, B = dO or Q transposed),
+//!   `dQ = dS·K` with `dS` read transposed from the `dSᵀ` tile every warpgroup wrote, each
+//!   warpgroup taking `d / WG` columns, added into the f32 accumulator with `red.global.add`.
+//! Generic over `KD = d / 16`, `ND = d / 8` (fragments of dK, dV), `WG` and `DQ = ND / WG`
+//! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
+
+use crate::device::{
+    block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, thread_x,
+};
+use crate::flash_tc_backward::hidden;
+use crate::flash_wgmma::WgBackwardConfig;
+use crate::params::TensorCoreBackwardParams;
+use crate::storage::{Bf16, F16};
+use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
+use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
+use crate::tile::mem_backward::{load_shared_f32x2, red_add_f32};
+use crate::tile::mma::{FragA, FragC};
+use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
+use crate::tile::{PanelTile, SwizzledTile};
+
+/// Query columns of `Sᵀ` per Q block: 8 fragments of 8.
+const NQ: usize = 8;
+/// k-steps over the Q block in `dV += Pᵀ·dO` and `dK += dSᵀ·Q`.
+const NQP: usize = NQ / 2;
+
+#[inline(always)]
+unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, const DQ: usize>(
+    p: &TensorCoreBackwardParams,
+) where
+    [FragC; ND]: Accumulator,
+    [FragC; NQ]: Accumulator,
+    [FragC; DQ]: Accumulator,
+{
+    const { assert!(ND == 2 * KD && KD >= 4 && WG > 0 && DQ * WG == ND) };
+    let cfg = WgBackwardConfig {
+        head_dim: 16 * KD as u32,
+        warpgroups: WG as u32,
+    };
+    let tiles = cfg.tiles();
+    let (d, bc, br) = (cfg.head_dim, cfg.block_keys(), cfg.block_rows());
+    let threads = cfg.threads();
+    let s = p.shape;
+    let tid = thread_x();
+    let (group, warp, lane) = (tid / 128, (tid / 32) % 4, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let causal = p.causal != 0;
+    let (kv_block, hk, b) = (block_x(), block_y(), block_z());
+    let k0 = kv_block * bc;
+    let heads_per_kv = s.heads_q / s.heads_kv;
+
+    let row_bytes = d as u64 * 2;
+    let q_stride = s.heads_q as u64 * row_bytes;
+    let kv_stride = s.heads_kv as u64 * row_bytes;
+    let kv_off = (b as u64 * s.n_k as u64 * s.heads_kv as u64 + hk as u64) * row_bytes;
+    // Element index of (b, row 0, head 0) in Q-shaped tensors.
+    let q_batch = b as u64 * s.n_q as u64 * s.heads_q as u64 * d as u64;
+
+    // Every tile is derived from the window's address; the loop re-derives it through `opaque` so
+    // that the dozens of descriptors are computed at their use instead of each holding registers
+    // across the loop (which spilled at d = 128).
+    let smem = shared_window();
+    let (kv_bytes, q_bytes) = (bc * d * 2, br * d * 2);
+    let k_tile = |base: u32| PanelTile::new(base, bc, d);
+    let v_tile = |base: u32| PanelTile::new(base + kv_bytes, bc, d);
+    let stage = |base: u32, st: u32| base + 2 * kv_bytes + st * 2 * q_bytes;
+    let q_tile = |base: u32, st: u32| PanelTile::new(stage(base, st), br, d);
+    let do_tile = |base: u32, st: u32| PanelTile::new(stage(base, st) + q_bytes, br, d);
+    let ds_base = |base: u32| base + 2 * kv_bytes + 4 * q_bytes;
+    // dSᵀ: one key per row, one query per column.
+    let ds_tile = |base: u32| PanelTile::new(ds_base(base), bc, br);
+    // Per stage: `LSE · log2 e` of the block's rows, then their `D`.
+    let stats = |base: u32, st: u32| ds_base(base) + bc * br * 2 + st * 2 * br * 4;
+    let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
+
+    let first_block = tiles.first_q_block(k0, s.n_q, s.n_k, causal);
+    let per_head = s.n_q.div_ceil(br).saturating_sub(first_block);
+    let iters = per_head * heads_per_kv;
+    let head_of = |i: u32| hk * heads_per_kv + i / per_head;
+    let row0_of = |i: u32| (first_block + i % per_head) * br;
+
+    let fill = |i: u32, st: u32| {
+        let (h, q0) = (head_of(i), row0_of(i));
+        let src = (q_batch + h as u64 * d as u64) * 2;
+        // SAFETY: each stage holds `br` rows; rows below n_q are inside Q and dO; the statistics
+        // are padded to whole Q blocks, so every chunk is inside them.
+        unsafe {
+            let rows = |base: u64| GlobalRows {
+                base: base + src,
+                stride: q_stride,
+                limit: s.n_q,
+            };
+            q_tile(smem, st).fill_async(rows(p.q), q0, br, tid, threads);
+            do_tile(smem, st).fill_async(rows(p.d_o), q0, br, tid, threads);
+            let chunks = br / 4;
+            if tid < 2 * chunks {
+                let (which, c) = (tid / chunks, tid % chunks);
+                let base = if which == 0 { p.lse_log2 } else { p.d_sum };
+                let row = (b * s.heads_q + h) as u64 * p.n_q_pad as u64 + q0 as u64;
+                copy16(
+                    stats(smem, st) + which * br * 4 + c * 16,
+                    base + row * 4 + c as u64 * 16,
+                    true,
+                );
+            }
+        }
+    };
+
+    // SAFETY: the K and V tiles hold `bc` rows; rows below n_k are inside K and V.
+    unsafe {
+        let rows = |base: u64| GlobalRows {
+            base: base + kv_off,
+            stride: kv_stride,
+            limit: s.n_k,
+        };
+        k_tile(smem).fill_async(rows(p.k), k0, bc, tid, threads);
+        v_tile(smem).fill_async(rows(p.v), k0, bc, tid, threads);
+    }
+    if iters > 0 {
+        fill(0, 0);
+    }
+
+    let group_key = 64 * group;
+    let key_row = group_key + 16 * warp;
+    let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
+    let dq_col0 = group * cfg.dq_cols();
+    let mut dk = [FragC::default(); ND];
+    let mut dv = [FragC::default(); ND];
+    let mut i = 0;
+    while i < iters {
+        // Block i has landed and is visible to the tensor cores; every warpgroup is done with
+        // block i − 1 (its stage is refilled next) and with the previous dSᵀ.
+        wait_all();
+        wgmma::fence_proxy_async();
+        sync_threads();
+        let st = i & 1;
+        if i + 1 < iters {
+            fill(i + 1, st ^ 1);
+        }
+        let (h, q0) = (head_of(i), row0_of(i));
+        let base = opaque(smem);
+        let (kt, vt, qt, dot, dst) = (
+            k_tile(base),
+            v_tile(base),
+            q_tile(base, st),
+            do_tile(base, st),
+            ds_tile(base),
+        );
+
+        let mut s_t = [FragC::default(); NQ];
+        let mut dp_t = [FragC::default(); NQ];
+        wgmma::fence();
+        for kk in 0..KD as u32 {
+            // SAFETY: the group's keys of K and V, and the stage's Q and dO, are filled.
+            unsafe {
+                s_t.mma_ss::<T>(
+                    desc(kt.k_major(group_key, kk)),
+                    desc(qt.k_major(0, kk)),
+                    kk > 0,
+                );
+            }
+        }
+        for kk in 0..KD as u32 {
+            // SAFETY: as above.
+            unsafe {
+                dp_t.mma_ss::<T>(
+                    desc(vt.k_major(group_key, kk)),
+                    desc(dot.k_major(0, kk)),
+                    kk > 0,
+                );
+            }
+        }
+        wgmma::commit();
+        wgmma::wait::<0>();
+        s_t.pin();
+        dp_t.pin();
+
+        // Pᵀ into `s_t`, dSᵀ into `dp_t`. Keys past n_k (zero rows of K) and causally hidden pairs
+        // are masked; rows past n_q and rows with no allowed key have LSE·log2 e = +∞, so P = 0
+        // there already.
+        let masked = tiles.needs_mask(q0, k0, s.n_q, s.n_k, causal);
+        for j in 0..NQ {
+            let col = 8 * j as u32 + 2 * t;
+            // SAFETY: columns col, col + 1 are inside the stage's statistics.
+            let (lse, d_row) = unsafe {
+                (
+                    load_shared_f32x2(stats(base, st) + col * 4),
+                    load_shared_f32x2(stats(base, st) + br * 4 + col * 4),
+                )
+            };
+            for e in 0..4 {
+                let mut pv = exp2(s_t[j].0[e] * p.scale_log2 - lse[e % 2]);
+                if masked {
+                    // A select, not a branch, so the loop unrolls and stays in registers.
+                    let key = if e < 2 { key_lo } else { key_hi };
+                    let row = q0 + col + (e % 2) as u32;
+                    pv = if hidden(row, key, s.n_q, s.n_k, causal) {
+                        0.0
+                    } else {
+                        pv
+                    };
+                }
+                s_t[j].0[e] = pv;
+                dp_t[j].0[e] = pv * (dp_t[j].0[e] - d_row[e % 2]);
+            }
+        }
+        let mut pt_a = [FragA::default(); NQP];
+        let mut ds_a = [FragA::default(); NQP];
+        for k in 0..NQP {
+            pt_a[k] = T::pack_a(&s_t[2 * k], &s_t[2 * k + 1]);
+            ds_a[k] = T::pack_a(&dp_t[2 * k], &dp_t[2 * k + 1]);
+            // Registers (g, 16k + 2t), (g + 8, ..), (g, 16k + 8 + 2t), (g + 8, ..) of the A
+            // operand: chunks 2k and 2k + 1 of rows key_row + g and key_row + g + 8.
+            let a = ds_a[k].0;
+            let c = 2 * k as u32;
+            // SAFETY: the warp's own key rows of the tile.
+            unsafe {
+                store_shared_u32(dst.chunk_addr(key_row + g, c) + 4 * t, a[0]);
+                store_shared_u32(dst.chunk_addr(key_row + g + 8, c) + 4 * t, a[1]);
+                store_shared_u32(dst.chunk_addr(key_row + g, c + 1) + 4 * t, a[2]);
+                store_shared_u32(dst.chunk_addr(key_row + g + 8, c + 1) + 4 * t, a[3]);
+            }
+        }
+        wgmma::fence_proxy_async();
+
+        wgmma::fence();
+        for k in 0..NQP {
+            // SAFETY: queries 16k .. 16k + 16 of the stage's dO and Q are filled.
+            unsafe {
+                dv.mma_rs_trans_b::<T>(&pt_a[k], desc(dot.mn_major(16 * k as u32, 0)));
+                dk.mma_rs_trans_b::<T>(&ds_a[k], desc(qt.mn_major(16 * k as u32, 0)));
+            }
+        }
+        wgmma::commit();
+        // dQ reads every warpgroup's dSᵀ rows.
+        sync_threads();
+
+        let mut dq = [FragC::default(); DQ];
+        wgmma::fence();
+        for kk in 0..(bc / 16) {
+            // SAFETY: keys 16kk .. 16kk + 16 of the dSᵀ and K tiles are written.
+            unsafe {
+                dq.mma_ss_trans::<T>(
+                    desc(dst.mn_major(16 * kk, 0)),
+                    desc(kt.mn_major(16 * kk, dq_col0)),
+                    kk > 0,
+                );
+            }
+        }
+        wgmma::commit();
+        wgmma::wait::<0>();
+        dq.pin();
+        dv.pin();
+        dk.pin();
+
+        let row_lo = q0 + 16 * warp + g;
+        let acc_row = |row: u32| {
+            p.dq_accum + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * d as u64) * 4
+        };
+        for (half, row) in [(0, row_lo), (2, row_lo + 8)] {
+            if row < s.n_q {
+                let at = acc_row(row) + (dq_col0 + 2 * t) as u64 * 4;
+                for (j, f) in dq.iter().enumerate() {
+                    // SAFETY: row < n_q and columns dq_col0 + 8j + 2t (+ 1) < d are inside the
+                    // accumulator.
+                    unsafe {
+                        red_add_f32(at + 32 * j as u64, f.0[half]);
+                        red_add_f32(at + 32 * j as u64 + 4, f.0[half + 1]);
+                    }
+                }
+            }
+        }
+        i += 1;
+    }
+
+    // Stage dK (× τ) and dV row-major through the K and V tiles once every warpgroup is done
+    // reading them and their copies have landed (when no iteration ran).
+    wait_all();
+    sync_threads();
+    let (k_out, v_out) = (SwizzledTile::new(smem, d), SwizzledTile::new(smem + kv_bytes, d));
+    for (tile, acc, scale) in [(k_out, &dk, p.scale), (v_out, &dv, 1.0)] {
+        for (j, f) in acc.iter().enumerate() {
+            // SAFETY: rows key_row + g (+ 8) and chunk j are inside the tile.
+            unsafe {
+                store_shared_u32(
+                    tile.chunk_addr(key_row + g, j as u32) + 4 * t,
+                    T::pack(scale * f.0[0], scale * f.0[1]),
+                );
+                store_shared_u32(
+                    tile.chunk_addr(key_row + g + 8, j as u32) + 4 * t,
+                    T::pack(scale * f.0[2], scale * f.0[3]),
+                );
+            }
+        }
+    }
+    sync_threads();
+    let chunks = k_out.chunks();
+    for (tile, dst) in [(k_out, p.dk), (v_out, p.dv)] {
+        let mut n = tid;
+        while n < bc * chunks {
+            let (r, c) = (n / chunks, n % chunks);
+            let key = k0 + r;
+            // SAFETY: the shared chunk is inside the tile; the global row is below n_k.
+            unsafe {
+                let v = load_shared_16(tile.chunk_addr(r, c));
+                if key < s.n_k {
+                    store_global_16(dst + kv_off + key as u64 * kv_stride + c as u64 * 16, v);
+                }
+            }
+            n += threads;
+        }
+    }
+}
+
+/// One entry point per (dtype, configuration), named `flash_wgmma_backward_<dtype>_d<d>_g<groups>`
+/// as the host formats it.
+macro_rules! entry_points {
+    ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
+            // SAFETY: the host validated the buffers against `p`, ran the preprocess kernel on the
+            // workspace, and launched the configuration's grid, block and shared memory.
+            unsafe {
+                backward::<
+                    $t,
+                    { $cfg.head_dim as usize / 16 },
+                    { $cfg.head_dim as usize / 8 },
+                    { $cfg.warpgroups as usize },
+                    { $cfg.dq_cols() as usize / 8 },
+                >(&p)
+            }
+        }
+    )*};
+}
+
+entry_points! {
+    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 };
+    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 };
+    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 };
+    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 };
+}
