@@ -2,8 +2,9 @@
 # Builds, on this machine, everything a GPU run needs and copies it to .device-run/ (git-ignored):
 # the release `flash-attn` binary, every test binary of the workspace under stable names, and the
 # timing examples (tc_bench, tc_backward_bench) under .device-run/examples/.
-# The GPU machine has no Rust; pass `.device-run` in the device tool's `carry`, then run
-# scripts/device-run.sh there.
+# The GPU machine has no Rust. The binaries (two PTX modules each) outgrow what the device tool
+# carries, so they also go packed into .device-pack/run.tgz (git-ignored): pass `.device-pack` in
+# the device tool's `carry`, then run `scripts/device-unpack.sh` and scripts/device-run.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .device-run && mkdir -p .device-run/tests .device-run/examples
@@ -25,4 +26,5 @@ strip .device-run/flash-attn .device-run/tests/* .device-run/examples/*
 cp scripts/device-run.sh scripts/device-sanitize.sh scripts/bench-h200.sh .device-run/
 # The GPU machine gets no .git: record which commit (and whether the tree was clean) was built.
 echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!reports' || echo ' +uncommitted changes')" > .device-run/COMMIT
-du -sh .device-run
+mkdir -p .device-pack && tar czf .device-pack/run.tgz .device-run
+du -sh .device-run .device-pack/run.tgz
