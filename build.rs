@@ -92,7 +92,9 @@ fn build_ptx(kernel_dir: &Path, target_root: &Path, arch: &str, wgmma: bool) -> 
     let child_target = target_root.join("ptx-build").join(arch);
     let mut rustflags = format!("-Ctarget-cpu={arch}\x1f-Cllvm-args=-unroll-threshold=1000");
     if wgmma {
-        rustflags.push_str("\x1f--cfg\x1fflash_attn_sm90a");
+        // PTX 8.3 for the vector reductions (`red.global.add.v4.f32`, 8.1+); LLVM would write 8.0.
+        // rustc calls the feature unstable and says so in the child build's output.
+        rustflags.push_str("\x1f-Ctarget-feature=+ptx83\x1f--cfg\x1fflash_attn_sm90a");
     }
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let mut cmd = Command::new(cargo);

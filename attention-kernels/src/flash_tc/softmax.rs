@@ -43,6 +43,16 @@ impl RowState {
         s: &mut [FragC; NK],
         o: &mut [FragC; ND],
     ) -> [FragA; NP] {
+        let alpha = self.fold(s);
+        rescale(o, alpha);
+        pack::<T, NK, NP>(s)
+    }
+
+    /// Folds one block of scaled, masked scores `s` into the state and turns them into
+    /// `P = 2^(s − m)` in place; returns the factors `α` by which the output accumulated so far
+    /// must be rescaled (rows g and g + 8), for callers that rescale it later.
+    #[inline(always)]
+    pub fn fold<const NK: usize>(&mut self, s: &mut [FragC; NK]) -> [f32; 2] {
         let mut m_new = self.m;
         for t in s.iter() {
             m_new[0] = m_new[0].max(t.0[0]).max(t.0[1]);
@@ -63,23 +73,13 @@ impl RowState {
             self.m[r] = m_new[r];
             self.l[r] *= alpha[r];
         }
-        for t in o.iter_mut() {
-            t.0[0] *= alpha[0];
-            t.0[1] *= alpha[0];
-            t.0[2] *= alpha[1];
-            t.0[3] *= alpha[1];
-        }
         for t in s.iter_mut() {
             for e in 0..4 {
                 t.0[e] = exp2(t.0[e] - m_sub[e / 2]);
                 self.l[e / 2] += t.0[e];
             }
         }
-        let mut p = [FragA::default(); NP];
-        for (k, a) in p.iter_mut().enumerate() {
-            *a = T::pack_a(&s[2 * k], &s[2 * k + 1]);
-        }
-        p
+        alpha
     }
 
     /// Normalises `o` by the row sums and returns the natural-log `LSE = m ln 2 + ln l` of rows
@@ -103,4 +103,25 @@ impl RowState {
         }
         lse
     }
+}
+
+/// Multiplies rows g and g + 8 of the output accumulators by `alpha`.
+#[inline(always)]
+pub fn rescale<const ND: usize>(o: &mut [FragC; ND], alpha: [f32; 2]) {
+    for t in o.iter_mut() {
+        t.0[0] *= alpha[0];
+        t.0[1] *= alpha[0];
+        t.0[2] *= alpha[1];
+        t.0[3] *= alpha[1];
+    }
+}
+
+/// `P` (scores after [`RowState::fold`]) as `NP = NK / 2` A fragments of the next product.
+#[inline(always)]
+pub fn pack<T: MmaElem, const NK: usize, const NP: usize>(s: &[FragC; NK]) -> [FragA; NP] {
+    let mut p = [FragA::default(); NP];
+    for (k, a) in p.iter_mut().enumerate() {
+        *a = T::pack_a(&s[2 * k], &s[2 * k + 1]);
+    }
+    p
 }

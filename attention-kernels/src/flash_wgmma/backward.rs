@@ -14,7 +14,7 @@
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
 use crate::device::{
-    block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, thread_x,
+    block_x, block_y, block_z, exp2, opaque, shfl_xor, shared_window, sync_threads, thread_x,
 };
 use crate::flash_tc_backward::hidden;
 use crate::flash_wgmma::WgBackwardConfig;
@@ -22,7 +22,7 @@ use crate::params::TensorCoreBackwardParams;
 use crate::storage::{Bf16, F16};
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
-use crate::tile::mem_backward::{load_shared_f32x2, red_add_f32};
+use crate::tile::mem_backward::{load_shared_f32x2, red_add_f32x4};
 use crate::tile::mma::{FragA, FragC};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
@@ -155,6 +155,8 @@ unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, 
             ds_tile(base),
         );
 
+        // Four groups in order: Sᵀ, dPᵀ, dV, dK; Pᵀ is computed while dPᵀ runs, dSᵀ while dV
+        // runs, and dQ is issued once every warpgroup's dSᵀ is in shared memory.
         let mut s_t = [FragC::default(); NQ];
         let mut dp_t = [FragC::default(); NQ];
         wgmma::fence();
@@ -168,6 +170,7 @@ unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, 
                 );
             }
         }
+        wgmma::commit();
         for kk in 0..KD as u32 {
             // SAFETY: as above.
             unsafe {
@@ -179,43 +182,52 @@ unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, 
             }
         }
         wgmma::commit();
-        wgmma::wait::<0>();
+        wgmma::wait::<1>();
         s_t.pin();
-        dp_t.pin();
 
-        // Pᵀ into `s_t`, dSᵀ into `dp_t`. Keys past n_k (zero rows of K) and causally hidden pairs
-        // are masked; rows past n_q and rows with no allowed key have LSE·log2 e = +∞, so P = 0
-        // there already.
+        // Pᵀ into `s_t`. Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows
+        // past n_q and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already.
         let masked = tiles.needs_mask(q0, k0, s.n_q, s.n_k, causal);
         for j in 0..NQ {
             let col = 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
-            let (lse, d_row) = unsafe {
-                (
-                    load_shared_f32x2(stats(base, st) + col * 4),
-                    load_shared_f32x2(stats(base, st) + br * 4 + col * 4),
-                )
-            };
+            let lse = unsafe { load_shared_f32x2(stats(base, st) + col * 4) };
             for e in 0..4 {
-                let mut pv = exp2(s_t[j].0[e] * p.scale_log2 - lse[e % 2]);
-                if masked {
-                    // A select, not a branch, so the loop unrolls and stays in registers.
-                    let key = if e < 2 { key_lo } else { key_hi };
-                    let row = q0 + col + (e % 2) as u32;
-                    pv = if hidden(row, key, s.n_q, s.n_k, causal) {
-                        0.0
-                    } else {
-                        pv
-                    };
-                }
-                s_t[j].0[e] = pv;
-                dp_t[j].0[e] = pv * (dp_t[j].0[e] - d_row[e % 2]);
+                let pv = exp2(s_t[j].0[e] * p.scale_log2 - lse[e % 2]);
+                // A select, not a branch, so the loop unrolls and stays in registers.
+                let key = if e < 2 { key_lo } else { key_hi };
+                let row = q0 + col + (e % 2) as u32;
+                s_t[j].0[e] = if masked && hidden(row, key, s.n_q, s.n_k, causal) {
+                    0.0
+                } else {
+                    pv
+                };
             }
         }
         let mut pt_a = [FragA::default(); NQP];
-        let mut ds_a = [FragA::default(); NQP];
         for k in 0..NQP {
             pt_a[k] = T::pack_a(&s_t[2 * k], &s_t[2 * k + 1]);
+        }
+        wgmma::fence();
+        for (k, a) in pt_a.iter().enumerate() {
+            // SAFETY: queries 16k .. 16k + 16 of the stage's dO are filled.
+            unsafe { dv.mma_rs_trans_b::<T>(a, desc(dot.mn_major(16 * k as u32, 0))) };
+        }
+        wgmma::commit();
+        wgmma::wait::<1>();
+        dp_t.pin();
+
+        // dSᵀ = Pᵀ ∘ (dPᵀ − D) into `dp_t`, then to the dSᵀ tile for dQ.
+        for j in 0..NQ {
+            let col = 8 * j as u32 + 2 * t;
+            // SAFETY: columns col, col + 1 are inside the stage's statistics.
+            let d_row = unsafe { load_shared_f32x2(stats(base, st) + br * 4 + col * 4) };
+            for e in 0..4 {
+                dp_t[j].0[e] = s_t[j].0[e] * (dp_t[j].0[e] - d_row[e % 2]);
+            }
+        }
+        let mut ds_a = [FragA::default(); NQP];
+        for k in 0..NQP {
             ds_a[k] = T::pack_a(&dp_t[2 * k], &dp_t[2 * k + 1]);
             // Registers (g, 16k + 2t), (g + 8, ..), (g, 16k + 8 + 2t), (g + 8, ..) of the A
             // operand: chunks 2k and 2k + 1 of rows key_row + g and key_row + g + 8.
@@ -230,14 +242,10 @@ unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, 
             }
         }
         wgmma::fence_proxy_async();
-
         wgmma::fence();
-        for k in 0..NQP {
-            // SAFETY: queries 16k .. 16k + 16 of the stage's dO and Q are filled.
-            unsafe {
-                dv.mma_rs_trans_b::<T>(&pt_a[k], desc(dot.mn_major(16 * k as u32, 0)));
-                dk.mma_rs_trans_b::<T>(&ds_a[k], desc(qt.mn_major(16 * k as u32, 0)));
-            }
+        for (k, a) in ds_a.iter().enumerate() {
+            // SAFETY: queries 16k .. 16k + 16 of the stage's Q are filled.
+            unsafe { dk.mma_rs_trans_b::<T>(a, desc(qt.mn_major(16 * k as u32, 0))) };
         }
         wgmma::commit();
         // dQ reads every warpgroup's dSᵀ rows.
@@ -261,21 +269,27 @@ unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, 
         dv.pin();
         dk.pin();
 
-        let row_lo = q0 + 16 * warp + g;
-        let acc_row = |row: u32| {
-            p.dq_accum + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * d as u64) * 4
-        };
-        for (half, row) in [(0, row_lo), (2, row_lo + 8)] {
+        // Lanes t and t ^ 1 trade halves so that each holds four consecutive columns of one row
+        // (even t: row g, columns 2t ..; odd t: row g + 8, columns 2t − 2 ..): one 16-byte vector
+        // reduction per fragment instead of four scalar ones.
+        let odd = t % 2 == 1;
+        let row = q0 + 16 * warp + g + if odd { 8 } else { 0 };
+        let col = dq_col0 + 2 * t - if odd { 2 } else { 0 };
+        let at = p.dq_accum
+            + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * d as u64 + col as u64) * 4;
+        for (j, f) in dq.iter().enumerate() {
+            let [lo0, lo1, hi0, hi1] = f.0;
+            let (send0, send1) = if odd { (lo0, lo1) } else { (hi0, hi1) };
+            let (r0, r1) = (shfl_xor(send0, 1), shfl_xor(send1, 1));
+            let v = if odd {
+                [r0, r1, hi0, hi1]
+            } else {
+                [lo0, lo1, r0, r1]
+            };
             if row < s.n_q {
-                let at = acc_row(row) + (dq_col0 + 2 * t) as u64 * 4;
-                for (j, f) in dq.iter().enumerate() {
-                    // SAFETY: row < n_q and columns dq_col0 + 8j + 2t (+ 1) < d are inside the
-                    // accumulator.
-                    unsafe {
-                        red_add_f32(at + 32 * j as u64, f.0[half]);
-                        red_add_f32(at + 32 * j as u64 + 4, f.0[half + 1]);
-                    }
-                }
+                // SAFETY: row < n_q and columns col + 8j .. + 4 < d are inside the accumulator,
+                // 16-byte aligned (col is a multiple of 4, rows are whole 16-byte chunks).
+                unsafe { red_add_f32x4(at + 32 * j as u64, v) };
             }
         }
         i += 1;

@@ -1,16 +1,21 @@
 //! The `wgmma` forward: FlashAttention-2's schedule with each product issued by a warpgroup.
 //!
 //! A thread block owns `64 · WG` query rows of one (batch, head); warpgroup `w` owns rows
-//! `64w .. 64w + 64` and reads its Q straight from shared memory for every `S = Q·Kᵀ`. K/V blocks
-//! of `8 · NK` keys stream through two shared stages (`cp.async` fills block `j + 1` while block
-//! `j` is computed; one barrier per block). `O += P·V` takes P from registers (the scores'
-//! accumulator layout is the A operand's, see `tile::wgmma`) and V transposed from shared memory.
-//! The online softmax is `flash_tc`'s: each thread holds two rows of its warp's 16.
+//! `64w .. 64w + 64` and reads its Q straight from shared memory for every `S = Q·Kᵀ`. `O += P·V`
+//! takes P from registers (the scores' accumulator layout is the A operand's, see `tile::wgmma`)
+//! and V transposed from shared memory. The online softmax is `flash_tc`'s: each thread holds two
+//! rows of its warp's 16.
+//!
+//! Software-pipelined as FlashAttention-3 does within a warpgroup: step `j` issues `S_j = Q·K_jᵀ`
+//! and then `O += P_{j−1}·V_{j−1}`, and computes the softmax of `S_j` while the tensor cores run
+//! the second product; O is rescaled by step j's factor once that product is done. So K runs one
+//! block ahead of V: step `j` needs `K_j` and `V_{j−1}` and prefetches `K_{j+1}` and `V_j` with
+//! `cp.async` into two stages each (one barrier per step).
 //! Generic over `KD = d / 16` (k-steps of `Q·Kᵀ`), `ND = d / 8` (fragments of O), `NK` (fragments
 //! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
 
 use crate::device::{block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads, thread_x};
-use crate::flash_tc::softmax::RowState;
+use crate::flash_tc::softmax::{RowState, pack, rescale};
 use crate::flash_wgmma::WgConfig;
 use crate::params::{TensorCoreForwardParams, causal_key_end};
 use crate::storage::{Bf16, F16};
@@ -74,14 +79,14 @@ unsafe fn forward<
     let q_tile = PanelTile::new(smem, br, d);
     let kv_bytes = bc * d * 2;
     let kv_base = smem + br * d * 2;
-    let k_tile = |stage: u32| PanelTile::new(kv_base + stage * 2 * kv_bytes, bc, d);
-    let v_tile = |stage: u32| PanelTile::new(kv_base + stage * 2 * kv_bytes + kv_bytes, bc, d);
-    let fill_kv = |block: u32, stage: u32| {
-        // SAFETY: each stage holds `bc` rows; rows below n_k are inside K and V.
-        unsafe {
-            k_tile(stage).fill_async(k_rows, block * bc, bc, tid, threads);
-            v_tile(stage).fill_async(v_rows, block * bc, bc, tid, threads);
-        }
+    let k_tile = |block: u32| PanelTile::new(kv_base + (block & 1) * kv_bytes, bc, d);
+    let v_tile = |block: u32| PanelTile::new(kv_base + (2 + (block & 1)) * kv_bytes, bc, d);
+    // SAFETY (both): each stage holds `bc` rows; rows below n_k are inside K and V.
+    let fill_k = |block: u32| unsafe {
+        k_tile(block).fill_async(k_rows, block * bc, bc, tid, threads)
+    };
+    let fill_v = |block: u32| unsafe {
+        v_tile(block).fill_async(v_rows, block * bc, bc, tid, threads)
     };
     let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
@@ -100,7 +105,7 @@ unsafe fn forward<
     // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
     unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };
     if n_blocks > 0 {
-        fill_kv(0, 0);
+        fill_k(0);
     }
 
     let group_row = 64 * group;
@@ -110,34 +115,9 @@ unsafe fn forward<
     let (end_lo, end_hi) = (key_end(row_lo), key_end(row_hi));
     let mut o = [FragC::default(); ND];
     let mut state = RowState::new();
-    let mut block = 0;
-    while block < n_blocks {
-        // This block has landed and is visible to the tensor cores, and every warp is done with
-        // the previous one, whose stage the next fill overwrites.
-        wait_all();
-        wgmma::fence_proxy_async();
-        sync_threads();
-        let stage = block & 1;
-        if block + 1 < n_blocks {
-            fill_kv(block + 1, stage ^ 1);
-        }
-
-        let mut sc = [FragC::default(); NK];
-        wgmma::fence();
-        for kk in 0..KD as u32 {
-            // SAFETY: Q rows of this group and the whole K stage are filled (barrier above).
-            unsafe {
-                sc.mma_ss::<T>(
-                    desc(q_tile.k_major(group_row, kk)),
-                    desc(k_tile(stage).k_major(0, kk)),
-                    kk > 0,
-                )
-            };
-        }
-        wgmma::commit();
-        wgmma::wait::<0>();
-        sc.pin();
-
+    // Scales and masks the scores of block j and folds them into the state: `sc` becomes P,
+    // the result is the factor that rescales O.
+    let mut softmax = |block: u32, sc: &mut [FragC; NK]| {
         let k0 = block * bc;
         for f in sc.iter_mut() {
             for e in 0..4 {
@@ -159,17 +139,75 @@ unsafe fn forward<
                 }
             }
         }
-        let pf: [FragA; NP] = state.update::<T, NK, NP, ND>(&mut sc, &mut o);
-
-        wgmma::fence();
-        for (kk, pa) in pf.iter().enumerate() {
-            // SAFETY: keys 16 kk .. 16 kk + 16 of the V stage are filled.
-            unsafe { o.mma_rs_trans_b::<T>(pa, desc(v_tile(stage).mn_major(16 * kk as u32, 0))) };
+        state.fold(sc)
+    };
+    // K_j and V_{j−1} have landed and are visible to the tensor cores, and every warp is done
+    // with the products of step j − 1, whose stages the next fills overwrite.
+    let step_barrier = || {
+        wait_all();
+        wgmma::fence_proxy_async();
+        sync_threads();
+    };
+    let scores = |block: u32, sc: &mut [FragC; NK]| {
+        for kk in 0..KD as u32 {
+            // SAFETY: Q rows of this group and K_j are filled (barrier before).
+            unsafe {
+                sc.mma_ss::<T>(
+                    desc(q_tile.k_major(group_row, kk)),
+                    desc(k_tile(block).k_major(0, kk)),
+                    kk > 0,
+                )
+            };
         }
         wgmma::commit();
+    };
+    let accumulate = |block: u32, pf: &[FragA; NP], o: &mut [FragC; ND]| {
+        for (kk, pa) in pf.iter().enumerate() {
+            let v = v_tile(block).mn_major(16 * kk as u32, 0);
+            // SAFETY: keys 16 kk .. 16 kk + 16 of V_j are filled (barrier before).
+            unsafe { o.mma_rs_trans_b::<T>(pa, desc(v)) };
+        }
+        wgmma::commit();
+    };
+
+    if n_blocks > 0 {
+        step_barrier();
+        if n_blocks > 1 {
+            fill_k(1);
+        }
+        fill_v(0);
+        let mut sc = [FragC::default(); NK];
+        wgmma::fence();
+        scores(0, &mut sc);
+        wgmma::wait::<0>();
+        sc.pin();
+        // O is still zero: its factor changes nothing.
+        softmax(0, &mut sc);
+        // P of the previous step, waiting for its V.
+        let mut pf = pack::<T, NK, NP>(&sc);
+        for block in 1..n_blocks {
+            step_barrier();
+            if block + 1 < n_blocks {
+                fill_k(block + 1);
+            }
+            fill_v(block);
+            let mut sc = [FragC::default(); NK];
+            wgmma::fence();
+            scores(block, &mut sc);
+            accumulate(block - 1, &pf, &mut o);
+            wgmma::wait::<1>();
+            sc.pin();
+            let alpha = softmax(block, &mut sc);
+            wgmma::wait::<0>();
+            o.pin();
+            rescale(&mut o, alpha);
+            pf = pack::<T, NK, NP>(&sc);
+        }
+        step_barrier();
+        wgmma::fence();
+        accumulate(n_blocks - 1, &pf, &mut o);
         wgmma::wait::<0>();
         o.pin();
-        block += 1;
     }
 
     let lse = state.finish(&mut o);
