@@ -148,7 +148,7 @@ const SHAPES: &[Anchor] = &[
 ];
 
 /// Indices into `SHAPES` on which every variant is timed.
-const VARIANT_SHAPES: &[usize] = &[0, 4, 7, 8];
+const VARIANT_SHAPES: &[usize] = &[0, 4, 7, 8, 9, 10];
 
 struct Inputs {
     shape: AttentionShape,

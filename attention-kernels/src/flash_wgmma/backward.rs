@@ -3,13 +3,20 @@
 //! A thread block owns one K/V block of `64 · WG` keys of one (batch, kv-head); warpgroup `w` owns
 //! keys `64w .. 64w + 64` and keeps their dK and dV accumulators in registers across the loop over
 //! the Q blocks (64 rows, every query head of the GQA group) that can see them. Q, dO and the
-//! rows' statistics stream through two shared stages (`cp.async` fills block `i + 1` while block
-//! `i` is computed). Per Q block, each product one `wgmma` chain of the warpgroup:
+//! rows' statistics stream through three shared stages (`cp.async` fills block `i + 1` while block
+//! `i` is computed and step `i − 1`'s last products may still read theirs). Per Q block, each product one `wgmma` chain of the warpgroup:
 //!   `Sᵀ = K·Qᵀ` and `dPᵀ = V·dOᵀ` (both operands K-major in shared memory),
 //!   `Pᵀ = 2^(Sᵀ·τ·log2 e − LSE·log2 e)`, `dSᵀ = Pᵀ ∘ (dPᵀ − D)` in registers,
 //!   `dV += Pᵀ·dO` and `dK += dSᵀ·Q` (A from registers, B = dO or Q transposed),
 //!   `dQ = dS·K` with `dS` read transposed from the `dSᵀ` tile every warpgroup wrote, each
 //!   warpgroup taking `d / WG` columns, added into the f32 accumulator with `red.global.add`.
+//! The products of one step are issued as separate groups so that `Pᵀ` is computed while `dPᵀ`
+//! runs and `dSᵀ` while dV runs. With `CARRY_DQ`, dQ of step `i` is left running into step
+//! `i + 1` (its `dSᵀ` tile is double-buffered) and its reductions are sent while step `i + 1`'s
+//! `dPᵀ` runs; that keeps 8 · DQ more registers live across the step, which d = 128 does not have
+//! (ptxas serializes the products and spills), so there dQ is waited for and sent in its own step. Two barriers
+//! per step: one publishes the landed Q/dO stage, one the `dSᵀ` tile; a stage or `dSᵀ` buffer is
+//! overwritten only after every warpgroup has waited for the products that read it.
 //! Generic over `KD = d / 16`, `ND = d / 8` (fragments of dK, dV), `WG` and `DQ = ND / WG`
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
@@ -33,7 +40,14 @@ const NQ: usize = 8;
 const NQP: usize = NQ / 2;
 
 #[inline(always)]
-unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, const DQ: usize>(
+unsafe fn backward<
+    T: Wgmma,
+    const KD: usize,
+    const ND: usize,
+    const WG: usize,
+    const DQ: usize,
+    const CARRY_DQ: bool,
+>(
     p: &TensorCoreBackwardParams,
 ) where
     [FragC; ND]: Accumulator,
@@ -74,11 +88,13 @@ unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, 
     let stage = |base: u32, st: u32| base + 2 * kv_bytes + st * 2 * q_bytes;
     let q_tile = |base: u32, st: u32| PanelTile::new(stage(base, st), br, d);
     let do_tile = |base: u32, st: u32| PanelTile::new(stage(base, st) + q_bytes, br, d);
-    let ds_base = |base: u32| base + 2 * kv_bytes + 4 * q_bytes;
-    // dSᵀ: one key per row, one query per column.
-    let ds_tile = |base: u32| PanelTile::new(ds_base(base), bc, br);
+    let ds_base = |base: u32| base + 2 * kv_bytes + 3 * 2 * q_bytes;
+    // dSᵀ, per stage: one key per row, one query per column.
+    let ds_tile = |base: u32, st: u32| PanelTile::new(ds_base(base) + st * bc * br * 2, bc, br);
     // Per stage: `LSE · log2 e` of the block's rows, then their `D`.
-    let stats = |base: u32, st: u32| ds_base(base) + bc * br * 2 + st * 2 * br * 4;
+    let stats = |base: u32, st: u32| ds_base(base) + 2 * bc * br * 2 + st * 2 * br * 4;
+    // Q/dO/statistics stage and dSᵀ buffer of step i.
+    let stage_of = |i: u32| i % 3;
     let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
     let first_block = tiles.first_q_block(k0, s.n_q, s.n_k, causal);
@@ -134,6 +150,34 @@ unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, 
     let dq_col0 = group * cfg.dq_cols();
     let mut dk = [FragC::default(); ND];
     let mut dv = [FragC::default(); ND];
+    // dQ of the previous step: in flight until this step's first wait, then reduced.
+    let mut dq = [FragC::default(); DQ];
+    let mut dq_at = (0u32, 0u32);
+    let reduce_dq = |dq: &[FragC; DQ], (h, q0): (u32, u32)| {
+        // Lanes t and t ^ 1 trade halves so that each holds four consecutive columns of one row
+        // (even t: row g, columns 2t ..; odd t: row g + 8, columns 2t − 2 ..): one 16-byte vector
+        // reduction per fragment instead of four scalar ones.
+        let odd = t % 2 == 1;
+        let row = q0 + 16 * warp + g + if odd { 8 } else { 0 };
+        let col = dq_col0 + 2 * t - if odd { 2 } else { 0 };
+        let at = p.dq_accum
+            + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * d as u64 + col as u64) * 4;
+        for (j, f) in dq.iter().enumerate() {
+            let [lo0, lo1, hi0, hi1] = f.0;
+            let (send0, send1) = if odd { (lo0, lo1) } else { (hi0, hi1) };
+            let (r0, r1) = (shfl_xor(send0, 1), shfl_xor(send1, 1));
+            let v = if odd {
+                [r0, r1, hi0, hi1]
+            } else {
+                [lo0, lo1, r0, r1]
+            };
+            if row < s.n_q {
+                // SAFETY: row < n_q and columns col + 8j .. + 4 < d are inside the accumulator,
+                // 16-byte aligned (col is a multiple of 4, rows are whole 16-byte chunks).
+                unsafe { red_add_f32x4(at + 32 * j as u64, v) };
+            }
+        }
+    };
     let mut i = 0;
     while i < iters {
         // Block i has landed and is visible to the tensor cores; every warpgroup is done with
@@ -141,9 +185,9 @@ unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, 
         wait_all();
         wgmma::fence_proxy_async();
         sync_threads();
-        let st = i & 1;
+        let st = stage_of(i);
         if i + 1 < iters {
-            fill(i + 1, st ^ 1);
+            fill(i + 1, stage_of(i + 1));
         }
         let (h, q0) = (head_of(i), row0_of(i));
         let base = opaque(smem);
@@ -152,11 +196,9 @@ unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, 
             v_tile(base),
             q_tile(base, st),
             do_tile(base, st),
-            ds_tile(base),
+            ds_tile(base, i & 1),
         );
 
-        // Four groups in order: Sᵀ, dPᵀ, dV, dK; Pᵀ is computed while dPᵀ runs, dSᵀ while dV
-        // runs, and dQ is issued once every warpgroup's dSᵀ is in shared memory.
         let mut s_t = [FragC::default(); NQ];
         let mut dp_t = [FragC::default(); NQ];
         wgmma::fence();
@@ -182,8 +224,13 @@ unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, 
             }
         }
         wgmma::commit();
+        // Sᵀ is done, and so is everything issued before it: the previous dQ.
         wgmma::wait::<1>();
         s_t.pin();
+        if CARRY_DQ && i > 0 {
+            dq.pin();
+            reduce_dq(&dq, dq_at);
+        }
 
         // Pᵀ into `s_t`. Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows
         // past n_q and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already.
@@ -251,48 +298,39 @@ unsafe fn backward<T: Wgmma, const KD: usize, const ND: usize, const WG: usize, 
         // dQ reads every warpgroup's dSᵀ rows.
         sync_threads();
 
-        let mut dq = [FragC::default(); DQ];
-        wgmma::fence();
-        for kk in 0..(bc / 16) {
-            // SAFETY: keys 16kk .. 16kk + 16 of the dSᵀ and K tiles are written.
-            unsafe {
-                dq.mma_ss_trans::<T>(
-                    desc(dst.mn_major(16 * kk, 0)),
-                    desc(kt.mn_major(16 * kk, dq_col0)),
-                    kk > 0,
-                );
+        let issue_dq = |dq: &mut [FragC; DQ]| {
+            wgmma::fence();
+            for kk in 0..(bc / 16) {
+                // SAFETY: keys 16kk .. 16kk + 16 of the dSᵀ and K tiles are written.
+                unsafe {
+                    dq.mma_ss_trans::<T>(
+                        desc(dst.mn_major(16 * kk, 0)),
+                        desc(kt.mn_major(16 * kk, dq_col0)),
+                        kk > 0,
+                    );
+                }
             }
-        }
-        wgmma::commit();
-        wgmma::wait::<0>();
-        dq.pin();
-        dv.pin();
-        dk.pin();
-
-        // Lanes t and t ^ 1 trade halves so that each holds four consecutive columns of one row
-        // (even t: row g, columns 2t ..; odd t: row g + 8, columns 2t − 2 ..): one 16-byte vector
-        // reduction per fragment instead of four scalar ones.
-        let odd = t % 2 == 1;
-        let row = q0 + 16 * warp + g + if odd { 8 } else { 0 };
-        let col = dq_col0 + 2 * t - if odd { 2 } else { 0 };
-        let at = p.dq_accum
-            + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * d as u64 + col as u64) * 4;
-        for (j, f) in dq.iter().enumerate() {
-            let [lo0, lo1, hi0, hi1] = f.0;
-            let (send0, send1) = if odd { (lo0, lo1) } else { (hi0, hi1) };
-            let (r0, r1) = (shfl_xor(send0, 1), shfl_xor(send1, 1));
-            let v = if odd {
-                [r0, r1, hi0, hi1]
-            } else {
-                [lo0, lo1, r0, r1]
-            };
-            if row < s.n_q {
-                // SAFETY: row < n_q and columns col + 8j .. + 4 < d are inside the accumulator,
-                // 16-byte aligned (col is a multiple of 4, rows are whole 16-byte chunks).
-                unsafe { red_add_f32x4(at + 32 * j as u64, v) };
-            }
+            wgmma::commit();
+        };
+        if CARRY_DQ {
+            issue_dq(&mut dq);
+            dq_at = (h, q0);
+        } else {
+            let mut dq_now = [FragC::default(); DQ];
+            issue_dq(&mut dq_now);
+            wgmma::wait::<0>();
+            dq_now.pin();
+            reduce_dq(&dq_now, (h, q0));
         }
         i += 1;
+    }
+
+    wgmma::wait::<0>();
+    dq.pin();
+    dk.pin();
+    dv.pin();
+    if CARRY_DQ && iters > 0 {
+        reduce_dq(&dq, dq_at);
     }
 
     // Stage dK (× τ) and dV row-major through the K and V tiles once every warpgroup is done
@@ -349,6 +387,7 @@ macro_rules! entry_points {
                     { $cfg.head_dim as usize / 8 },
                     { $cfg.warpgroups as usize },
                     { $cfg.dq_cols() as usize / 8 },
+                    { $cfg.carry_dq() },
                 >(&p)
             }
         }

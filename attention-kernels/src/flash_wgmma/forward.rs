@@ -283,6 +283,10 @@ entry_points! {
     flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 };
     flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 };
     flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 };
+    flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 };
+    flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 };
+    flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 };
+    flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 };
     flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 };
     flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 };
     flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 };

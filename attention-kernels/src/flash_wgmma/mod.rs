@@ -53,7 +53,7 @@ pub const D128: WgConfig = WgConfig {
 };
 
 /// Every configuration compiled into the sm_90a PTX: the defaults first, then candidates.
-pub const VARIANTS: [WgConfig; 4] = [
+pub const VARIANTS: [WgConfig; 6] = [
     D64,
     D128,
     WgConfig {
@@ -65,6 +65,16 @@ pub const VARIANTS: [WgConfig; 4] = [
         head_dim: 64,
         warpgroups: 2,
         block_keys: 128,
+    },
+    WgConfig {
+        head_dim: 64,
+        warpgroups: 2,
+        block_keys: 64,
+    },
+    WgConfig {
+        head_dim: 64,
+        warpgroups: 3,
+        block_keys: 64,
     },
 ];
 
@@ -104,13 +114,20 @@ impl WgBackwardConfig {
     pub const fn threads(&self) -> u32 {
         128 * self.warpgroups
     }
+    /// Whether dQ of one step is carried into the next (see the kernel): only where registers
+    /// allow, d = 64.
+    pub const fn carry_dq(&self) -> bool {
+        self.head_dim <= 64
+    }
     /// dQ columns each warpgroup computes.
     pub const fn dq_cols(&self) -> u32 {
         self.head_dim / self.warpgroups
     }
-    /// K and V; two stages of Q and dO; `dSᵀ`; two stages of the rows' `LSE · log2 e` and `D`.
+    /// K and V; three stages of Q and dO; two of `dSᵀ`; three stages of the rows' `LSE · log2 e`
+    /// and `D`.
     pub const fn shared_bytes(&self) -> u32 {
-        self.tiles().shared_bytes()
+        let (bc, br, d) = (self.block_keys(), self.block_rows(), self.head_dim);
+        2 * bc * d * 2 + 6 * br * d * 2 + 2 * bc * br * 2 + 3 * 2 * br * 4
     }
 }
 
