@@ -13,8 +13,8 @@ use flash_attn::tensor_core::{
     TcKernel, tensor_core_forward, tensor_core_forward_into, tensor_core_kernel,
 };
 use flash_attn::tensor_core_backward::{
-    BackwardInputs, BackwardOutput, BackwardWorkspace, tensor_core_backward_config,
-    tensor_core_backward_into,
+    BackwardInputs, BackwardOutput, BackwardWorkspace, TcBackwardKernel,
+    tensor_core_backward_into, tensor_core_backward_kernel,
 };
 use flash_attn::timing::time_calls;
 use flash_attn::{
@@ -337,7 +337,8 @@ fn bench_tc_backward<'a>(
     let options = AttentionOptions::new().causal(causal);
     let (_, dev) = inputs(shape, args.dtype)?;
     let d_o = DeviceTensor::from_f32(args.dtype, &uniform(rand::random(), shape.q_elems()))?;
-    let config = tensor_core_backward_config(shape, args.dtype, &options)?;
+    let kernel = tensor_core_backward_kernel(gpu, shape, args.dtype, &options)?;
+    let tiles = kernel.tiles();
     let fwd = tensor_core_forward(gpu, shape, &dev[0], &dev[1], &dev[2], &options)?;
     let inputs = BackwardInputs {
         q: &dev[0],
@@ -364,8 +365,11 @@ fn bench_tc_backward<'a>(
     Ok(CaseRecord {
         kernel: "tensor-core",
         pass: "backward",
-        schedule: "K/V-outer (FA2), atomic dQ",
-        block_sizes: json!({"warps": config.warps, "keys_per_block": config.block_keys()}),
+        schedule: match kernel {
+            TcBackwardKernel::MmaSync(_) => "K/V-outer (FA2), atomic dQ, mma.sync",
+            TcBackwardKernel::Wgmma(_) => "K/V-outer (FA2), atomic dQ, wgmma",
+        },
+        block_sizes: json!({"entry": kernel.name(args.dtype), "threads": kernel.threads(), "keys_per_block": tiles.block_keys(), "rows_per_block": tiles.block_rows()}),
         shape: *shape,
         causal,
         dtype: args.dtype,

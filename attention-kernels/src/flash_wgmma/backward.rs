@@ -21,10 +21,11 @@
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
 use crate::device::{
-    block_x, block_y, block_z, exp2, opaque, shfl_xor, shared_window, sync_threads, thread_x,
+    block_x, block_y, block_z, exp2, opaque, shfl_xor, shared_window, sync_named, sync_threads,
+    thread_x,
 };
 use crate::flash_tc_backward::hidden;
-use crate::flash_wgmma::WgBackwardConfig;
+use crate::flash_wgmma::{DqSplit, WgBackwardConfig};
 use crate::params::TensorCoreBackwardParams;
 use crate::storage::{Bf16, F16};
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
@@ -47,6 +48,7 @@ unsafe fn backward<
     const WG: usize,
     const DQ: usize,
     const CARRY_DQ: bool,
+    const DQ_BY_KEYS: bool,
 >(
     p: &TensorCoreBackwardParams,
 ) where
@@ -54,10 +56,18 @@ unsafe fn backward<
     [FragC; NQ]: Accumulator,
     [FragC; DQ]: Accumulator,
 {
-    const { assert!(ND == 2 * KD && KD >= 4 && WG > 0 && DQ * WG == ND) };
+    const {
+        assert!(ND == 2 * KD && KD >= 4 && WG > 0);
+        assert!(if DQ_BY_KEYS { DQ == ND } else { DQ * WG == ND });
+    };
     let cfg = WgBackwardConfig {
         head_dim: 16 * KD as u32,
         warpgroups: WG as u32,
+        dq_split: if DQ_BY_KEYS {
+            DqSplit::Keys
+        } else {
+            DqSplit::Columns
+        },
     };
     let tiles = cfg.tiles();
     let (d, bc, br) = (cfg.head_dim, cfg.block_keys(), cfg.block_rows());
@@ -147,7 +157,13 @@ unsafe fn backward<
     let group_key = 64 * group;
     let key_row = group_key + 16 * warp;
     let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
-    let dq_col0 = group * cfg.dq_cols();
+    let dq_col0 = if DQ_BY_KEYS {
+        0
+    } else {
+        group * cfg.dq_cols()
+    };
+    // The dSᵀ rows and K rows dQ multiplies: the group's own 64 keys, or all of the block's.
+    let (dq_key0, dq_keys) = if DQ_BY_KEYS { (group_key, 64) } else { (0, bc) };
     let mut dk = [FragC::default(); ND];
     let mut dv = [FragC::default(); ND];
     // dQ of the previous step: in flight until this step's first wait, then reduced.
@@ -295,17 +311,22 @@ unsafe fn backward<
             unsafe { dk.mma_rs_trans_b::<T>(a, desc(qt.mn_major(16 * k as u32, 0))) };
         }
         wgmma::commit();
-        // dQ reads every warpgroup's dSᵀ rows.
-        sync_threads();
+        // dQ reads every warpgroup's dSᵀ rows, or only this group's.
+        if DQ_BY_KEYS {
+            sync_named(1 + group, 128);
+        } else {
+            sync_threads();
+        }
 
         let issue_dq = |dq: &mut [FragC; DQ]| {
             wgmma::fence();
-            for kk in 0..(bc / 16) {
+            for kk in 0..(dq_keys / 16) {
+                let key = dq_key0 + 16 * kk;
                 // SAFETY: keys 16kk .. 16kk + 16 of the dSᵀ and K tiles are written.
                 unsafe {
                     dq.mma_ss_trans::<T>(
-                        desc(dst.mn_major(16 * kk, 0)),
-                        desc(kt.mn_major(16 * kk, dq_col0)),
+                        desc(dst.mn_major(key, 0)),
+                        desc(kt.mn_major(key, dq_col0)),
                         kk > 0,
                     );
                 }
@@ -373,7 +394,7 @@ unsafe fn backward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_wgmma_backward_<dtype>_d<d>_g<groups>`
-/// as the host formats it.
+/// (and `_dqkeys` for [`DqSplit::Keys`]) as the host formats it.
 macro_rules! entry_points {
     ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
         #[unsafe(no_mangle)]
@@ -388,6 +409,7 @@ macro_rules! entry_points {
                     { $cfg.warpgroups as usize },
                     { $cfg.dq_cols() as usize / 8 },
                     { $cfg.carry_dq() },
+                    { matches!($cfg.dq_split, DqSplit::Keys) },
                 >(&p)
             }
         }
@@ -395,8 +417,10 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 };
-    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 };
-    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 };
-    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 };
+    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, dq_split: DqSplit::Columns };
+    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, dq_split: DqSplit::Columns };
+    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, dq_split: DqSplit::Columns };
+    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, dq_split: DqSplit::Columns };
+    flash_wgmma_backward_bf16_d64_g2_dqkeys => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, dq_split: DqSplit::Keys };
+    flash_wgmma_backward_f16_d64_g2_dqkeys => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, dq_split: DqSplit::Keys };
 }

@@ -37,12 +37,13 @@ impl WgConfig {
     }
 }
 
-/// d = 64: three warpgroups (192 rows), 88 KiB of shared memory, 137 registers: two blocks (24
-/// warps) per SM; measured 30% faster than two warpgroups on the H200 (reports/PERF_LOG.md).
+/// d = 64: two warpgroups, 64-key blocks: 48 KiB of shared memory and 121 registers, two blocks
+/// (16 warps) per SM; measured 17–29% faster than 128-key blocks on the H200, which hold 166
+/// registers and so one block per SM (reports/PERF_LOG.md).
 pub const D64: WgConfig = WgConfig {
     head_dim: 64,
-    warpgroups: 3,
-    block_keys: 128,
+    warpgroups: 2,
+    block_keys: 64,
 };
 /// d = 128: 160 KiB of shared memory, 175 registers, one block of 8 warps per SM; 13% faster
 /// than 64-key blocks (two blocks per SM) on the H200.
@@ -68,8 +69,8 @@ pub const VARIANTS: [WgConfig; 6] = [
     },
     WgConfig {
         head_dim: 64,
-        warpgroups: 2,
-        block_keys: 64,
+        warpgroups: 3,
+        block_keys: 128,
     },
     WgConfig {
         head_dim: 64,
@@ -88,12 +89,24 @@ pub const fn config(head_dim: u32) -> Option<WgConfig> {
 }
 
 /// Tiles of the backward's main kernel: `warpgroups` groups of 4 warps, each owning 64 keys of the
-/// K/V block for `Sᵀ`, `dPᵀ`, dK and dV; Q blocks of 64 rows, whose dQ the groups split by
-/// columns.
+/// K/V block for `Sᵀ`, `dPᵀ`, dK and dV; Q blocks of 64 rows, whose dQ the groups split as
+/// `dq_split` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgBackwardConfig {
     pub head_dim: u32,
     pub warpgroups: u32,
+    pub dq_split: DqSplit,
+}
+
+/// How the warpgroups share `dQ = dS·K` of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DqSplit {
+    /// Each group computes `d / warpgroups` columns over all the block's keys: it reads the other
+    /// groups' `dSᵀ` rows, so a block-wide barrier precedes the product.
+    Columns,
+    /// Each group computes every column over its own 64 keys and sends its part alone: twice the
+    /// reductions of two groups, but a group waits only for its own warps.
+    Keys,
 }
 
 impl WgBackwardConfig {
@@ -121,7 +134,10 @@ impl WgBackwardConfig {
     }
     /// dQ columns each warpgroup computes.
     pub const fn dq_cols(&self) -> u32 {
-        self.head_dim / self.warpgroups
+        match self.dq_split {
+            DqSplit::Columns => self.head_dim / self.warpgroups,
+            DqSplit::Keys => self.head_dim,
+        }
     }
     /// K and V; three stages of Q and dO; two of `dSᵀ`; three stages of the rows' `LSE · log2 e`
     /// and `D`.
@@ -135,14 +151,24 @@ impl WgBackwardConfig {
 pub const BACKWARD_D64: WgBackwardConfig = WgBackwardConfig {
     head_dim: 64,
     warpgroups: 2,
+    dq_split: DqSplit::Columns,
 };
 pub const BACKWARD_D128: WgBackwardConfig = WgBackwardConfig {
     head_dim: 128,
     warpgroups: 2,
+    dq_split: DqSplit::Columns,
 };
 
-/// Every backward configuration compiled into the sm_90a PTX.
-pub const BACKWARD_VARIANTS: [WgBackwardConfig; 2] = [BACKWARD_D64, BACKWARD_D128];
+/// Every backward configuration compiled into the sm_90a PTX: the defaults, then candidates.
+pub const BACKWARD_VARIANTS: [WgBackwardConfig; 3] = [
+    BACKWARD_D64,
+    BACKWARD_D128,
+    WgBackwardConfig {
+        head_dim: 64,
+        warpgroups: 2,
+        dq_split: DqSplit::Keys,
+    },
+];
 
 /// The default backward configuration for a head dimension.
 pub const fn backward_config(head_dim: u32) -> Option<WgBackwardConfig> {
