@@ -6,7 +6,7 @@
 use attention_kernels::flash_tc_backward::{
     self, CONVERT_THREADS, PREPROCESS_WARPS, TcBackwardConfig,
 };
-use attention_kernels::flash_wgmma::{self, DqSplit, WgBackwardConfig};
+use attention_kernels::flash_wgmma::{self, WgBackwardConfig};
 use attention_kernels::params::{AttentionShape, TensorCoreBackwardParams};
 
 use crate::buffer::{DeviceF32, DeviceTensor};
@@ -96,12 +96,8 @@ pub fn backward_kernel_name(dtype: DType, cfg: &TcBackwardConfig) -> String {
 
 /// The `wgmma` main kernel's PTX entry point (sm_90a module only) for `cfg` on `dtype`.
 pub fn wgmma_backward_kernel_name(dtype: DType, cfg: &WgBackwardConfig) -> String {
-    let split = match cfg.dq_split {
-        DqSplit::Columns => "",
-        DqSplit::Keys => "_dqkeys",
-    };
     format!(
-        "flash_wgmma_backward_{dtype}_d{}_g{}{split}",
+        "flash_wgmma_backward_{dtype}_d{}_g{}",
         cfg.head_dim, cfg.warpgroups
     )
 }

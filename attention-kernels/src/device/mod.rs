@@ -224,14 +224,6 @@ pub fn sync_warp() {
     unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) }
 }
 
-/// Barrier `id` (1 to 15; 0 is [`sync_threads`]'s) over `threads` threads, a multiple of 32: the
-/// warps that name the same id and count, e.g. one warpgroup.
-#[inline(always)]
-pub fn sync_named(id: u32, threads: u32) {
-    // SAFETY: every warp of the group reaches it from warp-uniform control flow.
-    unsafe { asm!("bar.sync {i}, {n};", i = in(reg32) id, n = in(reg32) threads, options(nostack)) }
-}
-
 /// `x`, recomputed where it is used: the compiler may not hoist it (nor what derives from it) out
 /// of a loop. Lane-derived shared addresses hoisted out of a long loop body each hold a register
 /// for the whole loop; recomputing them costs an add or two per use.

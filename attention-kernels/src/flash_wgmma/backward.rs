@@ -21,11 +21,10 @@
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
 use crate::device::{
-    block_x, block_y, block_z, exp2, opaque, shfl_xor, shared_window, sync_named, sync_threads,
-    thread_x,
+    block_x, block_y, block_z, exp2, opaque, shfl_xor, shared_window, sync_threads, thread_x,
 };
 use crate::flash_tc_backward::hidden;
-use crate::flash_wgmma::{DqSplit, WgBackwardConfig};
+use crate::flash_wgmma::WgBackwardConfig;
 use crate::params::TensorCoreBackwardParams;
 use crate::storage::{Bf16, F16};
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
@@ -48,7 +47,6 @@ unsafe fn backward<
     const WG: usize,
     const DQ: usize,
     const CARRY_DQ: bool,
-    const DQ_BY_KEYS: bool,
 >(
     p: &TensorCoreBackwardParams,
 ) where
@@ -56,18 +54,10 @@ unsafe fn backward<
     [FragC; NQ]: Accumulator,
     [FragC; DQ]: Accumulator,
 {
-    const {
-        assert!(ND == 2 * KD && KD >= 4 && WG > 0);
-        assert!(if DQ_BY_KEYS { DQ == ND } else { DQ * WG == ND });
-    };
+    const { assert!(ND == 2 * KD && KD >= 4 && WG > 0 && DQ * WG == ND) };
     let cfg = WgBackwardConfig {
         head_dim: 16 * KD as u32,
         warpgroups: WG as u32,
-        dq_split: if DQ_BY_KEYS {
-            DqSplit::Keys
-        } else {
-            DqSplit::Columns
-        },
     };
     let tiles = cfg.tiles();
     let (d, bc, br) = (cfg.head_dim, cfg.block_keys(), cfg.block_rows());
@@ -157,13 +147,7 @@ unsafe fn backward<
     let group_key = 64 * group;
     let key_row = group_key + 16 * warp;
     let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
-    let dq_col0 = if DQ_BY_KEYS {
-        0
-    } else {
-        group * cfg.dq_cols()
-    };
-    // The dSᵀ rows and K rows dQ multiplies: the group's own 64 keys, or all of the block's.
-    let (dq_key0, dq_keys) = if DQ_BY_KEYS { (group_key, 64) } else { (0, bc) };
+    let dq_col0 = group * cfg.dq_cols();
     let mut dk = [FragC::default(); ND];
     let mut dv = [FragC::default(); ND];
     // dQ of the previous step: in flight until this step's first wait, then reduced.
@@ -250,21 +234,29 @@ unsafe fn backward<
 
         // Pᵀ into `s_t`. Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows
         // past n_q and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already.
-        let masked = tiles.needs_mask(q0, k0, s.n_q, s.n_k, causal);
         for j in 0..NQ {
             let col = 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
             let lse = unsafe { load_shared_f32x2(stats(base, st) + col * 4) };
             for e in 0..4 {
-                let pv = exp2(s_t[j].0[e] * p.scale_log2 - lse[e % 2]);
-                // A select, not a branch, so the loop unrolls and stays in registers.
-                let key = if e < 2 { key_lo } else { key_hi };
-                let row = q0 + col + (e % 2) as u32;
-                s_t[j].0[e] = if masked && hidden(row, key, s.n_q, s.n_k, causal) {
-                    0.0
-                } else {
-                    pv
-                };
+                s_t[j].0[e] = exp2(s_t[j].0[e] * p.scale_log2 - lse[e % 2]);
+            }
+        }
+        // Most blocks of a long sequence hide no pair: the mask is a second pass over the few
+        // that do, not a test per score everywhere.
+        if tiles.needs_mask(q0, k0, s.n_q, s.n_k, causal) {
+            for (j, f) in s_t.iter_mut().enumerate() {
+                let col = 8 * j as u32 + 2 * t;
+                for e in 0..4 {
+                    // A select, not a branch, so the loop unrolls and stays in registers.
+                    let key = if e < 2 { key_lo } else { key_hi };
+                    let row = q0 + col + (e % 2) as u32;
+                    f.0[e] = if hidden(row, key, s.n_q, s.n_k, causal) {
+                        0.0
+                    } else {
+                        f.0[e]
+                    };
+                }
             }
         }
         let mut pt_a = [FragA::default(); NQP];
@@ -311,22 +303,17 @@ unsafe fn backward<
             unsafe { dk.mma_rs_trans_b::<T>(a, desc(qt.mn_major(16 * k as u32, 0))) };
         }
         wgmma::commit();
-        // dQ reads every warpgroup's dSᵀ rows, or only this group's.
-        if DQ_BY_KEYS {
-            sync_named(1 + group, 128);
-        } else {
-            sync_threads();
-        }
+        // dQ reads every warpgroup's dSᵀ rows.
+        sync_threads();
 
         let issue_dq = |dq: &mut [FragC; DQ]| {
             wgmma::fence();
-            for kk in 0..(dq_keys / 16) {
-                let key = dq_key0 + 16 * kk;
+            for kk in 0..(bc / 16) {
                 // SAFETY: keys 16kk .. 16kk + 16 of the dSᵀ and K tiles are written.
                 unsafe {
                     dq.mma_ss_trans::<T>(
-                        desc(dst.mn_major(key, 0)),
-                        desc(kt.mn_major(key, dq_col0)),
+                        desc(dst.mn_major(16 * kk, 0)),
+                        desc(kt.mn_major(16 * kk, dq_col0)),
                         kk > 0,
                     );
                 }
@@ -394,7 +381,7 @@ unsafe fn backward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_wgmma_backward_<dtype>_d<d>_g<groups>`
-/// (and `_dqkeys` for [`DqSplit::Keys`]) as the host formats it.
+/// as the host formats it.
 macro_rules! entry_points {
     ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
         #[unsafe(no_mangle)]
@@ -409,7 +396,6 @@ macro_rules! entry_points {
                     { $cfg.warpgroups as usize },
                     { $cfg.dq_cols() as usize / 8 },
                     { $cfg.carry_dq() },
-                    { matches!($cfg.dq_split, DqSplit::Keys) },
                 >(&p)
             }
         }
@@ -417,10 +403,10 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, dq_split: DqSplit::Columns };
-    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, dq_split: DqSplit::Columns };
-    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, dq_split: DqSplit::Columns };
-    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, dq_split: DqSplit::Columns };
-    flash_wgmma_backward_bf16_d64_g2_dqkeys => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, dq_split: DqSplit::Keys };
-    flash_wgmma_backward_f16_d64_g2_dqkeys => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, dq_split: DqSplit::Keys };
+    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 };
+    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 };
+    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 };
+    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 };
+    flash_wgmma_backward_bf16_d64_g1 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 1 };
+    flash_wgmma_backward_f16_d64_g1 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 1 };
 }

@@ -89,24 +89,12 @@ pub const fn config(head_dim: u32) -> Option<WgConfig> {
 }
 
 /// Tiles of the backward's main kernel: `warpgroups` groups of 4 warps, each owning 64 keys of the
-/// K/V block for `Sᵀ`, `dPᵀ`, dK and dV; Q blocks of 64 rows, whose dQ the groups split as
-/// `dq_split` says.
+/// K/V block for `Sᵀ`, `dPᵀ`, dK and dV; Q blocks of 64 rows, whose dQ the groups split by
+/// columns (each reads every group's `dSᵀ` rows).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgBackwardConfig {
     pub head_dim: u32,
     pub warpgroups: u32,
-    pub dq_split: DqSplit,
-}
-
-/// How the warpgroups share `dQ = dS·K` of a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DqSplit {
-    /// Each group computes `d / warpgroups` columns over all the block's keys: it reads the other
-    /// groups' `dSᵀ` rows, so a block-wide barrier precedes the product.
-    Columns,
-    /// Each group computes every column over its own 64 keys and sends its part alone: twice the
-    /// reductions of two groups, but a group waits only for its own warps.
-    Keys,
 }
 
 impl WgBackwardConfig {
@@ -134,10 +122,7 @@ impl WgBackwardConfig {
     }
     /// dQ columns each warpgroup computes.
     pub const fn dq_cols(&self) -> u32 {
-        match self.dq_split {
-            DqSplit::Columns => self.head_dim / self.warpgroups,
-            DqSplit::Keys => self.head_dim,
-        }
+        self.head_dim / self.warpgroups
     }
     /// K and V; three stages of Q and dO; two of `dSᵀ`; three stages of the rows' `LSE · log2 e`
     /// and `D`.
@@ -151,22 +136,21 @@ impl WgBackwardConfig {
 pub const BACKWARD_D64: WgBackwardConfig = WgBackwardConfig {
     head_dim: 64,
     warpgroups: 2,
-    dq_split: DqSplit::Columns,
 };
 pub const BACKWARD_D128: WgBackwardConfig = WgBackwardConfig {
     head_dim: 128,
     warpgroups: 2,
-    dq_split: DqSplit::Columns,
 };
 
-/// Every backward configuration compiled into the sm_90a PTX: the defaults, then candidates.
+/// Every backward configuration compiled into the sm_90a PTX: the defaults, then candidates. One
+/// warpgroup (64 keys) at d = 64 fits two independent blocks per SM (255 registers × 128 threads
+/// each), where two warpgroups share barriers in one.
 pub const BACKWARD_VARIANTS: [WgBackwardConfig; 3] = [
     BACKWARD_D64,
     BACKWARD_D128,
     WgBackwardConfig {
         head_dim: 64,
-        warpgroups: 2,
-        dq_split: DqSplit::Keys,
+        warpgroups: 1,
     },
 ];
 
