@@ -407,6 +407,4 @@ entry_points! {
     flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 };
     flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 };
     flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 };
-    flash_wgmma_backward_bf16_d64_g1 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 1 };
-    flash_wgmma_backward_f16_d64_g1 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 1 };
 }

@@ -142,17 +142,10 @@ pub const BACKWARD_D128: WgBackwardConfig = WgBackwardConfig {
     warpgroups: 2,
 };
 
-/// Every backward configuration compiled into the sm_90a PTX: the defaults, then candidates. One
-/// warpgroup (64 keys) at d = 64 fits two independent blocks per SM (255 registers × 128 threads
-/// each), where two warpgroups share barriers in one.
-pub const BACKWARD_VARIANTS: [WgBackwardConfig; 3] = [
-    BACKWARD_D64,
-    BACKWARD_D128,
-    WgBackwardConfig {
-        head_dim: 64,
-        warpgroups: 1,
-    },
-];
+/// Every backward configuration compiled into the sm_90a PTX. Measured against them on the H200
+/// and dropped (reports/PERF_LOG_BACKWARD.md): dQ split by keys instead of columns, and one
+/// warpgroup per block at d = 64 (two independent blocks per SM).
+pub const BACKWARD_VARIANTS: [WgBackwardConfig; 2] = [BACKWARD_D64, BACKWARD_D128];
 
 /// The default backward configuration for a head dimension.
 pub const fn backward_config(head_dim: u32) -> Option<WgBackwardConfig> {
