@@ -9,7 +9,12 @@ use flash_attn::inputs::uniform;
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
 use flash_attn::reference::{backward_f32, forward_f32};
 use flash_attn::sampled_rows::{check_rows, relative_error};
-use flash_attn::tensor_core::{tensor_core_forward, tensor_core_forward_into};
+use flash_attn::tensor_core::{
+    TcKernel, tensor_core_forward, tensor_core_forward_into, tensor_core_kernel,
+};
+use flash_attn::tensor_core_backward::{
+    BackwardInputs, BackwardOutput, BackwardWorkspace, tensor_core_backward_into,
+};
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{
     AttentionError, AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions, Gpu,
@@ -178,7 +183,8 @@ fn run_gpu(
         Ok(())
     })?;
     let grads = grads.expect("time_calls ran the backward");
-    let (error, checked_on) = check_backward_head(shape, options, &host, &grads)?;
+    let (error, checked_on) =
+        check_backward_head(shape, options, &host, [&grads.dq, &grads.dk, &grads.dv])?;
     stages.push(Stage {
         name: "exact tiled backward (Algorithm 4)",
         samples_ms,
@@ -196,13 +202,50 @@ fn run_gpu(
             tensor_core_forward_into(gpu, shape, q, k, v, &out, options)
         })?;
         let error = check_rows(shape, options, (q_h, k_h, v_h), &out.o.to_f32()?, &rows)?;
+        let wgmma = matches!(
+            tensor_core_kernel(gpu, shape, dtype, options)?,
+            TcKernel::Wgmma(_)
+        );
         stages.push(Stage {
-            name: "tensor-core forward (mma.sync)",
+            name: if wgmma {
+                "tensor-core forward (wgmma)"
+            } else {
+                "tensor-core forward (mma.sync)"
+            },
             samples_ms,
             flops: fwd_flops,
             peak_bytes: memory::peak_bytes(),
             error,
             checked_on: rows_note,
+        });
+
+        memory::reset_peak();
+        let inputs = BackwardInputs {
+            q,
+            k,
+            v,
+            o: &out.o,
+            d_o,
+            lse: &out.lse,
+        };
+        let grads = BackwardOutput::poisoned(shape, dtype)?;
+        let workspace = BackwardWorkspace::new(shape)?;
+        let samples_ms = time_calls(gpu, 2, args.samples, || {
+            tensor_core_backward_into(gpu, shape, &inputs, &grads, &workspace, options)
+        })?;
+        let (error, checked_on) =
+            check_backward_head(shape, options, &host, [&grads.dq, &grads.dk, &grads.dv])?;
+        stages.push(Stage {
+            name: if wgmma {
+                "tensor-core backward (wgmma)"
+            } else {
+                "tensor-core backward (mma.sync)"
+            },
+            samples_ms,
+            flops: backward_flops(shape, options.causal),
+            peak_bytes: memory::peak_bytes(),
+            error,
+            checked_on,
         });
     }
 
@@ -219,7 +262,7 @@ fn check_backward_head(
     shape: &AttentionShape,
     options: &AttentionOptions,
     host: &[Vec<f32>],
-    grads: &flash_attn::Gradients,
+    [dq, dk, dv]: [&DeviceTensor; 3],
 ) -> Result<(f64, String), Box<dyn std::error::Error>> {
     let plane = AttentionShape {
         batch: 1,
@@ -246,9 +289,9 @@ fn check_backward_head(
         slice(t, heads, n).iter().map(|&x| x as f64).collect()
     };
     let errors = [
-        relative_error(&widen(&grads.dq.to_f32()?, hq, shape.n_q), &want.dq),
-        relative_error(&widen(&grads.dk.to_f32()?, hk, shape.n_k), &want.dk),
-        relative_error(&widen(&grads.dv.to_f32()?, hk, shape.n_k), &want.dv),
+        relative_error(&widen(&dq.to_f32()?, hq, shape.n_q), &want.dq),
+        relative_error(&widen(&dk.to_f32()?, hk, shape.n_k), &want.dk),
+        relative_error(&widen(&dv.to_f32()?, hk, shape.n_k), &want.dv),
     ];
     let worst = errors.iter().copied().fold(
         0.0,
