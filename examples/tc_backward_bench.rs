@@ -91,7 +91,11 @@ fn main() -> Result<()> {
         .map(Into::into)
         .collect();
     if gpu.has_wgmma() {
-        kernels.extend(flash_wgmma::BACKWARD_VARIANTS.into_iter().map(TcBackwardKernel::from));
+        kernels.extend(
+            flash_wgmma::BACKWARD_VARIANTS
+                .into_iter()
+                .map(TcBackwardKernel::from),
+        );
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::thread_rng().r#gen());
     let dtype = DType::Bf16;

@@ -11,11 +11,7 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
     match crate::gpu() {
         Ok(gpu) => Some(gpu),
         Err(AttentionError::NoDevice(why)) => {
-            // Straight to stderr: libtest captures `eprintln!` of passing tests, and a skip must show.
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIP {test}: no CUDA device answered ({why})"
-            );
+            skip(test, &format!("no CUDA device answered ({why})"));
             None
         }
         Err(e) => panic!("{test}: the GPU runtime failed to start: {e}"),
@@ -31,4 +27,54 @@ pub fn fresh_seed(test: &str) -> u64 {
         .unwrap_or_else(rand::random);
     eprintln!("{test}: input seed {seed}");
     seed
+}
+
+/// Prints `SKIP <test>: <why>` straight to stderr: libtest captures `eprintln!` of passing tests,
+/// and a skip must show.
+pub fn skip(test: &str, why: &str) {
+    let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
+}
+
+/// `‖out − ref‖ / ‖ref‖`; a non-finite element of `out` gives infinity. Where the exact result is
+/// zero (the reference's RMS below 1e-10, i.e. f64 rounding of an exact 0), the RMS of `out`
+/// itself.
+///
+/// With a single allowed key the softmax is constant, so dQ = dK = 0 exactly, while f32 leaves
+/// ~1e-7 of cancellation in `dP − D`; dividing that by the f64 reference's own ~1e-17 measures
+/// nothing. An absolute RMS against the same bound is the meaningful check there: inputs are O(1),
+/// and a wrong kernel leaves errors of the inputs' order.
+pub fn rel_err(out: &[f32], reference: &[f64]) -> f64 {
+    assert_eq!(out.len(), reference.len());
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (&o, &r) in out.iter().zip(reference) {
+        if !o.is_finite() {
+            return f64::INFINITY;
+        }
+        diff += (o as f64 - r).powi(2);
+        norm += r * r;
+    }
+    let len = reference.len() as f64;
+    if norm / len < 1e-20 {
+        (diff / len).sqrt()
+    } else {
+        (diff / norm).sqrt()
+    }
+}
+
+/// Worst absolute LSE error; a row the reference gives `−∞` (no allowed key) must be `−∞` too,
+/// and anything else non-finite gives infinity.
+pub fn lse_err(out: &[f32], reference: &[f64]) -> f64 {
+    let mut worst = 0.0f64;
+    for (&o, &r) in out.iter().zip(reference) {
+        if r == f64::NEG_INFINITY {
+            if o != f32::NEG_INFINITY {
+                return f64::INFINITY;
+            }
+        } else if !o.is_finite() {
+            return f64::INFINITY;
+        } else {
+            worst = worst.max((o as f64 - r).abs());
+        }
+    }
+    worst
 }

@@ -17,7 +17,7 @@
 //!
 //! Where no CUDA device answers, each test prints `SKIP <test>: ...` to stderr and returns.
 
-use flash_attn::testing::{fresh_seed, gpu_or_skip};
+use flash_attn::testing::{fresh_seed, gpu_or_skip, lse_err, rel_err};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -35,48 +35,6 @@ fn bound(dtype: DType) -> f64 {
         DType::F16 => 2e-3,
         DType::Bf16 => 1e-2,
     }
-}
-
-/// ‖out − ref‖ / ‖ref‖; NaN anywhere in `out` gives infinity. Where the exact result is zero
-/// (the reference's RMS below 1e-10, i.e. f64 rounding of an exact 0), the RMS of `out` itself.
-///
-/// With a single allowed key the softmax is constant, so dQ = dK = 0 exactly, while f32 leaves
-/// ~1e-7 of cancellation in `dP − D`; dividing that by the f64 reference's own ~1e-17 measures
-/// nothing. An absolute RMS against the same bound is the meaningful check there: inputs are O(1),
-/// and a wrong kernel leaves errors of the inputs' order.
-fn rel_err(out: &[f32], reference: &[f64]) -> f64 {
-    assert_eq!(out.len(), reference.len());
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (&o, &r) in out.iter().zip(reference) {
-        if !o.is_finite() {
-            return f64::INFINITY;
-        }
-        diff += (o as f64 - r).powi(2);
-        norm += r * r;
-    }
-    let len = reference.len() as f64;
-    if norm / len < 1e-20 {
-        (diff / len).sqrt()
-    } else {
-        (diff / norm).sqrt()
-    }
-}
-
-/// LSE: −∞ exactly where the reference has it, elsewhere absolute error (LSE is a log).
-fn lse_err(out: &[f32], reference: &[f64]) -> f64 {
-    let mut worst = 0.0f64;
-    for (&o, &r) in out.iter().zip(reference) {
-        if r == f64::NEG_INFINITY {
-            if o != f32::NEG_INFINITY {
-                return f64::INFINITY;
-            }
-        } else if !o.is_finite() {
-            return f64::INFINITY;
-        } else {
-            worst = worst.max((o as f64 - r).abs());
-        }
-    }
-    worst
 }
 
 fn random(rng: &mut StdRng, n: usize, dtype: DType) -> Vec<f32> {

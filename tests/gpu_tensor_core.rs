@@ -10,7 +10,7 @@ use flash_attn::tensor_core::{
     ForwardOutput, TcKernel, tensor_core_forward, tensor_core_forward_variant_into,
     tensor_core_kernel,
 };
-use flash_attn::testing::{fresh_seed, gpu_or_skip};
+use flash_attn::testing::{fresh_seed, gpu_or_skip, skip};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
 use rand::{Rng, SeedableRng};
 
@@ -56,9 +56,9 @@ fn tensor_core_forward_matches_reference() {
     if gpu.has_wgmma() {
         kernels.extend(flash_wgmma::VARIANTS.into_iter().map(TcKernel::from));
     } else {
-        eprintln!(
-            "SKIP wgmma kernels in tensor_core_forward_matches_reference: {} loads no sm_90a module",
-            gpu.device_name()
+        skip(
+            "wgmma kernels in tensor_core_forward_matches_reference",
+            &format!("{} loads no sm_90a module", gpu.device_name()),
         );
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

@@ -16,7 +16,7 @@ use flash_attn::tensor_core_backward::{
     tensor_core_backward, tensor_core_backward_kernel, tensor_core_backward_variant_into,
     wgmma_backward_kernel_name,
 };
-use flash_attn::testing::{fresh_seed, gpu_or_skip};
+use flash_attn::testing::{fresh_seed, gpu_or_skip, skip};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
 
 /// Bounds on `‖got − ref‖ / ‖ref‖` per gradient. The kernel multiplies 16-bit operands (inputs,
@@ -79,7 +79,10 @@ fn every_backward_kernel_is_in_the_ptx() {
 #[test]
 fn every_wgmma_backward_kernel_is_in_the_sm90a_ptx() {
     let Some(hopper) = flash_attn::PTX_SM90A else {
-        eprintln!("SKIP every_wgmma_backward_kernel_is_in_the_sm90a_ptx: no sm_90a module built");
+        skip(
+            "every_wgmma_backward_kernel_is_in_the_sm90a_ptx",
+            "no sm_90a module built",
+        );
         return;
     };
     for d in [64, 128] {
@@ -88,8 +91,17 @@ fn every_wgmma_backward_kernel_is_in_the_sm90a_ptx() {
     }
     for cfg in flash_wgmma::BACKWARD_VARIANTS {
         for dtype in [DType::F16, DType::Bf16] {
-            let name = wgmma_backward_kernel_name(dtype, &cfg);
-            assert!(hopper.contains(&format!(".entry {name}(")), "{name} missing");
+            let general = Some(cfg) == flash_wgmma::backward_config(cfg.head_dim);
+            let names = [
+                Some(wgmma_backward_kernel_name(dtype, &cfg, false)),
+                general.then(|| wgmma_backward_kernel_name(dtype, &cfg, true)),
+            ];
+            for name in names.into_iter().flatten() {
+                assert!(
+                    hopper.contains(&format!(".entry {name}(")),
+                    "{name} missing"
+                );
+            }
         }
     }
 }
@@ -123,11 +135,15 @@ fn tensor_core_backward_matches_reference() {
         .map(Into::into)
         .collect();
     if gpu.has_wgmma() {
-        kernels.extend(flash_wgmma::BACKWARD_VARIANTS.into_iter().map(TcBackwardKernel::from));
+        kernels.extend(
+            flash_wgmma::BACKWARD_VARIANTS
+                .into_iter()
+                .map(TcBackwardKernel::from),
+        );
     } else {
-        eprintln!(
-            "SKIP wgmma kernels in {test}: {} loads no sm_90a module",
-            gpu.device_name()
+        skip(
+            &format!("wgmma kernels in {test}"),
+            &format!("{} loads no sm_90a module", gpu.device_name()),
         );
     }
     // (batch, n_q, n_k, heads_q, heads_kv): one token, tails of every kind, an exact tile

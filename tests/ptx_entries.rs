@@ -37,13 +37,25 @@ fn sm90a_module_adds_the_wgmma_kernels() {
     assert!(!flash_attn::PTX.contains("wgmma"));
     for cfg in flash_wgmma::VARIANTS {
         for dtype in [DType::F16, DType::Bf16] {
-            let name = wgmma_kernel_name(dtype, &cfg);
-            assert!(hopper.contains(&format!(".entry {name}(")), "{name} missing");
+            let general = Some(cfg) == flash_wgmma::config(cfg.head_dim);
+            let names = [
+                Some(wgmma_kernel_name(dtype, &cfg, false)),
+                general.then(|| wgmma_kernel_name(dtype, &cfg, true)),
+            ];
+            for name in names.into_iter().flatten() {
+                assert!(
+                    hopper.contains(&format!(".entry {name}(")),
+                    "{name} missing"
+                );
+            }
         }
     }
     for cfg in VARIANTS {
         let name = kernel_name(DType::Bf16, &cfg);
-        assert!(hopper.contains(&format!(".entry {name}(")), "{name} missing");
+        assert!(
+            hopper.contains(&format!(".entry {name}(")),
+            "{name} missing"
+        );
     }
     for d in [64, 128] {
         assert!(flash_wgmma::VARIANTS.contains(&flash_wgmma::config(d).unwrap()));

@@ -9,6 +9,7 @@ use attention_kernels::params::{AttentionShape, TensorCoreForwardParams};
 use crate::buffer::{DeviceF32, DeviceTensor};
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
+use crate::flash::layout::DeviceLayout;
 use crate::materialized::check_qkv;
 use crate::options::{AttentionOptions, Lengths};
 use crate::runtime::{Gpu, LaunchConfig};
@@ -20,20 +21,32 @@ pub struct ForwardOutput {
     pub lse: DeviceF32,
 }
 
-/// What both tensor-core passes admit: f16/bf16 storage, scale and causal only (no dropout, no
-/// length masks), head dims 64 and 128, and a batch and head count that fit the grid's y and z.
-/// `pass` names the pass in the refusal.
+/// Whether a call needs the general instances of the `wgmma` kernels: length masks or dropout.
+pub(crate) fn needs_general(options: &AttentionOptions) -> bool {
+    options.dropout.is_some() || options.lengths != Lengths::Full
+}
+
+/// What both tensor-core passes admit: f16/bf16 storage, head dims 64 and 128, a batch, head and
+/// sequence count that fit the grid's y and z, and length masks and dropout only where
+/// `general` (the `wgmma` kernels) says they can be run. `pass` names the pass in the refusal.
 pub(crate) fn check_tensor_core_call(
     pass: &str,
     shape: &AttentionShape,
     dtype: DType,
     options: &AttentionOptions,
+    general: bool,
 ) -> Result<()> {
     options.validate(shape)?;
-    if options.dropout.is_some() || options.lengths != Lengths::Full {
+    if needs_general(options) && !general {
         return Err(invalid!(
-            "the tensor-core {pass} supports scale and causal only (no dropout, no length masks)"
+            "the mma.sync tensor-core {pass} supports scale and causal only (no dropout, no \
+             length masks); the wgmma one (compute capability 9.0) takes every option"
         ));
+    }
+    if let Lengths::Packed { cu_seqlens_q, .. } = &options.lengths
+        && cu_seqlens_q.len() - 1 > u16::MAX as usize
+    {
+        return Err(invalid!("at most 65535 packed sequences (grid z)"));
     }
     if dtype == DType::F32 {
         return Err(invalid!(
@@ -61,7 +74,7 @@ pub fn tensor_core_config(
     dtype: DType,
     options: &AttentionOptions,
 ) -> Result<TcConfig> {
-    check_tensor_core_call("forward", shape, dtype, options)?;
+    check_tensor_core_call("forward", shape, dtype, options, false)?;
     flash_tc::config(shape.head_dim).ok_or_else(|| {
         invalid!(
             "no tensor-core forward compiled for head_dim {}",
@@ -78,11 +91,15 @@ pub fn kernel_name(dtype: DType, cfg: &TcConfig) -> String {
     )
 }
 
-/// The PTX entry point (sm_90a module only) that runs `cfg` on `dtype`.
-pub fn wgmma_kernel_name(dtype: DType, cfg: &WgConfig) -> String {
+/// The PTX entry point (sm_90a module only) that runs `cfg` on `dtype`; `general` names the
+/// instance that takes length masks and dropout (compiled for the defaults only).
+pub fn wgmma_kernel_name(dtype: DType, cfg: &WgConfig, general: bool) -> String {
     format!(
-        "flash_wgmma_forward_{dtype}_d{}_g{}_k{}",
-        cfg.head_dim, cfg.warpgroups, cfg.block_keys
+        "flash_wgmma_forward_{}{dtype}_d{}_g{}_k{}",
+        if general { "general_" } else { "" },
+        cfg.head_dim,
+        cfg.warpgroups,
+        cfg.block_keys
     )
 }
 
@@ -109,7 +126,7 @@ impl TcKernel {
     pub fn name(&self, dtype: DType) -> String {
         match self {
             TcKernel::MmaSync(c) => kernel_name(dtype, c),
-            TcKernel::Wgmma(c) => wgmma_kernel_name(dtype, c),
+            TcKernel::Wgmma(c) => wgmma_kernel_name(dtype, c, false),
         }
     }
     pub fn head_dim(&self) -> u32 {
@@ -161,11 +178,15 @@ pub fn tensor_core_kernel(
     dtype: DType,
     options: &AttentionOptions,
 ) -> Result<TcKernel> {
-    let mma_sync = tensor_core_config(shape, dtype, options)?;
-    Ok(match flash_wgmma::config(shape.head_dim) {
-        Some(cfg) if gpu.has_wgmma() => TcKernel::Wgmma(cfg),
-        _ => TcKernel::MmaSync(mma_sync),
-    })
+    if gpu.has_wgmma()
+        && let Some(cfg) = flash_wgmma::config(shape.head_dim)
+    {
+        check_tensor_core_call("forward", shape, dtype, options, true)?;
+        return Ok(TcKernel::Wgmma(cfg));
+    }
+    Ok(TcKernel::MmaSync(tensor_core_config(
+        shape, dtype, options,
+    )?))
 }
 
 /// Runs the forward into fresh outputs (poisoned first, so an unwritten element shows as NaN) and
@@ -216,17 +237,26 @@ pub fn tensor_core_forward_variant_into(
 ) -> Result<()> {
     check_qkv(shape, q, k, v)?;
     let dtype = q.dtype();
-    tensor_core_config(shape, dtype, options)?;
     let kernel = kernel.into();
+    let wgmma = matches!(kernel, TcKernel::Wgmma(_));
+    check_tensor_core_call("forward", shape, dtype, options, wgmma)?;
+    let general = needs_general(options);
     if kernel.head_dim() != shape.head_dim || !kernel.is_compiled() {
         return Err(invalid!(
             "no compiled tensor-core kernel {kernel:?} for head_dim {}",
             shape.head_dim
         ));
     }
-    if matches!(kernel, TcKernel::Wgmma(_)) && !gpu.has_wgmma() {
+    if wgmma && !gpu.has_wgmma() {
         return Err(invalid!(
             "the wgmma kernels need the sm_90a module on a compute capability 9.0 device"
+        ));
+    }
+    let default_wgmma =
+        matches!(kernel, TcKernel::Wgmma(c) if Some(c) == flash_wgmma::config(shape.head_dim));
+    if general && !default_wgmma {
+        return Err(invalid!(
+            "length masks and dropout run on the default wgmma tiles only, not {kernel:?}"
         ));
     }
     if out.o.dtype() != dtype || out.o.len() != shape.q_elems() {
@@ -242,26 +272,33 @@ pub fn tensor_core_forward_variant_into(
             out.lse.len()
         ));
     }
+    let layout = DeviceLayout::upload(shape, &options.lengths)?;
     let params = TensorCoreForwardParams {
         q: q.device_ptr(),
         k: k.device_ptr(),
         v: v.device_ptr(),
         o: out.o.device_ptr(),
         lse: out.lse.device_ptr(),
+        layout: layout.params,
+        dropout: options.dropout_rng(),
         shape: *shape,
         scale_log2: options.scale_for(shape.head_dim) * std::f32::consts::LOG2_E,
         causal: options.causal as u32,
     };
     let launch = LaunchConfig {
         grid: (
-            shape.n_q.div_ceil(kernel.block_rows()),
+            layout.max_q_len.div_ceil(kernel.block_rows()),
             shape.heads_q,
-            shape.batch,
+            layout.params.sequences,
         ),
         block: (kernel.threads(), 1, 1),
         shared_bytes: kernel.shared_bytes(),
     };
-    gpu.launch(&kernel.name(dtype), launch, &params)
+    let name = match kernel {
+        TcKernel::Wgmma(c) => wgmma_kernel_name(dtype, &c, general),
+        TcKernel::MmaSync(c) => kernel_name(dtype, &c),
+    };
+    gpu.launch(&name, launch, &params)
 }
 
 #[cfg(test)]

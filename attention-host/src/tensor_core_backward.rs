@@ -12,10 +12,11 @@ use attention_kernels::params::{AttentionShape, TensorCoreBackwardParams};
 use crate::buffer::{DeviceF32, DeviceTensor};
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
+use crate::flash::layout::DeviceLayout;
 use crate::materialized::check_qkv;
 use crate::options::AttentionOptions;
 use crate::runtime::{Gpu, LaunchConfig};
-use crate::tensor_core::check_tensor_core_call;
+use crate::tensor_core::{check_tensor_core_call, needs_general};
 
 /// dQ (Q's layout), dK and dV (K/V's layout, summed over each KV head's query heads), in the
 /// inputs' dtype.
@@ -80,7 +81,7 @@ pub fn tensor_core_backward_config(
     dtype: DType,
     options: &AttentionOptions,
 ) -> Result<TcBackwardConfig> {
-    check_tensor_core_call("backward", shape, dtype, options)?;
+    check_tensor_core_call("backward", shape, dtype, options, false)?;
     flash_tc_backward::config(shape.head_dim).ok_or_else(|| {
         invalid!(
             "no tensor-core backward compiled for head_dim {}",
@@ -94,11 +95,14 @@ pub fn backward_kernel_name(dtype: DType, cfg: &TcBackwardConfig) -> String {
     format!("flash_tc_backward_{dtype}_d{}_w{}", cfg.head_dim, cfg.warps)
 }
 
-/// The `wgmma` main kernel's PTX entry point (sm_90a module only) for `cfg` on `dtype`.
-pub fn wgmma_backward_kernel_name(dtype: DType, cfg: &WgBackwardConfig) -> String {
+/// The `wgmma` main kernel's PTX entry point (sm_90a module only) for `cfg` on `dtype`; `general`
+/// names the instance that takes length masks and dropout.
+pub fn wgmma_backward_kernel_name(dtype: DType, cfg: &WgBackwardConfig, general: bool) -> String {
     format!(
-        "flash_wgmma_backward_{dtype}_d{}_g{}",
-        cfg.head_dim, cfg.warpgroups
+        "flash_wgmma_backward_{}{dtype}_d{}_g{}",
+        if general { "general_" } else { "" },
+        cfg.head_dim,
+        cfg.warpgroups
     )
 }
 
@@ -126,7 +130,7 @@ impl TcBackwardKernel {
     pub fn name(&self, dtype: DType) -> String {
         match self {
             TcBackwardKernel::MmaSync(c) => backward_kernel_name(dtype, c),
-            TcBackwardKernel::Wgmma(c) => wgmma_backward_kernel_name(dtype, c),
+            TcBackwardKernel::Wgmma(c) => wgmma_backward_kernel_name(dtype, c, false),
         }
     }
     /// The block shape, as the `mma.sync` configuration with the same keys and rows per block.
@@ -165,11 +169,15 @@ pub fn tensor_core_backward_kernel(
     dtype: DType,
     options: &AttentionOptions,
 ) -> Result<TcBackwardKernel> {
-    let mma_sync = tensor_core_backward_config(shape, dtype, options)?;
-    Ok(match flash_wgmma::backward_config(shape.head_dim) {
-        Some(cfg) if gpu.has_wgmma() => TcBackwardKernel::Wgmma(cfg),
-        _ => TcBackwardKernel::MmaSync(mma_sync),
-    })
+    if gpu.has_wgmma()
+        && let Some(cfg) = flash_wgmma::backward_config(shape.head_dim)
+    {
+        check_tensor_core_call("backward", shape, dtype, options, true)?;
+        return Ok(TcBackwardKernel::Wgmma(cfg));
+    }
+    Ok(TcBackwardKernel::MmaSync(tensor_core_backward_config(
+        shape, dtype, options,
+    )?))
 }
 
 /// The saved forward state and the incoming gradient: `o` and `d_o` in the dtype of `q`, `lse`
@@ -190,7 +198,7 @@ pub fn tensor_core_backward(
     inputs: &BackwardInputs,
     options: &AttentionOptions,
 ) -> Result<BackwardOutput> {
-    tensor_core_backward_config(shape, inputs.q.dtype(), options)?;
+    tensor_core_backward_kernel(gpu, shape, inputs.q.dtype(), options)?;
     let out = BackwardOutput::poisoned(shape, inputs.q.dtype())?;
     let workspace = BackwardWorkspace::new(shape)?;
     tensor_core_backward_into(gpu, shape, inputs, &out, &workspace, options)?;
@@ -225,8 +233,10 @@ pub fn tensor_core_backward_variant_into(
 ) -> Result<()> {
     let dtype = inputs.q.dtype();
     check_qkv(shape, inputs.q, inputs.k, inputs.v)?;
-    tensor_core_backward_config(shape, dtype, options)?;
     let kernel = kernel.into();
+    let wgmma = matches!(kernel, TcBackwardKernel::Wgmma(_));
+    check_tensor_core_call("backward", shape, dtype, options, wgmma)?;
+    let general = needs_general(options);
     let cfg = kernel.tiles();
     if cfg.head_dim != shape.head_dim || !kernel.is_compiled() {
         return Err(invalid!(
@@ -234,9 +244,16 @@ pub fn tensor_core_backward_variant_into(
             shape.head_dim
         ));
     }
-    if matches!(kernel, TcBackwardKernel::Wgmma(_)) && !gpu.has_wgmma() {
+    if wgmma && !gpu.has_wgmma() {
         return Err(invalid!(
             "the wgmma kernels need the sm_90a module on a compute capability 9.0 device"
+        ));
+    }
+    let default_wgmma = matches!(kernel, TcBackwardKernel::Wgmma(c)
+        if Some(c) == flash_wgmma::backward_config(shape.head_dim));
+    if general && !default_wgmma {
+        return Err(invalid!(
+            "length masks and dropout run on the default wgmma tiles only, not {kernel:?}"
         ));
     }
     if workspace.n_q_pad != cfg.n_q_pad(shape.n_q) {
@@ -275,6 +292,7 @@ pub fn tensor_core_backward_variant_into(
         ));
     }
     let scale = options.scale_for(shape.head_dim);
+    let layout = DeviceLayout::upload(shape, &options.lengths)?;
     let params = TensorCoreBackwardParams {
         q: inputs.q.device_ptr(),
         k: inputs.k.device_ptr(),
@@ -288,6 +306,8 @@ pub fn tensor_core_backward_variant_into(
         dq_accum: workspace.dq_accum.device_ptr(),
         lse_log2: workspace.lse_log2.device_ptr(),
         d_sum: workspace.d_sum.device_ptr(),
+        layout: layout.params,
+        dropout: options.dropout_rng(),
         shape: *shape,
         n_q_pad: workspace.n_q_pad,
         scale,
@@ -304,13 +324,17 @@ pub fn tensor_core_backward_variant_into(
         },
         &params,
     )?;
+    let name = match kernel {
+        TcBackwardKernel::Wgmma(c) => wgmma_backward_kernel_name(dtype, &c, general),
+        TcBackwardKernel::MmaSync(c) => backward_kernel_name(dtype, &c),
+    };
     gpu.launch(
-        &kernel.name(dtype),
+        &name,
         LaunchConfig {
             grid: (
-                shape.n_k.div_ceil(cfg.block_keys()),
+                layout.max_k_rows.div_ceil(cfg.block_keys()),
                 shape.heads_kv,
-                shape.batch,
+                layout.params.sequences,
             ),
             block: (kernel.threads(), 1, 1),
             shared_bytes: kernel.shared_bytes(),

@@ -2,6 +2,9 @@
 //!
 //! Tensors are contiguous `[batch, seq, heads, head_dim]`; pointers travel as `u64` device addresses.
 
+use crate::flash::params::SequenceLayout;
+use crate::philox::DropoutRng;
+
 /// Shape of one attention call. `heads_q % heads_kv == 0` (GQA/MQA when `heads_kv < heads_q`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -107,6 +110,10 @@ pub struct TensorCoreForwardParams {
     pub v: u64,
     pub o: u64,
     pub lse: u64,
+    /// Sequences and dropout: the `wgmma` kernels honour them; the `mma.sync` ones run only with
+    /// `LENGTHS_FULL` and dropout off (the host refuses anything else for them).
+    pub layout: SequenceLayout,
+    pub dropout: DropoutRng,
     pub shape: AttentionShape,
     /// `τ · log2 e`: scores go straight to the base-2 exponent.
     pub scale_log2: f32,
@@ -134,6 +141,9 @@ pub struct TensorCoreBackwardParams {
     pub dq_accum: u64,
     pub lse_log2: u64,
     pub d_sum: u64,
+    /// As in [`TensorCoreForwardParams`].
+    pub layout: SequenceLayout,
+    pub dropout: DropoutRng,
     pub shape: AttentionShape,
     /// `n_q` rounded up to the Q block of the main kernel.
     pub n_q_pad: u32,

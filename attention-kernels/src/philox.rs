@@ -113,6 +113,50 @@ impl DropoutRng {
         w >= self.threshold
     }
 
+    /// Whether columns `col` (bit 0) and `col + 1` (bit 1) of (batch, head, row) are kept
+    /// (`col` even), given `key()`: one Philox call for the pair. Kernels gather these bits in a
+    /// loop that need not unroll and apply them in one that must (see `flash_wgmma`).
+    #[inline(always)]
+    pub const fn pair_keep_bits(
+        &self,
+        key: [u32; 2],
+        batch: u32,
+        head: u32,
+        row: u32,
+        col: u32,
+    ) -> u32 {
+        let w = Self::draws(key, batch, head, row, col / 4);
+        // Selects rather than `w[col % 4]`: a run-time index would put `w` in local memory.
+        let (a, b) = if col.is_multiple_of(4) {
+            (w[0], w[1])
+        } else {
+            (w[2], w[3])
+        };
+        (a >= self.threshold) as u32 | (((b >= self.threshold) as u32) << 1)
+    }
+
+    /// Whether (batch, head, row, col) is kept, given `key()`.
+    #[inline(always)]
+    pub const fn keep_with_key(
+        &self,
+        key: [u32; 2],
+        batch: u32,
+        head: u32,
+        row: u32,
+        col: u32,
+    ) -> bool {
+        let w = Self::draws(key, batch, head, row, col / 4);
+        let c = col % 4;
+        let x = if c < 2 {
+            if c == 0 { w[0] } else { w[1] }
+        } else if c == 2 {
+            w[2]
+        } else {
+            w[3]
+        };
+        x >= self.threshold
+    }
+
     /// The multiplier `Z` of probability (batch, head, row, col): 0 if dropped, `1/(1-p)` if kept.
     #[inline(always)]
     pub fn multiplier(&self, batch: u32, head: u32, row: u32, col: u32) -> f32 {
@@ -250,5 +294,29 @@ mod tests {
         ] {
             assert_ne!(base, other);
         }
+    }
+
+    #[test]
+    fn keyed_decisions_match_the_plain_ones() {
+        let rng = DropoutRng::new(0.3, 0x1234_5678_9abc, 77).unwrap();
+        let key = rng.key();
+        let mut kept = 0;
+        for (batch, head, row) in [(0, 0, 0), (3, 5, 1000), (1, 31, 4095)] {
+            for col in (0..64).step_by(2) {
+                let bits = rng.pair_keep_bits(key, batch, head, row, col);
+                assert_eq!(bits & 1 == 1, rng.keep(batch, head, row, col));
+                assert_eq!(bits >> 1 == 1, rng.keep(batch, head, row, col + 1));
+                assert_eq!(rng.keep_with_key(key, batch, head, row, col), bits & 1 == 1);
+                assert_eq!(
+                    rng.keep_with_key(key, batch, head, row, col + 1),
+                    bits >> 1 == 1
+                );
+                kept += bits.count_ones();
+            }
+        }
+        // Both outcomes occur (p = 0.3 over 192 draws).
+        assert!(kept > 100 && kept < 180, "{kept}");
+        let off = DropoutRng::OFF;
+        assert_eq!(off.pair_keep_bits(off.key(), 0, 0, 0, 2), 3);
     }
 }

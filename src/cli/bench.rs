@@ -13,8 +13,8 @@ use flash_attn::tensor_core::{
     TcKernel, tensor_core_forward, tensor_core_forward_into, tensor_core_kernel,
 };
 use flash_attn::tensor_core_backward::{
-    BackwardInputs, BackwardOutput, BackwardWorkspace, TcBackwardKernel,
-    tensor_core_backward_into, tensor_core_backward_kernel,
+    BackwardInputs, BackwardOutput, BackwardWorkspace, TcBackwardKernel, tensor_core_backward_into,
+    tensor_core_backward_kernel,
 };
 use flash_attn::timing::time_calls;
 use flash_attn::{

@@ -13,6 +13,6 @@ mod backward;
 #[cfg(target_arch = "nvptx64")]
 mod forward;
 #[cfg(target_arch = "nvptx64")]
-mod sequence;
+pub(crate) mod sequence;
 #[cfg(target_arch = "nvptx64")]
 mod tile;

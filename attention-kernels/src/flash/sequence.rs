@@ -65,6 +65,20 @@ impl Sequence {
         }
     }
 
+    /// Batch item `b` of a call without length masks: every row sees all `n_k` keys.
+    #[inline(always)]
+    pub fn full(shape: &AttentionShape, b: u32) -> Sequence {
+        Sequence {
+            batch: b,
+            index: b,
+            q_start: 0,
+            q_len: shape.n_q,
+            k_start: 0,
+            k_rows: shape.n_k,
+            k_len: shape.n_k,
+        }
+    }
+
     #[inline(always)]
     pub fn key_end(&self, i: u32, causal: bool) -> u32 {
         allowed_key_end(i, self.q_len, self.k_len, causal)

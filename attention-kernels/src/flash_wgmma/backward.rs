@@ -17,22 +17,52 @@
 //! (ptxas serializes the products and spills), so there dQ is waited for and sent in its own step. Two barriers
 //! per step: one publishes the landed Q/dO stage, one the `dSᵀ` tile; a stage or `dSᵀ` buffer is
 //! overwritten only after every warpgroup has waited for the products that read it.
+//! The `GENERAL` instances take every option, as the forward's do: sequences located from the
+//! layout (`grid.z` is the sequence; rows past a packed sequence's end are masked, since their
+//! statistics belong to the next one) and dropout (`dV += (P∘Z)ᵀ·dO`, `dS = P ∘ (dP∘Z − D)`, with
+//! the exact kernels' Philox draws). The others take the sequence from the kernel parameters.
 //! Generic over `KD = d / 16`, `ND = d / 8` (fragments of dK, dV), `WG` and `DQ = ND / WG`
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
 use crate::device::{
-    block_x, block_y, block_z, exp2, opaque, shfl_xor, shared_window, sync_threads, thread_x,
+    block_x, block_y, block_z, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x,
 };
+use crate::flash::sequence::Sequence;
 use crate::flash_tc_backward::hidden;
 use crate::flash_wgmma::WgBackwardConfig;
 use crate::params::TensorCoreBackwardParams;
+use crate::philox::DropoutRng;
 use crate::storage::{Bf16, F16};
-use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
+use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, red_add_f32x4};
 use crate::tile::mma::{FragA, FragC};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
+
+/// The dropout keep bits of the lane's `Pᵀ` elements: bit `4j + e` for element `e` of fragment
+/// `j` (key `keys[e / 2]`, query `q0 + 8j + 2t + e % 2`). Gathered in a loop that touches no
+/// register array, so its ten Philox rounds per element need not unroll.
+#[inline(always)]
+fn keep_bits<const NQ: usize>(
+    rng: &DropoutRng,
+    (seq, head): (u32, u32),
+    q0: u32,
+    t: u32,
+    keys: [u32; 2],
+) -> u32 {
+    let key = rng.key();
+    let mut keep = 0u32;
+    let mut i = 0;
+    while i < 4 * NQ as u32 {
+        let (j, e) = (i / 4, i % 4);
+        let query = q0 + 8 * j + 2 * t + e % 2;
+        let k = if e < 2 { keys[0] } else { keys[1] };
+        keep |= (rng.keep_with_key(key, seq, head, query, k) as u32) << i;
+        i += 1;
+    }
+    keep
+}
 
 /// Query columns of `Sᵀ` per Q block: 8 fragments of 8.
 const NQ: usize = 8;
@@ -47,6 +77,7 @@ unsafe fn backward<
     const WG: usize,
     const DQ: usize,
     const CARRY_DQ: bool,
+    const GENERAL: bool,
 >(
     p: &TensorCoreBackwardParams,
 ) where
@@ -67,16 +98,32 @@ unsafe fn backward<
     let (group, warp, lane) = (tid / 128, (tid / 32) % 4, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
     let causal = p.causal != 0;
-    let (kv_block, hk, b) = (block_x(), block_y(), block_z());
+    let (kv_block, hk) = (block_x(), block_y());
+    let seq = if GENERAL {
+        // SAFETY: the host launches one block row per sequence of a validated layout.
+        unsafe { Sequence::locate(&p.layout, &s, block_z()) }
+    } else {
+        Sequence::full(&s, block_z())
+    };
     let k0 = kv_block * bc;
+    if k0 >= seq.k_rows {
+        // The grid covers the longest sequence; this one is shorter. The whole block leaves.
+        return;
+    }
     let heads_per_kv = s.heads_q / s.heads_kv;
+    let (n_q, n_k) = (seq.q_len, seq.k_len);
 
     let row_bytes = d as u64 * 2;
     let q_stride = s.heads_q as u64 * row_bytes;
     let kv_stride = s.heads_kv as u64 * row_bytes;
-    let kv_off = (b as u64 * s.n_k as u64 * s.heads_kv as u64 + hk as u64) * row_bytes;
-    // Element index of (b, row 0, head 0) in Q-shaped tensors.
-    let q_batch = b as u64 * s.n_q as u64 * s.heads_q as u64 * d as u64;
+    let k_row0 = seq.batch as u64 * s.n_k as u64 + seq.k_start as u64;
+    let kv_off = k_row0 * kv_stride + hk as u64 * row_bytes;
+    // Element index of (the sequence's row 0, head 0) in Q-shaped tensors.
+    let q_batch =
+        (seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * s.heads_q as u64 * d as u64;
+    // Row of (the sequence's row 0, head h) in the padded statistics.
+    let stats_row =
+        |h: u32| (seq.batch * s.heads_q + h) as u64 * p.n_q_pad as u64 + seq.q_start as u64;
 
     // Every tile is derived from the window's address; the loop re-derives it through `opaque` so
     // that the dozens of descriptors are computed at their use instead of each holding registers
@@ -97,8 +144,8 @@ unsafe fn backward<
     let stage_of = |i: u32| i % 3;
     let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
-    let first_block = tiles.first_q_block(k0, s.n_q, s.n_k, causal);
-    let per_head = s.n_q.div_ceil(br).saturating_sub(first_block);
+    let first_block = tiles.first_q_block(k0, n_q, n_k, causal);
+    let per_head = n_q.div_ceil(br).saturating_sub(first_block);
     let iters = per_head * heads_per_kv;
     let head_of = |i: u32| hk * heads_per_kv + i / per_head;
     let row0_of = |i: u32| (first_block + i % per_head) * br;
@@ -107,35 +154,51 @@ unsafe fn backward<
         let (h, q0) = (head_of(i), row0_of(i));
         let src = (q_batch + h as u64 * d as u64) * 2;
         // SAFETY: each stage holds `br` rows; rows below n_q are inside Q and dO; the statistics
-        // are padded to whole Q blocks, so every chunk is inside them.
+        // are padded to whole Q blocks, so every chunk is inside them, and a packed sequence's
+        // rows are copied one by one (its first row need not start a 16-byte chunk).
         unsafe {
             let rows = |base: u64| GlobalRows {
                 base: base + src,
                 stride: q_stride,
-                limit: s.n_q,
+                limit: n_q,
             };
             q_tile(smem, st).fill_async(rows(p.q), q0, br, tid, threads);
             do_tile(smem, st).fill_async(rows(p.d_o), q0, br, tid, threads);
-            let chunks = br / 4;
-            if tid < 2 * chunks {
-                let (which, c) = (tid / chunks, tid % chunks);
-                let base = if which == 0 { p.lse_log2 } else { p.d_sum };
-                let row = (b * s.heads_q + h) as u64 * p.n_q_pad as u64 + q0 as u64;
-                copy16(
-                    stats(smem, st) + which * br * 4 + c * 16,
-                    base + row * 4 + c as u64 * 16,
-                    true,
-                );
+            let row = stats_row(h) + q0 as u64;
+            if GENERAL {
+                if tid < 2 * br {
+                    let (which, r) = (tid / br, tid % br);
+                    let base = if which == 0 { p.lse_log2 } else { p.d_sum };
+                    let valid = q0 + r < n_q;
+                    let src = if valid {
+                        base + (row + r as u64) * 4
+                    } else {
+                        base
+                    };
+                    copy4(stats(smem, st) + which * br * 4 + r * 4, src, valid);
+                }
+            } else {
+                let chunks = br / 4;
+                if tid < 2 * chunks {
+                    let (which, c) = (tid / chunks, tid % chunks);
+                    let base = if which == 0 { p.lse_log2 } else { p.d_sum };
+                    copy16(
+                        stats(smem, st) + which * br * 4 + c * 16,
+                        base + row * 4 + c as u64 * 16,
+                        true,
+                    );
+                }
             }
         }
     };
 
-    // SAFETY: the K and V tiles hold `bc` rows; rows below n_k are inside K and V.
+    // SAFETY: the K and V tiles hold `bc` rows; rows below n_k are inside K and V. Keys past
+    // the sequence's length load as zeros and are masked.
     unsafe {
         let rows = |base: u64| GlobalRows {
             base: base + kv_off,
             stride: kv_stride,
-            limit: s.n_k,
+            limit: n_k,
         };
         k_tile(smem).fill_async(rows(p.k), k0, bc, tid, threads);
         v_tile(smem).fill_async(rows(p.v), k0, bc, tid, threads);
@@ -171,7 +234,7 @@ unsafe fn backward<
             } else {
                 [lo0, lo1, r0, r1]
             };
-            if row < s.n_q {
+            if row < n_q {
                 // SAFETY: row < n_q and columns col + 8j .. + 4 < d are inside the accumulator,
                 // 16-byte aligned (col is a multiple of 4, rows are whole 16-byte chunks).
                 unsafe { red_add_f32x4(at + 32 * j as u64, v) };
@@ -233,7 +296,8 @@ unsafe fn backward<
         }
 
         // Pᵀ into `s_t`. Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows
-        // past n_q and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already.
+        // past n_q and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already,
+        // except past the end of a packed sequence (the next sequence's rows), masked too.
         for j in 0..NQ {
             let col = 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
@@ -244,14 +308,15 @@ unsafe fn backward<
         }
         // Most blocks of a long sequence hide no pair: the mask is a second pass over the few
         // that do, not a test per score everywhere.
-        if tiles.needs_mask(q0, k0, s.n_q, s.n_k, causal) {
+        let past_end = GENERAL && q0 + br > n_q;
+        if past_end || tiles.needs_mask(q0, k0, n_q, n_k, causal) {
             for (j, f) in s_t.iter_mut().enumerate() {
                 let col = 8 * j as u32 + 2 * t;
                 for e in 0..4 {
                     // A select, not a branch, so the loop unrolls and stays in registers.
                     let key = if e < 2 { key_lo } else { key_hi };
                     let row = q0 + col + (e % 2) as u32;
-                    f.0[e] = if hidden(row, key, s.n_q, s.n_k, causal) {
+                    f.0[e] = if row >= n_q || hidden(row, key, n_q, n_k, causal) {
                         0.0
                     } else {
                         f.0[e]
@@ -259,9 +324,34 @@ unsafe fn backward<
                 }
             }
         }
+        // Dropout: bit 4j + e of `keep` for element e of fragment j.
+        let dropping = GENERAL && p.dropout.enabled();
+        let keep = if dropping {
+            keep_bits::<NQ>(&p.dropout, (seq.index, h), q0, t, [key_lo, key_hi])
+        } else {
+            0
+        };
+        let z = |j: usize, e: usize| {
+            if !dropping {
+                1.0
+            } else if (keep >> (4 * j + e)) & 1 != 0 {
+                p.dropout.keep_scale
+            } else {
+                0.0
+            }
+        };
         let mut pt_a = [FragA::default(); NQP];
         for k in 0..NQP {
-            pt_a[k] = T::pack_a(&s_t[2 * k], &s_t[2 * k + 1]);
+            if dropping {
+                let (mut l, mut r) = (s_t[2 * k], s_t[2 * k + 1]);
+                for e in 0..4 {
+                    l.0[e] *= z(2 * k, e);
+                    r.0[e] *= z(2 * k + 1, e);
+                }
+                pt_a[k] = T::pack_a(&l, &r);
+            } else {
+                pt_a[k] = T::pack_a(&s_t[2 * k], &s_t[2 * k + 1]);
+            }
         }
         wgmma::fence();
         for (k, a) in pt_a.iter().enumerate() {
@@ -272,13 +362,13 @@ unsafe fn backward<
         wgmma::wait::<1>();
         dp_t.pin();
 
-        // dSᵀ = Pᵀ ∘ (dPᵀ − D) into `dp_t`, then to the dSᵀ tile for dQ.
+        // dSᵀ = Pᵀ ∘ (dPᵀ∘Z − D) into `dp_t`, then to the dSᵀ tile for dQ.
         for j in 0..NQ {
             let col = 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
             let d_row = unsafe { load_shared_f32x2(stats(base, st) + br * 4 + col * 4) };
             for e in 0..4 {
-                dp_t[j].0[e] = s_t[j].0[e] * (dp_t[j].0[e] - d_row[e % 2]);
+                dp_t[j].0[e] = s_t[j].0[e] * (dp_t[j].0[e] * z(j, e) - d_row[e % 2]);
             }
         }
         let mut ds_a = [FragA::default(); NQP];
@@ -345,7 +435,10 @@ unsafe fn backward<
     // reading them and their copies have landed (when no iteration ran).
     wait_all();
     sync_threads();
-    let (k_out, v_out) = (SwizzledTile::new(smem, d), SwizzledTile::new(smem + kv_bytes, d));
+    let (k_out, v_out) = (
+        SwizzledTile::new(smem, d),
+        SwizzledTile::new(smem + kv_bytes, d),
+    );
     for (tile, acc, scale) in [(k_out, &dk, p.scale), (v_out, &dv, 1.0)] {
         for (j, f) in acc.iter().enumerate() {
             // SAFETY: rows key_row + g (+ 8) and chunk j are inside the tile.
@@ -371,7 +464,7 @@ unsafe fn backward<
             // SAFETY: the shared chunk is inside the tile; the global row is below n_k.
             unsafe {
                 let v = load_shared_16(tile.chunk_addr(r, c));
-                if key < s.n_k {
+                if key < seq.k_rows {
                     store_global_16(dst + kv_off + key as u64 * kv_stride + c as u64 * 16, v);
                 }
             }
@@ -381,9 +474,9 @@ unsafe fn backward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_wgmma_backward_<dtype>_d<d>_g<groups>`
-/// as the host formats it.
+/// as the host formats it, and `flash_wgmma_backward_general_…` taking every option.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $general:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
             // SAFETY: the host validated the buffers against `p`, ran the preprocess kernel on the
@@ -396,6 +489,7 @@ macro_rules! entry_points {
                     { $cfg.warpgroups as usize },
                     { $cfg.dq_cols() as usize / 8 },
                     { $cfg.carry_dq() },
+                    $general,
                 >(&p)
             }
         }
@@ -403,8 +497,12 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 };
-    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 };
-    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 };
-    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 };
+    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false;
+    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false;
+    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false;
+    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false;
+    flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true;
+    flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true;
+    flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true;
+    flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true;
 }

@@ -11,13 +11,24 @@
 //! the second product; O is rescaled by step j's factor once that product is done. So K runs one
 //! block ahead of V: step `j` needs `K_j` and `V_{j−1}` and prefetches `K_{j+1}` and `V_j` with
 //! `cp.async` into two stages each (one barrier per step).
+//!
+//! The `GENERAL` instances take every option: sequences (key lengths, packed batches) located as
+//! the exact kernels do (`grid.z` is the sequence), and dropout, which multiplies P by the same
+//! Philox draws as the exact kernels and the CPU reference after ℓ has summed the undropped P.
+//! The others serve full-length batches without dropout with the sequence taken from the kernel
+//! parameters, which cost no registers (the layout's values read from memory held 20 more, enough
+//! to halve the blocks per SM at d = 64).
 //! Generic over `KD = d / 16` (k-steps of `Q·Kᵀ`), `ND = d / 8` (fragments of O), `NK` (fragments
 //! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
 
-use crate::device::{block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads, thread_x};
+use crate::device::{
+    block_x, block_y, block_z, grid_dim_x, opaque, shared_window, sync_threads, thread_x,
+};
+use crate::flash::sequence::Sequence;
 use crate::flash_tc::softmax::{RowState, pack, rescale};
 use crate::flash_wgmma::WgConfig;
-use crate::params::{TensorCoreForwardParams, causal_key_end};
+use crate::params::TensorCoreForwardParams;
+use crate::philox::DropoutRng;
 use crate::storage::{Bf16, F16};
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
 use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
@@ -25,6 +36,73 @@ use crate::tile::mma::{FragA, FragC};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
 
+/// Scales and masks the scores `sc` of keys `k0 .. k0 + 8·NK` (lane columns `k0 + 8j + 2t + c`,
+/// rows allowed up to keys `ends`) and folds them into `state`: `sc` becomes P, the result is the
+/// factor that rescales O. Blocks wholly below `unmasked_end` skip the mask. A function rather
+/// than a closure so that it is always inlined (a call would put the scores in local memory).
+#[inline(always)]
+fn mask_and_fold<const NK: usize>(
+    sc: &mut [FragC; NK],
+    state: &mut RowState,
+    scale_log2: f32,
+    (k0, unmasked_end): (u32, u32),
+    ends: [u32; 2],
+    t: u32,
+) -> [f32; 2] {
+    for f in sc.iter_mut() {
+        for e in 0..4 {
+            f.0[e] *= scale_log2;
+        }
+    }
+    if k0 + 8 * NK as u32 > unmasked_end {
+        // Selects, not branches, so the loop unrolls and `sc` stays in registers.
+        let col0 = k0 + 2 * t;
+        for (j, f) in sc.iter_mut().enumerate() {
+            for e in 0..4 {
+                let col = col0 + 8 * j as u32 + (e % 2) as u32;
+                f.0[e] = if col >= ends[e / 2] {
+                    f32::NEG_INFINITY
+                } else {
+                    f.0[e]
+                };
+            }
+        }
+    }
+    state.fold(sc)
+}
+
+/// Multiplies P (`sc`, scores of keys `k0 ..` after the fold) by the dropout multipliers of the
+/// lane's rows `rows` (g and g + 8 of its warp's 16). ℓ has already summed the undropped P; only
+/// the product with V sees Z. The keep bits are gathered first (bit `2j + c`: column
+/// `k0 + 8j + 2t + c`) in a loop that touches no register array, so its ten Philox rounds per
+/// pair need not unroll; the loop that applies them must, and is small.
+#[inline(always)]
+fn apply_dropout<const NK: usize>(
+    sc: &mut [FragC; NK],
+    rng: &DropoutRng,
+    (seq, head): (u32, u32),
+    rows: [u32; 2],
+    k0: u32,
+    t: u32,
+) {
+    let key = rng.key();
+    let mut keep = [0u32; 2];
+    let mut j = 0;
+    while j < NK as u32 {
+        let col = k0 + 8 * j + 2 * t;
+        keep[0] |= rng.pair_keep_bits(key, seq, head, rows[0], col) << (2 * j);
+        keep[1] |= rng.pair_keep_bits(key, seq, head, rows[1], col) << (2 * j);
+        j += 1;
+    }
+    for (j, f) in sc.iter_mut().enumerate() {
+        for e in 0..4 {
+            let kept = (keep[e / 2] >> (2 * j + e % 2)) & 1 != 0;
+            f.0[e] *= if kept { rng.keep_scale } else { 0.0 };
+        }
+    }
+}
+
+#[inline(always)]
 unsafe fn forward<
     T: Wgmma,
     const KD: usize,
@@ -32,6 +110,7 @@ unsafe fn forward<
     const NK: usize,
     const NP: usize,
     const WG: usize,
+    const GENERAL: bool,
 >(
     p: &TensorCoreForwardParams,
 ) where
@@ -51,24 +130,39 @@ unsafe fn forward<
     } else {
         block_x()
     };
-    let (h, b) = (block_y(), block_z());
+    let h = block_y();
+    let locate = || {
+        if GENERAL {
+            // SAFETY: the host launches one block row per sequence of a validated layout.
+            unsafe { Sequence::locate(&p.layout, &s, opaque(block_z())) }
+        } else {
+            Sequence::full(&s, block_z())
+        }
+    };
+    let seq = locate();
     let q0 = q_block * br;
+    if q0 >= seq.q_len {
+        // The grid covers the longest sequence; this one is shorter. The whole block leaves.
+        return;
+    }
 
     let row_bytes = d as u64 * 2;
     let q_stride = s.heads_q as u64 * row_bytes;
     let kv_stride = s.heads_kv as u64 * row_bytes;
-    let q_off = (b as u64 * s.n_q as u64 * s.heads_q as u64 + h as u64) * row_bytes;
-    let kv_off = (b as u64 * s.n_k as u64 * s.heads_kv as u64 + s.kv_head(h) as u64) * row_bytes;
-    let o_dst = p.o + q_off;
+    let q_row0 = seq.batch as u64 * s.n_q as u64 + seq.q_start as u64;
+    let k_row0 = seq.batch as u64 * s.n_k as u64 + seq.k_start as u64;
+    let q_off = q_row0 * q_stride + h as u64 * row_bytes;
+    let kv_off = k_row0 * kv_stride + s.kv_head(h) as u64 * row_bytes;
     let q_rows = GlobalRows {
         base: p.q + q_off,
         stride: q_stride,
-        limit: s.n_q,
+        limit: seq.q_len,
     };
+    // Keys past the sequence's length are never seen: they load as zeros and are masked.
     let k_rows = GlobalRows {
         base: p.k + kv_off,
         stride: kv_stride,
-        limit: s.n_k,
+        limit: seq.k_len,
     };
     let v_rows = GlobalRows {
         base: p.v + kv_off,
@@ -82,22 +176,14 @@ unsafe fn forward<
     let k_tile = |block: u32| PanelTile::new(kv_base + (block & 1) * kv_bytes, bc, d);
     let v_tile = |block: u32| PanelTile::new(kv_base + (2 + (block & 1)) * kv_bytes, bc, d);
     // SAFETY (both): each stage holds `bc` rows; rows below n_k are inside K and V.
-    let fill_k = |block: u32| unsafe {
-        k_tile(block).fill_async(k_rows, block * bc, bc, tid, threads)
-    };
-    let fill_v = |block: u32| unsafe {
-        v_tile(block).fill_async(v_rows, block * bc, bc, tid, threads)
-    };
+    let fill_k =
+        |block: u32| unsafe { k_tile(block).fill_async(k_rows, block * bc, bc, tid, threads) };
+    let fill_v =
+        |block: u32| unsafe { v_tile(block).fill_async(v_rows, block * bc, bc, tid, threads) };
     let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
-    let key_end = |row: u32| {
-        if causal {
-            causal_key_end(row, s.n_q, s.n_k)
-        } else {
-            s.n_k
-        }
-    };
-    let last_row = (q0 + br).min(s.n_q) - 1;
+    let key_end = |row: u32| seq.key_end(row, causal);
+    let last_row = (q0 + br).min(seq.q_len) - 1;
     let n_blocks = key_end(last_row).div_ceil(bc);
     // Keys below this are allowed for every row of the block: those blocks skip the mask.
     let unmasked_end = key_end(q0);
@@ -115,32 +201,6 @@ unsafe fn forward<
     let (end_lo, end_hi) = (key_end(row_lo), key_end(row_hi));
     let mut o = [FragC::default(); ND];
     let mut state = RowState::new();
-    // Scales and masks the scores of block j and folds them into the state: `sc` becomes P,
-    // the result is the factor that rescales O.
-    let mut softmax = |block: u32, sc: &mut [FragC; NK]| {
-        let k0 = block * bc;
-        for f in sc.iter_mut() {
-            for e in 0..4 {
-                f.0[e] *= p.scale_log2;
-            }
-        }
-        if k0 + bc > unmasked_end {
-            // Selects, not branches, so the loop unrolls and `sc` stays in registers.
-            let col0 = k0 + 2 * t;
-            for (j, f) in sc.iter_mut().enumerate() {
-                for e in 0..4 {
-                    let col = col0 + 8 * j as u32 + (e % 2) as u32;
-                    let end = if e < 2 { end_lo } else { end_hi };
-                    f.0[e] = if col >= end {
-                        f32::NEG_INFINITY
-                    } else {
-                        f.0[e]
-                    };
-                }
-            }
-        }
-        state.fold(sc)
-    };
     // K_j and V_{j−1} have landed and are visible to the tensor cores, and every warp is done
     // with the products of step j − 1, whose stages the next fills overwrite.
     let step_barrier = || {
@@ -182,7 +242,18 @@ unsafe fn forward<
         wgmma::wait::<0>();
         sc.pin();
         // O is still zero: its factor changes nothing.
-        softmax(0, &mut sc);
+        let ends = [end_lo, end_hi];
+        mask_and_fold(
+            &mut sc,
+            &mut state,
+            p.scale_log2,
+            (0, unmasked_end),
+            ends,
+            t,
+        );
+        if GENERAL && p.dropout.enabled() {
+            apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], 0, t);
+        }
         // P of the previous step, waiting for its V.
         let mut pf = pack::<T, NK, NP>(&sc);
         for block in 1..n_blocks {
@@ -197,7 +268,18 @@ unsafe fn forward<
             accumulate(block - 1, &pf, &mut o);
             wgmma::wait::<1>();
             sc.pin();
-            let alpha = softmax(block, &mut sc);
+            let k0 = block * bc;
+            let alpha = mask_and_fold(
+                &mut sc,
+                &mut state,
+                p.scale_log2,
+                (k0, unmasked_end),
+                ends,
+                t,
+            );
+            if GENERAL && p.dropout.enabled() {
+                apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], k0, t);
+            }
             wgmma::wait::<0>();
             o.pin();
             rescale(&mut o, alpha);
@@ -230,6 +312,11 @@ unsafe fn forward<
         }
     }
     sync_threads();
+    // The sequence again: read anew rather than kept in registers across the loop.
+    let seq = locate();
+    let q_off =
+        (seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * q_stride + h as u64 * row_bytes;
+    let o_dst = p.o + q_off;
     let chunks = staging.chunks();
     let mut i = tid;
     while i < br * chunks {
@@ -238,17 +325,18 @@ unsafe fn forward<
         // SAFETY: the shared chunk is inside the staging tile; the global row is below n_q.
         unsafe {
             let v = load_shared_16(staging.chunk_addr(r, c));
-            if row < s.n_q {
+            if row < seq.q_len {
                 store_global_16(o_dst + row as u64 * q_stride + c as u64 * 16, v);
             }
         }
         i += threads;
     }
     if t == 0 {
-        let lse_row = (b as u64 * s.heads_q as u64 + h as u64) * s.n_q as u64;
+        let lse_row =
+            (seq.batch as u64 * s.heads_q as u64 + h as u64) * s.n_q as u64 + seq.q_start as u64;
         let lse_ptr = p.lse as *mut f32;
         for (row, value) in [(row_lo, lse[0]), (row_hi, lse[1])] {
-            if row < s.n_q {
+            if row < seq.q_len {
                 // SAFETY: the index is inside the [batch, heads_q, n_q] LSE tensor.
                 unsafe { *lse_ptr.add((lse_row + row as u64) as usize) = value };
             }
@@ -257,9 +345,9 @@ unsafe fn forward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_wgmma_forward_<dtype>_d<d>_g<groups>_k<keys>`
-/// as the host formats it.
+/// as the host formats it, and `flash_wgmma_forward_general_…` (every option) for the defaults.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $dropout:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreForwardParams) {
             // SAFETY: the host validated the buffers against `p` and launched the configuration's
@@ -272,6 +360,7 @@ macro_rules! entry_points {
                     { $cfg.block_keys as usize / 8 },
                     { $cfg.block_keys as usize / 16 },
                     { $cfg.warpgroups as usize },
+                    $dropout,
                 >(&p)
             }
         }
@@ -279,16 +368,20 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 };
-    flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 };
-    flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 };
-    flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 };
-    flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 };
-    flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 };
-    flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 };
-    flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 };
-    flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 };
-    flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 };
-    flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 };
-    flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 };
+    flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false;
+    flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false;
+    flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false;
+    flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false;
+    flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false;
+    flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false;
+    flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false;
+    flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false;
+    flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false;
+    flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false;
+    flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false;
+    flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false;
+    flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true;
+    flash_wgmma_forward_general_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true;
+    flash_wgmma_forward_general_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true;
+    flash_wgmma_forward_general_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true;
 }

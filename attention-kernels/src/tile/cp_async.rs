@@ -22,6 +22,21 @@ pub unsafe fn copy16(dst: u32, src: u64, valid: bool) {
     }
 }
 
+/// Starts copying 4 bytes from `src` (global, 4-byte aligned) to shared address `dst`, or writes
+/// zeros there with `valid == false` (through L1: `.cg` takes only 16-byte copies).
+///
+/// # Safety
+/// As [`copy16`].
+#[inline(always)]
+pub unsafe fn copy4(dst: u32, src: u64, valid: bool) {
+    let bytes: u32 = if valid { 4 } else { 0 };
+    // SAFETY: the caller guarantees both addresses.
+    unsafe {
+        asm!("cp.async.ca.shared.global [{d}], [{s}], 4, {n};",
+             d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, options(nostack));
+    }
+}
+
 /// Waits until every `cp.async` this thread issued has landed. Other threads see the data only
 /// after a barrier that follows.
 #[inline(always)]

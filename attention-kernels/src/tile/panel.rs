@@ -69,7 +69,8 @@ impl PanelTile {
     /// `row0 ..` (a multiple of 8) and columns `16 kk .. 16 kk + 16`.
     #[inline(always)]
     pub const fn k_major(&self, row0: u32, kk: u32) -> (u32, u32, u32) {
-        let start = self.base + (kk / 4) * self.panel_bytes() + row0 * PANEL_ROW_BYTES + (kk % 4) * 32;
+        let start =
+            self.base + (kk / 4) * self.panel_bytes() + row0 * PANEL_ROW_BYTES + (kk % 4) * 32;
         // The leading offset is unused when one k-step lies inside the 128-byte swizzle row.
         (start, 16, ATOM_BYTES)
     }
@@ -115,7 +116,11 @@ mod tests {
             for chunk in 0..16 {
                 let plain = (chunk / 8) * tile.panel_bytes() + row * 128 + (chunk % 8) * 16;
                 let swizzled = plain ^ (((plain >> 7) & 7) << 4);
-                assert_eq!(tile.chunk_offset(row, chunk), swizzled, "row {row} chunk {chunk}");
+                assert_eq!(
+                    tile.chunk_offset(row, chunk),
+                    swizzled,
+                    "row {row} chunk {chunk}"
+                );
             }
         }
     }
@@ -127,7 +132,10 @@ mod tests {
         assert_eq!(tile.k_major(64, 3), (1024 + 64 * 128 + 96, 16, 1024));
         assert_eq!(tile.k_major(0, 4), (1024 + 128 * 128, 16, 1024));
         assert_eq!(tile.mn_major(16, 0), (1024 + 16 * 128, 128 * 128, 1024));
-        assert_eq!(tile.mn_major(16, 64), (1024 + 128 * 128 + 16 * 128, 128 * 128, 1024));
+        assert_eq!(
+            tile.mn_major(16, 64),
+            (1024 + 128 * 128 + 16 * 128, 128 * 128, 1024)
+        );
         assert_eq!(tile.mn_major(0, 32), (1024 + 64, 128 * 128, 1024));
     }
 
