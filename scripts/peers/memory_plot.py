@@ -22,6 +22,7 @@ def main():
         "exact forward (ours)": [],
         "exact backward (ours)": [],
         "tensor-core forward (ours)": [],
+        "tensor-core backward (ours)": [],
         "PyTorch math forward": [],
         "PyTorch math forward+backward": [],
         "PyTorch flash forward+backward": [],
@@ -36,6 +37,7 @@ def main():
         math = peers.get((n, "math"), {})
         flash = peers.get((n, "flash"), {})
         values = [r["materialized_forward"], r["exact_forward"], r["exact_backward"], r.get("tensor_core_forward"),
+                  r.get("tensor_core_backward"),
                   math.get("fwd_peak_bytes"), math.get("fwd_bwd_peak_bytes"), flash.get("fwd_bwd_peak_bytes")]
         for (name, pts), v in zip(series.items(), values):
             pts.append(None if v is None else v / MIB)

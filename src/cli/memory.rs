@@ -9,6 +9,7 @@ use flash_attn::bench::environment;
 use flash_attn::inputs::uniform;
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
 use flash_attn::tensor_core::tensor_core_forward;
+use flash_attn::tensor_core_backward::{self, BackwardInputs};
 use flash_attn::{
     AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions, Gpu, flash_backward,
     flash_forward, memory,
@@ -49,8 +50,8 @@ pub fn run(args: &MemoryArgs) -> CliResult {
     let dtype = args.dtype;
     let env = environment(&gpu);
     println!(
-        "{:>6} {:>16} {:>14} {:>14} {:>14}",
-        "N", "materialized fwd", "exact fwd", "exact bwd", "tensor-core fwd"
+        "{:>6} {:>16} {:>14} {:>14} {:>15} {:>15}",
+        "N", "materialized fwd", "exact fwd", "exact bwd", "tensor-core fwd", "tensor-core bwd"
     );
     let mut rows = Vec::new();
     for &n in &args.n {
@@ -69,11 +70,12 @@ pub fn run(args: &MemoryArgs) -> CliResult {
             })
         };
         println!(
-            "{n:>6} {:>16} {:>14} {:>14} {:>14}",
+            "{n:>6} {:>16} {:>14} {:>14} {:>15} {:>15}",
             mib("materialized_forward"),
             mib("exact_forward"),
             mib("exact_backward"),
-            mib("tensor_core_forward")
+            mib("tensor_core_forward"),
+            mib("tensor_core_backward")
         );
         rows.push(row);
     }
@@ -115,13 +117,26 @@ fn measure(
     let exact_backward = extra_bytes(|| {
         flash_backward(gpu, shape, &q, &k, &v, &fwd.o, &fwd.lse, &d_o, &flash).map(drop)
     })?;
-    let tensor_core = if dtype != DType::F32 && matches!(shape.head_dim, 64 | 128) {
-        Some(extra_bytes(|| {
-            tensor_core_forward(gpu, shape, &q, &k, &v, &options).map(drop)
-        })?)
-    } else {
-        None
-    };
+    let (tensor_core, tensor_core_backward) =
+        if dtype != DType::F32 && matches!(shape.head_dim, 64 | 128) {
+            let forward =
+                extra_bytes(|| tensor_core_forward(gpu, shape, &q, &k, &v, &options).map(drop))?;
+            let fwd = tensor_core_forward(gpu, shape, &q, &k, &v, &options)?;
+            let inputs = BackwardInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                o: &fwd.o,
+                d_o: &d_o,
+                lse: &fwd.lse,
+            };
+            let backward = extra_bytes(|| {
+                tensor_core_backward::tensor_core_backward(gpu, shape, &inputs, &options).map(drop)
+            })?;
+            (Some(forward), Some(backward))
+        } else {
+            (None, None)
+        };
     Ok(json!({
         "B": shape.batch, "H": shape.heads_q, "N": shape.n_q, "d": shape.head_dim, "dtype": dtype.name(),
         "input_bytes": (q.size_bytes() + k.size_bytes() + v.size_bytes()),
@@ -129,5 +144,6 @@ fn measure(
         "exact_forward": exact_forward,
         "exact_backward": exact_backward,
         "tensor_core_forward": tensor_core,
+        "tensor_core_backward": tensor_core_backward,
     }))
 }
