@@ -57,11 +57,15 @@ fn main() {
     let readable = target_root.join("ptx").join(base_arch);
     fs::create_dir_all(&readable).expect("create target/ptx");
     fs::write(readable.join(PTX_NAME), &ptx).expect("write target/ptx copy");
+    let hopper_readable = target_root.join("ptx").join("sm_90a").join(PTX_NAME);
     if hopper {
-        let readable = target_root.join("ptx").join("sm_90a");
-        fs::create_dir_all(&readable).expect("create target/ptx");
-        fs::write(readable.join(PTX_NAME), &hopper_ptx).expect("write target/ptx copy");
+        fs::create_dir_all(hopper_readable.parent().unwrap()).expect("create target/ptx");
+        fs::write(&hopper_readable, &hopper_ptx).expect("write target/ptx copy");
     }
+    println!(
+        "cargo:rustc-env=FLASH_ATTN_PTX_SM90A_PATH={}",
+        hopper_readable.display()
+    );
 
     println!("cargo:rustc-env=FLASH_ATTN_PTX_ARCH={base_arch}");
     println!(

@@ -1,17 +1,21 @@
 """SASS of the kernels without a GPU: assembles the build's PTX with ptxas (the nvidia-cuda-nvcc
-wheel) for sm_90, disassembles it with nvdisasm (the nvidia-cuda-nvdisasm wheel, installed here if
-missing), and counts per kernel the instructions that say which path it is on: HMMA (tensor cores),
-LDSM (ldmatrix), LDGSTS (cp.async), BAR, and LDL/STL (local memory: register arrays that spilled).
-Exits non-zero if a `flash_tc` matrix kernel has no HMMA, or any `flash_tc` kernel touches local
-memory.
+wheel) for the architecture its `.target` line names (sm_90, or sm_90a for the module with the
+`wgmma` kernels), disassembles it with nvdisasm (the nvidia-cuda-nvdisasm wheel, installed here if
+missing), and counts per kernel the instructions that say which path it is on: HMMA (`mma.sync`
+tensor cores), HGMMA (`wgmma`), LDSM (ldmatrix), LDGSTS (cp.async), BAR, and LDL/STL (local
+memory: register arrays that spilled). Exits non-zero if a `flash_tc` matrix kernel has no HMMA,
+a `flash_wgmma` kernel no HGMMA, or any of them touches local memory, except the `wgmma` general
+instances at d = 128 (length masks and dropout), which spill 80–104 bytes (reports/PERF_LOG*.md).
 
 usage: python3 scripts/sass_check.py [PTX] > table.md
+  e.g. target/ptx/sm_90/attention_kernels.ptx (default) or target/ptx/sm_90a/attention_kernels.ptx
 The driver on the GPU machine assembles the same PTX with its own ptxas, so its SASS can differ in
 scheduling; the instruction classes do not.
 """
 import collections, os, re, subprocess, sys, tempfile
 
 NVDISASM_WHEEL = "nvidia-cuda-nvdisasm==13.5.37"
+CLASSES = ("HMMA", "HGMMA", "LDSM", "LDGSTS", "BAR", "LDL", "STL")
 
 
 def tool(module, name):
@@ -33,9 +37,11 @@ def main():
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
                         "--no-deps", NVDISASM_WHEEL], check=True)
         nvdisasm = tool("nvidia.cu13", "nvdisasm")
+    target = re.search(r"^\.target\s+(sm_\w+)", open(ptx).read(), re.M)
+    arch = target.group(1) if target else "sm_90"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
-        subprocess.run([ptxas, "-arch=sm_90", ptx, "-o", cubin], check=True)
+        subprocess.run([ptxas, f"-arch={arch}", ptx, "-o", cubin], check=True)
         sass = subprocess.run([nvdisasm, "-c", cubin], check=True, capture_output=True, text=True).stdout
     counts = collections.OrderedDict()
     kernel = None
@@ -50,21 +56,25 @@ def main():
         m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
         if m:
             op = m.group(1)
-            for cls in ("HMMA", "LDSM", "LDGSTS", "BAR", "LDL", "STL"):
+            for cls in CLASSES:
                 if op == cls:
                     counts[kernel][cls] += 1
-    print(f"# SASS instruction classes per kernel (ptxas {os.path.basename(os.path.dirname(os.path.dirname(ptxas)))}, sm_90, from {ptx})\n")
-    print("| kernel | HMMA | LDSM | LDGSTS | BAR | LDL | STL |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"# SASS instruction classes per kernel (ptxas {os.path.basename(os.path.dirname(os.path.dirname(ptxas)))}, {arch}, from {ptx})\n")
+    print("| kernel | " + " | ".join(CLASSES) + " |")
+    print("|---|" + "---|" * len(CLASSES))
     bad = []
     for k, c in counts.items():
-        print(f"| {k} | {c['HMMA']} | {c['LDSM']} | {c['LDGSTS']} | {c['BAR']} | {c['LDL']} | {c['STL']} |")
+        print(f"| {k} | " + " | ".join(str(c[cls]) for cls in CLASSES) + " |")
         # The backward's preprocess and dQ conversion kernels are elementwise: no products.
         products = not any(w in k for w in ("preprocess", "convert"))
-        if k.startswith("flash_tc") and ((products and c["HMMA"] == 0) or c["LDL"] or c["STL"]):
+        local = c["LDL"] or c["STL"]
+        if k.startswith("flash_tc") and ((products and c["HMMA"] == 0) or local):
+            bad.append(k)
+        spills_allowed = "_general_" in k and "_d128_" in k
+        if k.startswith("flash_wgmma") and (c["HGMMA"] == 0 or (local and not spills_allowed)):
             bad.append(k)
     if bad:
-        sys.exit("tensor-core kernels without HMMA or with local memory: " + ", ".join(bad))
+        sys.exit("tensor-core kernels without HMMA/HGMMA or with local memory: " + ", ".join(bad))
 
 
 if __name__ == "__main__":

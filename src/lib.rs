@@ -27,6 +27,8 @@ pub const PTX_SM90A: Option<&str> = {
 pub const PTX_ARCH: &str = env!("FLASH_ATTN_PTX_ARCH");
 /// Where the build copied the PTX for reading (`target/ptx/<arch>/attention_kernels.ptx`).
 pub const PTX_PATH: &str = env!("FLASH_ATTN_PTX_PATH");
+/// Where the build copied [`PTX_SM90A`] for reading (`target/ptx/sm_90a/attention_kernels.ptx`).
+pub const PTX_SM90A_PATH: &str = env!("FLASH_ATTN_PTX_SM90A_PATH");
 
 /// Creates a context on device 0 and loads the embedded kernels ([`PTX_SM90A`] on an H100/H200).
 pub fn gpu() -> Result<Gpu> {

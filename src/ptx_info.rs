@@ -70,19 +70,32 @@ fn number_before(line: &str, unit: &str) -> Option<u32> {
     line[..at].split_whitespace().last()?.parse().ok()
 }
 
-/// Parses `ptxas -v` output: a "Compiling entry function 'x'" line, then its properties.
+/// Parses `ptxas -v` output: a "Function properties for x" line (or, before it, "Compiling entry
+/// function 'x'"), then its stack/spill and register lines. Keyed by the name each of those lines
+/// gives, since ptxas interleaves other lines (performance notes) between a kernel's.
 pub fn parse_ptxas(text: &str) -> Vec<KernelResources> {
     let mut kernels: Vec<KernelResources> = Vec::new();
+    let mut current: Option<usize> = None;
     for line in text.lines() {
-        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
-            let name = rest.split('\'').next().unwrap_or_default().to_owned();
-            kernels.push(KernelResources {
-                name,
-                ..Default::default()
+        let named = line
+            .split("Compiling entry function '")
+            .nth(1)
+            .and_then(|rest| rest.split('\'').next())
+            .or_else(|| line.split("Function properties for ").nth(1).map(str::trim));
+        if let Some(name) = named {
+            current = Some(match kernels.iter().position(|k| k.name == name) {
+                Some(i) => i,
+                None => {
+                    kernels.push(KernelResources {
+                        name: name.to_owned(),
+                        ..Default::default()
+                    });
+                    kernels.len() - 1
+                }
             });
             continue;
         }
-        let Some(k) = kernels.last_mut() else {
+        let Some(k) = current.map(|i| &mut kernels[i]) else {
             continue;
         };
         if line.contains("stack frame") {
@@ -122,5 +135,24 @@ mod tests {
                 shared_bytes: 2176
             }]
         );
+    }
+
+    /// ptxas may report other kernels' compile lines and performance notes between a kernel's
+    /// "Compiling" line and its properties; the properties line names the kernel.
+    #[test]
+    fn attributes_properties_to_the_kernel_they_name() {
+        let report = "ptxas info    : Compiling entry function 'alpha' for 'sm_90a'\n\
+            ptxas info    : Compiling entry function 'beta' for 'sm_90a'\n\
+            ptxas info    : (C7510) Potential Performance Loss: wgmma serialized in 'alpha'\n\
+            ptxas info    : Function properties for alpha\n    \
+            72 bytes stack frame, 80 bytes spill stores, 100 bytes spill loads\n\
+            ptxas info    : Used 255 registers, used 1 barriers\n\
+            ptxas info    : Function properties for beta\n    \
+            0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+            ptxas info    : Used 128 registers, used 1 barriers\n";
+        let parsed = parse_ptxas(report);
+        assert_eq!(parsed.len(), 2);
+        assert_eq!((parsed[0].registers, parsed[0].spill_stores), (255, 80));
+        assert_eq!((parsed[1].registers, parsed[1].spill_stores), (128, 0));
     }
 }

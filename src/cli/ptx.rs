@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use flash_attn::ptx_info::{entry_points, find_ptxas, ptxas_resources};
-use flash_attn::{PTX, PTX_ARCH, PTX_PATH};
+use flash_attn::{PTX, PTX_ARCH, PTX_PATH, PTX_SM90A, PTX_SM90A_PATH};
 
 use super::CliResult;
 
@@ -13,15 +13,27 @@ pub struct PtxArgs {
     /// Print the whole PTX text instead of the summary.
     #[arg(long)]
     dump: bool,
+    /// The sm_90a module (every kernel plus the wgmma ones, loaded on compute capability 9.0)
+    /// instead of the base one.
+    #[arg(long)]
+    sm90a: bool,
 }
 
 pub fn run(args: &PtxArgs) -> CliResult {
+    let (ptx, arch, path) = if args.sm90a {
+        let Some(ptx) = PTX_SM90A else {
+            return Err(format!("this build ({PTX_ARCH}) has no sm_90a module").into());
+        };
+        (ptx, "sm_90a", PTX_SM90A_PATH)
+    } else {
+        (PTX, PTX_ARCH, PTX_PATH)
+    };
     if args.dump {
-        print!("{PTX}");
+        print!("{ptx}");
         return Ok(());
     }
-    let path = PathBuf::from(PTX_PATH);
-    println!("architecture: {PTX_ARCH}");
+    let path = PathBuf::from(path);
+    println!("architecture: {arch}");
     if path.is_file() {
         println!("PTX file:     {}", path.display());
     } else {
@@ -30,7 +42,7 @@ pub fn run(args: &PtxArgs) -> CliResult {
             path.display()
         );
     }
-    let entries = entry_points(PTX);
+    let entries = entry_points(ptx);
     println!("entry points: {}", entries.len());
     let Some(ptxas) = find_ptxas() else {
         for e in entries {
@@ -46,11 +58,11 @@ pub fn run(args: &PtxArgs) -> CliResult {
         path
     } else {
         let tmp = std::env::temp_dir().join(format!("flash_attn_{}.ptx", std::process::id()));
-        std::fs::write(&tmp, PTX)?;
+        std::fs::write(&tmp, ptx)?;
         tmp
     };
-    let resources = ptxas_resources(&ptxas, &file, PTX_ARCH)?;
-    println!("resources from {} -arch={PTX_ARCH} -v:", ptxas.display());
+    let resources = ptxas_resources(&ptxas, &file, arch)?;
+    println!("resources from {} -arch={arch} -v:", ptxas.display());
     println!(
         "  {:<40} {:>5} {:>12} {:>11} {:>11} {:>10}",
         "kernel", "regs", "spill st/ld", "stack (B)", "static smem", ""
