@@ -17,7 +17,7 @@ use crate::params::{TensorCoreForwardParams, causal_key_end};
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
-use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
+use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16};
 use crate::tile::mma::{FragA, FragC, MmaElem};
 
 unsafe fn forward<
@@ -174,21 +174,10 @@ unsafe fn forward<
     // of those rows before the other lanes' stores: with fewer than two K/V blocks no block-wide
     // barrier lies between them, and racecheck reports the pair as a hazard.
     sync_warp();
-    let (g, t) = (lane / 4, lane % 4);
-    for (j, f) in o.iter().enumerate() {
-        // SAFETY: rows warp_row + g (+ 8) and chunk j are inside the Q tile.
-        unsafe {
-            store_shared_u32(
-                q_tile.chunk_addr(warp_row + g, j as u32) + 4 * t,
-                T::pack(f.0[0], f.0[1]),
-            );
-            store_shared_u32(
-                q_tile.chunk_addr(warp_row + g + 8, j as u32) + 4 * t,
-                T::pack(f.0[2], f.0[3]),
-            );
-        }
-    }
+    // SAFETY: the warp's 16 rows and all ND chunks are inside the Q tile.
+    unsafe { stage_fragments::<T, ND>(q_tile, warp_row, &o, 1.0, lane) };
     sync_warp();
+    let t = lane % 4;
     let chunks = q_tile.chunks();
     for i in 0..(16 * ND as u32 / 32) {
         let idx = 32 * i + lane;

@@ -22,7 +22,7 @@ use crate::params::TensorCoreBackwardParams;
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
-use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
+use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, load_shared_u32, red_add_f32};
 use crate::tile::mma::FragC;
 
@@ -348,19 +348,8 @@ unsafe fn backward<
     wait_all();
     sync_threads();
     for (tile, acc, scale) in [(k_tile, &dk, p.scale), (v_tile, &dv, 1.0)] {
-        for (j, f) in acc.iter().enumerate() {
-            // SAFETY: rows key_row + g (+ 8) and chunk j are inside the tile.
-            unsafe {
-                store_shared_u32(
-                    tile.chunk_addr(key_row + g, j as u32) + 4 * t,
-                    T::pack(scale * f.0[0], scale * f.0[1]),
-                );
-                store_shared_u32(
-                    tile.chunk_addr(key_row + g + 8, j as u32) + 4 * t,
-                    T::pack(scale * f.0[2], scale * f.0[3]),
-                );
-            }
-        }
+        // SAFETY: the warp's 16 key rows and all ND chunks are inside the tile.
+        unsafe { stage_fragments::<T, ND>(tile, key_row, acc, scale, lane) };
     }
     sync_warp();
     let chunks = k_tile.chunks();

@@ -34,7 +34,7 @@ use crate::params::TensorCoreBackwardParams;
 use crate::philox::DropoutRng;
 use crate::storage::{Bf16, F16};
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
-use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
+use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, red_add_f32x4};
 use crate::tile::mma::{FragA, FragC};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
@@ -440,19 +440,8 @@ unsafe fn backward<
         SwizzledTile::new(smem + kv_bytes, d),
     );
     for (tile, acc, scale) in [(k_out, &dk, p.scale), (v_out, &dv, 1.0)] {
-        for (j, f) in acc.iter().enumerate() {
-            // SAFETY: rows key_row + g (+ 8) and chunk j are inside the tile.
-            unsafe {
-                store_shared_u32(
-                    tile.chunk_addr(key_row + g, j as u32) + 4 * t,
-                    T::pack(scale * f.0[0], scale * f.0[1]),
-                );
-                store_shared_u32(
-                    tile.chunk_addr(key_row + g + 8, j as u32) + 4 * t,
-                    T::pack(scale * f.0[2], scale * f.0[3]),
-                );
-            }
-        }
+        // SAFETY: the warp's 16 key rows and all ND chunks are inside the tile.
+        unsafe { stage_fragments::<T, ND>(tile, key_row, acc, scale, lane) };
     }
     sync_threads();
     let chunks = k_out.chunks();

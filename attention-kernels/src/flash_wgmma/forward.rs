@@ -31,7 +31,7 @@ use crate::params::TensorCoreForwardParams;
 use crate::philox::DropoutRng;
 use crate::storage::{Bf16, F16};
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
-use crate::tile::mem::{load_shared_16, store_global_16, store_shared_u32};
+use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16};
 use crate::tile::mma::{FragA, FragC};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
@@ -297,20 +297,8 @@ unsafe fn forward<
     // is done reading it, so that the global stores are 16 bytes wide and coalesced.
     sync_threads();
     let staging = SwizzledTile::new(kv_base, d);
-    let warp_row = group_row + 16 * warp;
-    for (j, f) in o.iter().enumerate() {
-        // SAFETY: rows warp_row + g (+ 8) and chunk j are inside the staging tile.
-        unsafe {
-            store_shared_u32(
-                staging.chunk_addr(warp_row + g, j as u32) + 4 * t,
-                T::pack(f.0[0], f.0[1]),
-            );
-            store_shared_u32(
-                staging.chunk_addr(warp_row + g + 8, j as u32) + 4 * t,
-                T::pack(f.0[2], f.0[3]),
-            );
-        }
-    }
+    // SAFETY: the warp's 16 rows and all ND chunks are inside the staging tile.
+    unsafe { stage_fragments::<T, ND>(staging, group_row + 16 * warp, &o, 1.0, lane) };
     sync_threads();
     // The sequence again: read anew rather than kept in registers across the loop.
     let seq = locate();

@@ -3,6 +3,9 @@
 
 use core::arch::asm;
 
+use super::SwizzledTile;
+use super::mma::{FragC, MmaElem};
+
 /// # Safety
 /// `addr` must be a 4-byte aligned address inside the shared window.
 #[inline(always)]
@@ -36,5 +39,36 @@ pub unsafe fn store_global_16(addr: u64, v: [u32; 4]) {
         asm!("st.global.v4.b32 [{a}], {{{0}, {1}, {2}, {3}}};",
              in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3],
              a = in(reg64) addr, options(nostack));
+    }
+}
+
+/// Stores a warp's accumulators (`MmaElem::pack`ed, times `scale`) row-major into rows
+/// `row0 .. row0 + 16` of `tile`: fragment `j` is 16-byte chunk `j` of each row, lane `(g, t)`
+/// writes rows `row0 + g` and `row0 + g + 8` at byte `4t` of it. The epilogues stage O, dK and dV
+/// this way so that their global stores are whole coalesced chunks.
+///
+/// # Safety
+/// Rows `row0 .. row0 + 16` and chunks `0 .. N` must lie inside the tile.
+#[inline(always)]
+pub unsafe fn stage_fragments<T: MmaElem, const N: usize>(
+    tile: SwizzledTile,
+    row0: u32,
+    frags: &[FragC; N],
+    scale: f32,
+    lane: u32,
+) {
+    let (g, t) = (lane / 4, lane % 4);
+    for (j, f) in frags.iter().enumerate() {
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            store_shared_u32(
+                tile.chunk_addr(row0 + g, j as u32) + 4 * t,
+                T::pack(scale * f.0[0], scale * f.0[1]),
+            );
+            store_shared_u32(
+                tile.chunk_addr(row0 + g + 8, j as u32) + 4 * t,
+                T::pack(scale * f.0[2], scale * f.0[3]),
+            );
+        }
     }
 }
