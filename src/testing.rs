@@ -2,7 +2,9 @@
 
 use std::io::Write;
 
-use crate::{AttentionError, Gpu};
+use rand::Rng;
+
+use crate::{AttentionError, AttentionOptions, Gpu};
 
 /// The GPU, or `None` after printing a `SKIP` line naming `test` when no CUDA device answers.
 /// Any other failure (a module that does not load, a driver error) panics: that is a failure, not
@@ -77,4 +79,61 @@ pub fn lse_err(out: &[f32], reference: &[f64]) -> f64 {
         }
     }
     worst
+}
+
+/// The (N_q, N_k) axis of the GPU test matrices: one token, tails on either side, N_q ≠ N_k, an
+/// exact tile multiple, and 4097 (one past a power of two).
+pub const MATRIX_SIZES: [(u32, u32); 9] = [
+    (1, 1),
+    (17, 97),
+    (97, 17),
+    (128, 128),
+    (1000, 17),
+    (17, 1000),
+    (4097, 97),
+    (97, 4097),
+    (1000, 1000),
+];
+
+/// The length axis of the GPU test matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LengthMode {
+    Full,
+    KeyLengths,
+    Packed,
+}
+
+impl LengthMode {
+    pub const ALL: [LengthMode; 3] = [LengthMode::Full, LengthMode::KeyLengths, LengthMode::Packed];
+
+    /// The batch a case of this mode uses: packed sequences need batch 1.
+    pub fn batch(self) -> u32 {
+        if self == LengthMode::Packed { 1 } else { 2 }
+    }
+
+    /// `options` with this mode's lengths for `n_q` rows and `n_k` keys: key lengths give one
+    /// item a random prefix of the keys (possibly none) and the other every key; packed gives
+    /// three sequences at random cuts (some may be empty).
+    pub fn apply(
+        self,
+        options: AttentionOptions,
+        (n_q, n_k): (u32, u32),
+        rng: &mut impl Rng,
+    ) -> AttentionOptions {
+        match self {
+            LengthMode::Full => options,
+            LengthMode::KeyLengths => options.key_lengths(vec![rng.gen_range(0..=n_k), n_k]),
+            LengthMode::Packed => {
+                let q = three_sequences(rng, n_q);
+                options.packed(q, three_sequences(rng, n_k))
+            }
+        }
+    }
+}
+
+/// Three sequences' cumulative offsets over `n` rows (some may be empty).
+fn three_sequences(rng: &mut impl Rng, n: u32) -> Vec<u32> {
+    let mut cuts = [rng.gen_range(0..=n), rng.gen_range(0..=n)];
+    cuts.sort();
+    vec![0, cuts[0], cuts[1], n]
 }

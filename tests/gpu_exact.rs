@@ -17,7 +17,7 @@
 //!
 //! Where no CUDA device answers, each test prints `SKIP <test>: ...` to stderr and returns.
 
-use flash_attn::testing::{fresh_seed, gpu_or_skip, lse_err, rel_err};
+use flash_attn::testing::{LengthMode, MATRIX_SIZES, fresh_seed, gpu_or_skip, lse_err, rel_err};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -43,13 +43,6 @@ fn random(rng: &mut StdRng, n: usize, dtype: DType) -> Vec<f32> {
         .collect()
 }
 
-#[derive(Clone, Copy, Debug)]
-enum LengthMode {
-    Full,
-    KeyLengths,
-    Packed,
-}
-
 #[derive(Clone, Debug)]
 struct Case {
     dtype: DType,
@@ -65,27 +58,19 @@ struct Case {
 
 impl Case {
     fn shape_and_options(&self, rng: &mut StdRng) -> (AttentionShape, FlashOptions) {
-        let batch = match self.lengths {
-            LengthMode::Packed => 1,
-            _ => 2,
-        };
         let shape = AttentionShape {
-            batch,
+            batch: self.lengths.batch(),
             n_q: self.n_q,
             n_k: self.n_k,
             heads_q: self.heads.0,
             heads_kv: self.heads.1,
             head_dim: self.head_dim,
         };
-        let mut a = AttentionOptions::new().causal(self.causal);
-        match self.lengths {
-            LengthMode::Full => {}
-            // One item sees a random prefix (possibly none), the other every key.
-            LengthMode::KeyLengths => {
-                a = a.key_lengths(vec![rng.gen_range(0..=self.n_k), self.n_k])
-            }
-            LengthMode::Packed => a = a.packed(split(rng, self.n_q), split(rng, self.n_k)),
-        }
+        let mut a = self.lengths.apply(
+            AttentionOptions::new().causal(self.causal),
+            (self.n_q, self.n_k),
+            rng,
+        );
         if self.dropout {
             a = a.dropout(0.17, rng.r#gen(), rng.gen_range(0..1000));
         }
@@ -93,25 +78,7 @@ impl Case {
     }
 }
 
-/// Three sequences' cumulative offsets over `n` rows (some may be empty).
-fn split(rng: &mut StdRng, n: u32) -> Vec<u32> {
-    let mut cuts = [rng.gen_range(0..=n), rng.gen_range(0..=n)];
-    cuts.sort();
-    vec![0, cuts[0], cuts[1], n]
-}
-
 const HEAD_DIMS: [u32; 8] = [16, 32, 40, 64, 80, 96, 128, 256];
-const SIZES: [(u32, u32); 9] = [
-    (1, 1),
-    (17, 97),
-    (97, 17),
-    (128, 128),
-    (1000, 17),
-    (17, 1000),
-    (4097, 97),
-    (97, 4097),
-    (1000, 1000),
-];
 
 /// The covering list: axis `a` of case `i` takes value `i mod |a|` (binary axes at different
 /// strides; head dims count the short cases), so every value of every axis appears and pairs
@@ -120,11 +87,10 @@ const SIZES: [(u32, u32); 9] = [
 fn cases() -> Vec<Case> {
     let dtypes = [DType::F32, DType::F16, DType::Bf16];
     let heads = [(2, 2), (4, 2), (3, 1)];
-    let modes = [LengthMode::Full, LengthMode::KeyLengths, LengthMode::Packed];
     let mut short_cases = 0;
     (0..36)
         .map(|i| {
-            let (n_q, n_k) = SIZES[i % SIZES.len()];
+            let (n_q, n_k) = MATRIX_SIZES[i % MATRIX_SIZES.len()];
             let long = n_q.max(n_k) >= 1000;
             short_cases += !long as usize;
             Case {
@@ -144,7 +110,7 @@ fn cases() -> Vec<Case> {
                 n_k,
                 dropout: (i / 5) % 2 == 1,
                 heads: if long { (2, 1) } else { heads[(i / 4) % 3] },
-                lengths: modes[(i / 7) % 3],
+                lengths: LengthMode::ALL[(i / 7) % 3],
             }
         })
         .collect()

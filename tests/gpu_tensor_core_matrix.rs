@@ -15,29 +15,12 @@
 use flash_attn::reference::{backward_f32, forward_f32};
 use flash_attn::tensor_core::{TcKernel, tensor_core_forward, tensor_core_kernel};
 use flash_attn::tensor_core_backward::{BackwardInputs, tensor_core_backward};
-use flash_attn::testing::{fresh_seed, gpu_or_skip, lse_err, rel_err, skip};
+use flash_attn::testing::{
+    LengthMode, MATRIX_SIZES, fresh_seed, gpu_or_skip, lse_err, rel_err, skip,
+};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-const SIZES: [(u32, u32); 9] = [
-    (1, 1),
-    (17, 97),
-    (97, 17),
-    (128, 128),
-    (1000, 17),
-    (17, 1000),
-    (4097, 97),
-    (97, 4097),
-    (1000, 1000),
-];
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum LengthMode {
-    Full,
-    KeyLengths,
-    Packed,
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -55,10 +38,9 @@ struct Case {
 /// value of every axis appears and pairs vary; long sequences keep two query heads.
 fn cases() -> Vec<Case> {
     let heads = [(2, 2), (4, 2), (3, 1)];
-    let modes = [LengthMode::Full, LengthMode::KeyLengths, LengthMode::Packed];
     (0..36)
         .map(|i| {
-            let (n_q, n_k) = SIZES[i % SIZES.len()];
+            let (n_q, n_k) = MATRIX_SIZES[i % MATRIX_SIZES.len()];
             let long = n_q.max(n_k) >= 1000;
             Case {
                 dtype: [DType::Bf16, DType::F16][i % 2],
@@ -68,39 +50,26 @@ fn cases() -> Vec<Case> {
                 n_k,
                 dropout: (i / 5) % 2 == 1,
                 heads: if long { (2, 1) } else { heads[(i / 4) % 3] },
-                lengths: modes[(i / 7) % 3],
+                lengths: LengthMode::ALL[(i / 7) % 3],
             }
         })
         .collect()
 }
 
-/// Three sequences' cumulative offsets over `n` rows (some may be empty).
-fn split(rng: &mut StdRng, n: u32) -> Vec<u32> {
-    let mut cuts = [rng.gen_range(0..=n), rng.gen_range(0..=n)];
-    cuts.sort();
-    vec![0, cuts[0], cuts[1], n]
-}
-
 fn shape_and_options(case: &Case, rng: &mut StdRng) -> (AttentionShape, AttentionOptions) {
     let shape = AttentionShape {
-        batch: if case.lengths == LengthMode::Packed {
-            1
-        } else {
-            2
-        },
+        batch: case.lengths.batch(),
         n_q: case.n_q,
         n_k: case.n_k,
         heads_q: case.heads.0,
         heads_kv: case.heads.1,
         head_dim: case.head_dim,
     };
-    let mut a = AttentionOptions::new().causal(case.causal);
-    match case.lengths {
-        LengthMode::Full => {}
-        // One item sees a random prefix (possibly none), the other every key.
-        LengthMode::KeyLengths => a = a.key_lengths(vec![rng.gen_range(0..=case.n_k), case.n_k]),
-        LengthMode::Packed => a = a.packed(split(rng, case.n_q), split(rng, case.n_k)),
-    }
+    let mut a = case.lengths.apply(
+        AttentionOptions::new().causal(case.causal),
+        (case.n_q, case.n_k),
+        rng,
+    );
     if case.dropout {
         a = a.dropout(0.17, rng.r#gen(), rng.gen_range(0..1000));
     }
@@ -123,7 +92,7 @@ fn tensor_core_matrix_against_the_f64_reference() {
         assert!(list.iter().any(|c| c.n_q == n) && list.iter().any(|c| c.n_k == n));
     }
     for d in [64, 128] {
-        for mode in [LengthMode::Full, LengthMode::KeyLengths, LengthMode::Packed] {
+        for mode in LengthMode::ALL {
             assert!(
                 list.iter().any(|c| c.head_dim == d && c.lengths == mode),
                 "d={d} {mode:?} missing"
