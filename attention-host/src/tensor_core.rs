@@ -26,6 +26,28 @@ pub(crate) fn needs_general(options: &AttentionOptions) -> bool {
     options.dropout.is_some() || options.lengths != Lengths::Full
 }
 
+/// What both launchers check of the kernel they were given: the `wgmma` kernels need the sm_90a
+/// module, and length masks and dropout (`general`) run on the default `wgmma` tiles only.
+pub(crate) fn check_kernel_family(
+    gpu: &Gpu,
+    kernel: &dyn std::fmt::Debug,
+    wgmma: bool,
+    default_wgmma: bool,
+    general: bool,
+) -> Result<()> {
+    if wgmma && !gpu.has_wgmma() {
+        return Err(invalid!(
+            "the wgmma kernels need the sm_90a module on a compute capability 9.0 device"
+        ));
+    }
+    if general && !default_wgmma {
+        return Err(invalid!(
+            "length masks and dropout run on the default wgmma tiles only, not {kernel:?}"
+        ));
+    }
+    Ok(())
+}
+
 /// What both tensor-core passes admit: f16/bf16 storage, head dims 64 and 128, a batch, head and
 /// sequence count that fit the grid's y and z, and length masks and dropout only where
 /// `general` (the `wgmma` kernels) says they can be run. `pass` names the pass in the refusal.
@@ -247,18 +269,9 @@ pub fn tensor_core_forward_variant_into(
             shape.head_dim
         ));
     }
-    if wgmma && !gpu.has_wgmma() {
-        return Err(invalid!(
-            "the wgmma kernels need the sm_90a module on a compute capability 9.0 device"
-        ));
-    }
     let default_wgmma =
         matches!(kernel, TcKernel::Wgmma(c) if Some(c) == flash_wgmma::config(shape.head_dim));
-    if general && !default_wgmma {
-        return Err(invalid!(
-            "length masks and dropout run on the default wgmma tiles only, not {kernel:?}"
-        ));
-    }
+    check_kernel_family(gpu, &kernel, wgmma, default_wgmma, general)?;
     if out.o.dtype() != dtype || out.o.len() != shape.q_elems() {
         return Err(invalid!(
             "o must be {dtype} with {} elements",

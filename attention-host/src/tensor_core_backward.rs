@@ -16,7 +16,7 @@ use crate::flash::layout::DeviceLayout;
 use crate::materialized::check_qkv;
 use crate::options::AttentionOptions;
 use crate::runtime::{Gpu, LaunchConfig};
-use crate::tensor_core::{check_tensor_core_call, needs_general};
+use crate::tensor_core::{check_kernel_family, check_tensor_core_call, needs_general};
 
 /// dQ (Q's layout), dK and dV (K/V's layout, summed over each KV head's query heads), in the
 /// inputs' dtype.
@@ -244,18 +244,9 @@ pub fn tensor_core_backward_variant_into(
             shape.head_dim
         ));
     }
-    if wgmma && !gpu.has_wgmma() {
-        return Err(invalid!(
-            "the wgmma kernels need the sm_90a module on a compute capability 9.0 device"
-        ));
-    }
     let default_wgmma = matches!(kernel, TcBackwardKernel::Wgmma(c)
         if Some(c) == flash_wgmma::backward_config(shape.head_dim));
-    if general && !default_wgmma {
-        return Err(invalid!(
-            "length masks and dropout run on the default wgmma tiles only, not {kernel:?}"
-        ));
-    }
+    check_kernel_family(gpu, &kernel, wgmma, default_wgmma, general)?;
     if workspace.n_q_pad != cfg.n_q_pad(shape.n_q) {
         return Err(invalid!(
             "the workspace pads rows to {}, the kernel's Q blocks need {}",
