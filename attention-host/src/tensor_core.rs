@@ -146,9 +146,14 @@ impl From<WgConfig> for TcKernel {
 
 impl TcKernel {
     pub fn name(&self, dtype: DType) -> String {
+        self.entry(dtype, false)
+    }
+    /// The entry point a launch uses: the general instance when the call has length masks or
+    /// dropout (only `wgmma` kernels have one; the launcher refuses them for `mma.sync`).
+    fn entry(&self, dtype: DType, general: bool) -> String {
         match self {
             TcKernel::MmaSync(c) => kernel_name(dtype, c),
-            TcKernel::Wgmma(c) => wgmma_kernel_name(dtype, c, false),
+            TcKernel::Wgmma(c) => wgmma_kernel_name(dtype, c, general),
         }
     }
     pub fn head_dim(&self) -> u32 {
@@ -307,11 +312,7 @@ pub fn tensor_core_forward_variant_into(
         block: (kernel.threads(), 1, 1),
         shared_bytes: kernel.shared_bytes(),
     };
-    let name = match kernel {
-        TcKernel::Wgmma(c) => wgmma_kernel_name(dtype, &c, general),
-        TcKernel::MmaSync(c) => kernel_name(dtype, &c),
-    };
-    gpu.launch(&name, launch, &params)
+    gpu.launch(&kernel.entry(dtype, general), launch, &params)
 }
 
 #[cfg(test)]

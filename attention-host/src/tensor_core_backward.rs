@@ -128,9 +128,14 @@ impl From<WgBackwardConfig> for TcBackwardKernel {
 
 impl TcBackwardKernel {
     pub fn name(&self, dtype: DType) -> String {
+        self.entry(dtype, false)
+    }
+    /// The entry point a launch uses: the general instance when the call has length masks or
+    /// dropout (only `wgmma` kernels have one; the launcher refuses them for `mma.sync`).
+    fn entry(&self, dtype: DType, general: bool) -> String {
         match self {
             TcBackwardKernel::MmaSync(c) => backward_kernel_name(dtype, c),
-            TcBackwardKernel::Wgmma(c) => wgmma_backward_kernel_name(dtype, c, false),
+            TcBackwardKernel::Wgmma(c) => wgmma_backward_kernel_name(dtype, c, general),
         }
     }
     /// The block shape, as the `mma.sync` configuration with the same keys and rows per block.
@@ -315,12 +320,8 @@ pub fn tensor_core_backward_variant_into(
         },
         &params,
     )?;
-    let name = match kernel {
-        TcBackwardKernel::Wgmma(c) => wgmma_backward_kernel_name(dtype, &c, general),
-        TcBackwardKernel::MmaSync(c) => backward_kernel_name(dtype, &c),
-    };
     gpu.launch(
-        &name,
+        &kernel.entry(dtype, general),
         LaunchConfig {
             grid: (
                 layout.max_k_rows.div_ceil(cfg.block_keys()),
