@@ -7,14 +7,14 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use flash_attn::bench::{backward_flops, forward_flops, running_fixture};
-use flash_attn::inputs::uniform;
 use flash_attn::tensor_core::{tensor_core_forward, tensor_core_forward_into};
 use flash_attn::tensor_core_backward::{
     BackwardInputs, BackwardOutput, BackwardWorkspace, tensor_core_backward_into,
 };
 use flash_attn::timing::time_calls;
 use flash_attn::{AttentionOptions, DType, DeviceTensor, Gpu};
+use flash_attn_testkit::bench::{backward_flops, forward_flops, running_fixture};
+use flash_attn_testkit::inputs::uniform;
 
 /// GPU time of `iters` back-to-back calls.
 fn gpu_time(gpu: &Gpu, iters: u64, mut call: impl FnMut() -> flash_attn::Result<()>) -> Duration {
@@ -23,7 +23,7 @@ fn gpu_time(gpu: &Gpu, iters: u64, mut call: impl FnMut() -> flash_attn::Result<
 }
 
 fn kernels(c: &mut Criterion) {
-    let Some(gpu) = flash_attn::testing::gpu_or_skip("benches/kernels") else {
+    let Some(gpu) = flash_attn_testkit::testing::gpu_or_skip("benches/kernels") else {
         return;
     };
     let shape = running_fixture();

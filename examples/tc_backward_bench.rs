@@ -81,7 +81,7 @@ fn time(
 }
 
 fn main() -> Result<()> {
-    let Some(gpu) = flash_attn::testing::gpu_or_skip("tc_backward_bench") else {
+    let Some(gpu) = flash_attn_testkit::testing::gpu_or_skip("tc_backward_bench") else {
         println!("SKIP tc_backward_bench: no CUDA device");
         return Ok(());
     };

@@ -7,12 +7,12 @@
 //! with a pair of CUDA events; the median is reported. FLOPs = 4·B·H·N²·d, halved when causal.
 
 use attention_kernels::{flash_tc, flash_wgmma};
-use flash_attn::bench::forward_flops;
 use flash_attn::tensor_core::{
     ForwardOutput, TcKernel, tensor_core_forward_variant_into, tensor_core_kernel,
 };
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
+use flash_attn_testkit::bench::forward_flops;
 use rand::{Rng, SeedableRng};
 
 const WARMUP: usize = 5;

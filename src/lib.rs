@@ -4,12 +4,6 @@
 //! embedded here as [`PTX`]; `attention-host` loads and launches them through cust.
 
 pub mod api;
-pub mod bench;
-pub mod inputs;
-pub mod npy;
-pub mod ptx_info;
-pub mod sampled_rows;
-pub mod testing;
 
 pub use attention_host::*;
 
@@ -27,6 +21,9 @@ pub const PTX_SM90A: Option<&str> = {
 pub const PTX_ARCH: &str = env!("FLASH_ATTN_PTX_ARCH");
 /// Where the build copied the PTX for reading (`target/ptx/<arch>/attention_kernels.ptx`).
 pub const PTX_PATH: &str = env!("FLASH_ATTN_PTX_PATH");
+/// The commit this library was built from (`git describe`-style, from `build.rs`), recorded in
+/// evidence bundles.
+pub const BUILD_COMMIT: &str = env!("FLASH_ATTN_GIT_COMMIT");
 /// Where the build copied [`PTX_SM90A`] for reading (`target/ptx/sm_90a/attention_kernels.ptx`).
 pub const PTX_SM90A_PATH: &str = env!("FLASH_ATTN_PTX_SM90A_PATH");
 

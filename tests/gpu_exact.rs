@@ -17,7 +17,9 @@
 //!
 //! Where no CUDA device answers, each test prints `SKIP <test>: ...` to stderr and returns.
 
-use flash_attn::testing::{LengthMode, MATRIX_SIZES, fresh_seed, gpu_or_skip, lse_err, rel_err};
+use flash_attn_testkit::testing::{
+    LengthMode, MATRIX_SIZES, fresh_seed, gpu_or_skip, lse_err, rel_err,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 

@@ -1,12 +1,12 @@
 //! The materialized baseline on the GPU against the f64 reference on every row, for every
 //! storage dtype, with and without the causal mask, on shapes with tails and GQA.
 
-use flash_attn::inputs::uniform;
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
 use flash_attn::reference::forward_f32;
-use flash_attn::sampled_rows::relative_error;
-use flash_attn::testing::{fresh_seed, gpu_or_skip};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceTensor};
+use flash_attn_testkit::inputs::uniform;
+use flash_attn_testkit::sampled_rows::relative_error;
+use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip};
 
 /// Relative-error bound by dtype: S and P are stored in the working dtype, so bf16 (8-bit
 /// mantissa) rounds each probability to ~2⁻⁹ relative, f16 to ~2⁻¹²; f32 stays near ex2.approx's

@@ -10,8 +10,8 @@ use flash_attn::tensor_core::{
     ForwardOutput, TcKernel, tensor_core_forward, tensor_core_forward_variant_into,
     tensor_core_kernel,
 };
-use flash_attn::testing::{fresh_seed, gpu_or_skip, skip};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
+use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip, skip};
 use rand::{Rng, SeedableRng};
 
 /// Runs `cfg` through the public entry point when it is this device's default, else as a variant.

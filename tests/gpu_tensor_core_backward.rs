@@ -8,16 +8,16 @@
 //! the sm_90a module; a visible line says when they are not tested.
 
 use attention_kernels::{flash_tc_backward, flash_wgmma};
-use flash_attn::inputs::uniform;
 use flash_attn::reference::{backward_f32, forward_f32};
-use flash_attn::sampled_rows::relative_error;
 use flash_attn::tensor_core_backward::{
     BackwardInputs, BackwardOutput, BackwardWorkspace, TcBackwardKernel, backward_kernel_name,
     tensor_core_backward, tensor_core_backward_kernel, tensor_core_backward_variant_into,
     wgmma_backward_kernel_name,
 };
-use flash_attn::testing::{fresh_seed, gpu_or_skip, skip};
 use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
+use flash_attn_testkit::inputs::uniform;
+use flash_attn_testkit::sampled_rows::relative_error;
+use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip, skip};
 
 /// Bounds on `‖got − ref‖ / ‖ref‖` per gradient. The kernel multiplies 16-bit operands (inputs,
 /// and P and dS rounded to the dtype for the tensor cores) with f32 accumulation, and its D comes

@@ -15,10 +15,10 @@
 use flash_attn::reference::{backward_f32, forward_f32};
 use flash_attn::tensor_core::{TcKernel, tensor_core_forward, tensor_core_kernel};
 use flash_attn::tensor_core_backward::{BackwardInputs, tensor_core_backward};
-use flash_attn::testing::{
+use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor};
+use flash_attn_testkit::testing::{
     LengthMode, MATRIX_SIZES, fresh_seed, gpu_or_skip, lse_err, rel_err, skip,
 };
-use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -68,11 +68,15 @@ fn shapes_and_options_are_validated() {
 
 #[test]
 fn half_tensors_round_trip_bit_for_bit() {
-    let Some(_gpu) = flash_attn::testing::gpu_or_skip("half_tensors_round_trip_bit_for_bit") else {
+    let Some(_gpu) =
+        flash_attn_testkit::testing::gpu_or_skip("half_tensors_round_trip_bit_for_bit")
+    else {
         return;
     };
-    let values =
-        flash_attn::inputs::uniform(flash_attn::testing::fresh_seed("half round trip"), 1000);
+    let values = flash_attn_testkit::inputs::uniform(
+        flash_attn_testkit::testing::fresh_seed("half round trip"),
+        1000,
+    );
     let f16: Vec<half::f16> = values
         .iter()
         .map(|&x| half::f16::from_f32(x * 1000.0))

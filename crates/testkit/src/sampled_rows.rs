@@ -1,8 +1,8 @@
 //! Checking a GPU output on sampled rows against the f64 reference of those rows only, for shapes
 //! whose full CPU reference would take too long (the running fixture).
 
-use attention_host::reference::forward_rows_f32;
-use attention_host::{AttentionOptions, AttentionShape, Result};
+use flash_attn::reference::forward_rows_f32;
+use flash_attn::{AttentionOptions, AttentionShape, Result};
 
 /// Relative error `‖got − want‖ / ‖want‖` (absolute when `want` is 0); NaN if `got` is not finite.
 pub fn relative_error(got: &[f64], want: &[f64]) -> f64 {

@@ -4,13 +4,13 @@ use std::io::Write;
 
 use rand::Rng;
 
-use crate::{AttentionError, AttentionOptions, Gpu};
+use flash_attn::{AttentionError, AttentionOptions, Gpu};
 
 /// The GPU, or `None` after printing a `SKIP` line naming `test` when no CUDA device answers.
 /// Any other failure (a module that does not load, a driver error) panics: that is a failure, not
 /// a reason to skip.
 pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
-    match crate::gpu() {
+    match flash_attn::gpu() {
         Ok(gpu) => Some(gpu),
         Err(AttentionError::NoDevice(why)) => {
             skip(test, &format!("no CUDA device answered ({why})"));

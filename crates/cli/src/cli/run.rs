@@ -4,11 +4,8 @@
 //! embedded input.
 
 use clap::Args;
-use flash_attn::bench::{backward_flops, forward_flops};
-use flash_attn::inputs::uniform;
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
 use flash_attn::reference::{backward_f32, forward_f32};
-use flash_attn::sampled_rows::{check_rows, relative_error};
 use flash_attn::tensor_core::{
     TcKernel, tensor_core_forward, tensor_core_forward_into, tensor_core_kernel,
 };
@@ -20,6 +17,9 @@ use flash_attn::{
     AttentionError, AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions, Gpu,
     flash_backward, flash_forward, memory,
 };
+use flash_attn_testkit::bench::{backward_flops, forward_flops};
+use flash_attn_testkit::inputs::uniform;
+use flash_attn_testkit::sampled_rows::{check_rows, relative_error};
 
 use super::CliResult;
 

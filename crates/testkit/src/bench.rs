@@ -5,8 +5,8 @@
 
 use serde_json::{Value, json};
 
-use crate::timing::median;
-use crate::{AttentionShape, DType, Gpu};
+use flash_attn::timing::median;
+use flash_attn::{AttentionShape, DType, Gpu};
 
 /// FLOPs of the forward pass as the anchors count them: `4·B·H·N_q·N_k·d`, halved when causal.
 pub fn forward_flops(shape: &AttentionShape, causal: bool) -> f64 {
@@ -77,8 +77,8 @@ pub fn environment(gpu: &Gpu) -> Value {
         "gpu": gpu.device_name(),
         "driver": driver,
         "cuda_driver_api": cuda,
-        "commit": env!("FLASH_ATTN_GIT_COMMIT"),
-        "ptx_arch": crate::PTX_ARCH,
+        "commit": flash_attn::BUILD_COMMIT,
+        "ptx_arch": flash_attn::PTX_ARCH,
         "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
     })
 }

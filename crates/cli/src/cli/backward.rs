@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::npy;
 use flash_attn::api::KernelFamily;
-use flash_attn::npy;
 
 use super::forward::{CallArgs, read_qkv, report_block_sizes};
 

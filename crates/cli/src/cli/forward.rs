@@ -2,8 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::npy::{self, NpyArray, NpyDType};
 use flash_attn::api::KernelFamily;
-use flash_attn::npy::{self, NpyArray, NpyDType};
 use flash_attn::{AttentionOptions, AttentionShape, BlockSizes, DType, FlashOptions, Schedule};
 
 /// The options both directions take.

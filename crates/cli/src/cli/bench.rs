@@ -3,12 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use flash_attn::bench::{
-    CaseRecord, anchor_cases, backward_flops, environment, forward_flops, running_fixture,
-};
-use flash_attn::inputs::uniform;
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
-use flash_attn::sampled_rows::check_rows;
 use flash_attn::tensor_core::{
     TcKernel, tensor_core_forward, tensor_core_forward_into, tensor_core_kernel,
 };
@@ -21,6 +16,11 @@ use flash_attn::{
     AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions, Gpu, flash_backward,
     flash_forward, memory,
 };
+use flash_attn_testkit::bench::{
+    CaseRecord, anchor_cases, backward_flops, environment, forward_flops, running_fixture,
+};
+use flash_attn_testkit::inputs::uniform;
+use flash_attn_testkit::sampled_rows::check_rows;
 use serde_json::json;
 
 use super::CliResult;

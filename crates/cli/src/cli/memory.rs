@@ -5,8 +5,6 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use flash_attn::bench::environment;
-use flash_attn::inputs::uniform;
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
 use flash_attn::tensor_core::tensor_core_forward;
 use flash_attn::tensor_core_backward::{self, BackwardInputs};
@@ -14,6 +12,8 @@ use flash_attn::{
     AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions, Gpu, flash_backward,
     flash_forward, memory,
 };
+use flash_attn_testkit::bench::environment;
+use flash_attn_testkit::inputs::uniform;
 use serde_json::json;
 
 use super::CliResult;

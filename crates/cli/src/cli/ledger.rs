@@ -1,9 +1,9 @@
 //! `flash-attn ledger`: the paper's block sizes and logical-word ledgers for one shape (0x0C).
 
-use attention_host::ledger::{
+use flash_attn::ledger::{
     BackwardWords, CacheRegime, ForwardWords, backward_tight_bound, fa1_bound, forward_tight_bound,
 };
-use attention_host::schedule::{BlockSizes, Schedule};
+use flash_attn::schedule::{BlockSizes, Schedule};
 use serde_json::{Value, json};
 
 #[derive(clap::Args, Debug)]

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::ptx_info::{entry_points, find_ptxas, ptxas_resources};
 use clap::Args;
-use flash_attn::ptx_info::{entry_points, find_ptxas, ptxas_resources};
 use flash_attn::{PTX, PTX_ARCH, PTX_PATH, PTX_SM90A, PTX_SM90A_PATH};
 
 use super::CliResult;
