@@ -1,18 +1,20 @@
-//! Criterion benches of the tensor-core kernels on the running fixture (B=1, N=4096, H=32, d=128,
-//! bf16), causal and not. Each iteration batch is timed on the GPU with CUDA events around the
-//! launches (`iter_custom`), so host launch overhead between batches stays out. Prints a SKIP line
+//! Criterion benches of the plan's kernels (the fastest family this device runs) on the running
+//! fixture (B=1, N=4096, H=32, d=128, bf16), causal and not: `forward_into` / `backward_into`
+//! into buffers allocated once, and `flash_attn::forward` as a user calls it (allocation, launch,
+//! wait). Each iteration batch is timed on the GPU with CUDA events around back-to-back calls
+//! (`iter_custom`). Prints a SKIP line
 //! and registers nothing where no CUDA device answers. The evidence bundles of `flash-attn bench`
 //! remain the recorded measurements; this is for local comparisons with criterion's statistics.
 
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use flash_attn::tensor_core::{tensor_core_forward, tensor_core_forward_into};
-use flash_attn::tensor_core_backward::{
-    BackwardInputs, BackwardOutput, BackwardWorkspace, tensor_core_backward_into,
-};
+
 use flash_attn::timing::time_calls;
-use flash_attn::{AttentionOptions, DType, DeviceTensor, Gpu};
+use flash_attn::{
+    AttentionOptions, BackwardInputs, DType, DeviceTensor, Direction, FlashOptions, Gpu,
+    GradientBuffers, Workspace,
+};
 use flash_attn_testkit::bench::{backward_flops, forward_flops, running_fixture};
 use flash_attn_testkit::inputs::uniform;
 
@@ -36,16 +38,24 @@ fn kernels(c: &mut Criterion) {
         upload(4, shape.q_elems()),
     );
     // Throughput counts FLOPs (the anchors' count) as elements: criterion's Gelem/s are GFLOP/s.
-    let mut group = c.benchmark_group("tensor_core_bf16_fixture");
+    let mut group = c.benchmark_group("bf16_fixture");
     group.sample_size(20);
     for causal in [false, true] {
-        let options = AttentionOptions::new().causal(causal);
-        let fwd = tensor_core_forward(&gpu, &shape, &q, &k, &v, &options).expect("forward");
+        let options = FlashOptions::new(AttentionOptions::new().causal(causal));
+        let fwd = flash_attn::forward(&gpu, &shape, &q, &k, &v, &options).expect("forward");
         group.throughput(Throughput::Elements(forward_flops(&shape, causal) as u64));
         group.bench_function(format!("forward causal={causal}"), |b| {
             b.iter_custom(|iters| {
                 gpu_time(&gpu, iters, || {
-                    tensor_core_forward_into(&gpu, &shape, &q, &k, &v, &fwd, &options)
+                    flash_attn::forward_into(&gpu, &shape, &q, &k, &v, &fwd.o, &fwd.lse, &options)
+                        .map(drop)
+                })
+            })
+        });
+        group.bench_function(format!("forward whole call causal={causal}"), |b| {
+            b.iter_custom(|iters| {
+                gpu_time(&gpu, iters, || {
+                    flash_attn::forward(&gpu, &shape, &q, &k, &v, &options).map(drop)
                 })
             })
         });
@@ -57,13 +67,15 @@ fn kernels(c: &mut Criterion) {
             d_o: &d_o,
             lse: &fwd.lse,
         };
-        let out = BackwardOutput::poisoned(&shape, dtype).expect("outputs");
-        let workspace = BackwardWorkspace::new(&shape).expect("workspace");
+        let out = GradientBuffers::poisoned(&shape, dtype).expect("outputs");
+        let plan = flash_attn::plan(&gpu, &shape, dtype, &options, Direction::Backward);
+        let workspace = Workspace::new(&plan.expect("plan")).expect("workspace");
         group.throughput(Throughput::Elements(backward_flops(&shape, causal) as u64));
         group.bench_function(format!("backward causal={causal}"), |b| {
             b.iter_custom(|iters| {
                 gpu_time(&gpu, iters, || {
-                    tensor_core_backward_into(&gpu, &shape, &inputs, &out, &workspace, &options)
+                    flash_attn::backward_into(&gpu, &shape, &inputs, &out, &workspace, &options)
+                        .map(drop)
                 })
             })
         });

@@ -10,13 +10,11 @@
 //! (`flash_tc_backward::VARIANTS`) is timed too.
 
 use attention_kernels::{flash_tc_backward, flash_wgmma};
-use flash_attn::tensor_core::{ForwardOutput, tensor_core_forward_into};
-use flash_attn::tensor_core_backward::{
-    BackwardInputs, BackwardOutput, BackwardWorkspace, TcBackwardKernel,
-    tensor_core_backward_kernel, tensor_core_backward_variant_into,
-};
 use flash_attn::timing::{median, time_calls};
-use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
+use flash_attn::{
+    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor, Direction,
+    FlashOptions, Gpu, GradientBuffers, Plan, Tiles, Workspace,
+};
 use rand::{Rng, SeedableRng};
 
 const WARMUP: usize = 5;
@@ -59,25 +57,35 @@ fn backward_tflops(s: &AttentionShape, causal: bool, ms: f64) -> f64 {
     flops / (ms * 1e-3) / 1e12
 }
 
-/// Median milliseconds of one backward with `cfg`, after checking that it wrote finite gradients.
+/// Median milliseconds of one backward with `tiles` (the plan's choice when `None`), after
+/// checking that it wrote finite gradients, and the plan that ran.
 fn time(
     gpu: &Gpu,
-    cfg: TcBackwardKernel,
+    tiles: Option<Tiles>,
     shape: &AttentionShape,
     inputs: &BackwardInputs,
-    opts: &AttentionOptions,
-) -> Result<f64> {
-    let out = BackwardOutput::poisoned(shape, inputs.q.dtype())?;
-    let workspace = BackwardWorkspace::new(shape)?;
+    opts: &FlashOptions,
+) -> Result<(f64, Plan)> {
+    let out = GradientBuffers::poisoned(shape, inputs.q.dtype())?;
+    let plan = flash_attn::plan(gpu, shape, inputs.q.dtype(), opts, Direction::Backward)?;
+    let workspace = Workspace::new(&plan)?;
+    let mut ran = None;
     let ms = time_calls(gpu, WARMUP, SAMPLES, || {
-        tensor_core_backward_variant_into(gpu, cfg, shape, inputs, &out, &workspace, opts)
+        ran = Some(match tiles {
+            None => flash_attn::backward_into(gpu, shape, inputs, &out, &workspace, opts)?,
+            Some(t) => {
+                flash_attn::backward_variant_into(gpu, shape, t, inputs, &out, &workspace, opts)?
+            }
+        });
+        Ok(())
     })?;
+    let plan = ran.expect("time_calls ran the backward");
     for (name, t) in [("dq", &out.dq), ("dk", &out.dk), ("dv", &out.dv)] {
         if t.to_f32()?.iter().any(|x| !x.is_finite()) {
-            return Err(format!("non-finite {name} from {cfg:?} at {shape:?}").into());
+            return Err(format!("non-finite {name} from {} at {shape:?}", plan.entry).into());
         }
     }
-    Ok(median(&ms) as f64)
+    Ok((median(&ms) as f64, plan))
 }
 
 fn main() -> Result<()> {
@@ -86,17 +94,22 @@ fn main() -> Result<()> {
         return Ok(());
     };
     println!("device: {} (wgmma: {})", gpu.device_name(), gpu.has_wgmma());
-    let mut kernels: Vec<TcBackwardKernel> = flash_tc_backward::VARIANTS
+    let mut kernels: Vec<Tiles> = flash_tc_backward::VARIANTS
         .into_iter()
-        .map(Into::into)
+        .map(Tiles::Sm80Backward)
         .collect();
     if gpu.has_wgmma() {
         kernels.extend(
             flash_wgmma::BACKWARD_VARIANTS
                 .into_iter()
-                .map(TcBackwardKernel::from),
+                .map(Tiles::Sm90Backward),
         );
     }
+    let head_dim_of = |t: &Tiles| match t {
+        Tiles::Sm80Backward(c) => c.head_dim,
+        Tiles::Sm90Backward(c) => c.head_dim,
+        _ => 0,
+    };
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::thread_rng().r#gen());
     let dtype = DType::Bf16;
     let elems = 16384 * 2048;
@@ -117,29 +130,26 @@ fn main() -> Result<()> {
                 heads_kv: 2048 / d,
                 head_dim: d,
             };
-            let opts = AttentionOptions::new().causal(causal);
-            let fwd = ForwardOutput {
-                o: DeviceTensor::poisoned(dtype, shape.q_elems())?,
-                lse: DeviceF32::poisoned(shape.row_elems())?,
-            };
-            tensor_core_forward_into(&gpu, &shape, &q, &k, &v, &fwd, &opts)?;
+            let opts = FlashOptions::new(AttentionOptions::new().causal(causal));
+            let o = DeviceTensor::poisoned(dtype, shape.q_elems())?;
+            let lse = DeviceF32::poisoned(shape.row_elems())?;
+            flash_attn::forward_into(&gpu, &shape, &q, &k, &v, &o, &lse, &opts)?;
             let inputs = BackwardInputs {
                 q: &q,
                 k: &k,
                 v: &v,
-                o: &fwd.o,
+                o: &o,
                 d_o: &d_o,
-                lse: &fwd.lse,
+                lse: &lse,
             };
-            let default = tensor_core_backward_kernel(&gpu, &shape, dtype, &opts)?;
-            let med = time(&gpu, default, &shape, &inputs, &opts)?;
+            let (med, _) = time(&gpu, None, &shape, &inputs, &opts)?;
             let rate = backward_tflops(&shape, causal, med);
             if n == 4096 {
-                for &cfg in kernels.iter().filter(|c| c.tiles().head_dim == d) {
-                    let ms = time(&gpu, cfg, &shape, &inputs, &opts)?;
+                for &tiles in kernels.iter().filter(|t| head_dim_of(t) == d) {
+                    let (ms, plan) = time(&gpu, Some(tiles), &shape, &inputs, &opts)?;
                     variants.push(format!(
                         "| {n} | {d} | {causal} | {} | {ms:.3} | {:.0} |",
-                        cfg.name(dtype),
+                        plan.entry,
                         backward_tflops(&shape, causal, ms)
                     ));
                 }

@@ -7,11 +7,11 @@
 //! with a pair of CUDA events; the median is reported. FLOPs = 4·B·H·N²·d, halved when causal.
 
 use attention_kernels::{flash_tc, flash_wgmma};
-use flash_attn::tensor_core::{
-    ForwardOutput, TcKernel, tensor_core_forward_variant_into, tensor_core_kernel,
-};
 use flash_attn::timing::{median, time_calls};
-use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu};
+use flash_attn::{
+    AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, FlashOptions, Gpu, Plan,
+    Tiles,
+};
 use flash_attn_testkit::bench::forward_flops;
 use rand::{Rng, SeedableRng};
 
@@ -155,7 +155,8 @@ struct Inputs {
     q: DeviceTensor,
     k: DeviceTensor,
     v: DeviceTensor,
-    out: ForwardOutput,
+    o: DeviceTensor,
+    lse: DeviceF32,
 }
 
 fn inputs(
@@ -180,29 +181,35 @@ fn inputs(
         q: DeviceTensor::from_f32(dtype, &draw(shape.q_elems()))?,
         k: DeviceTensor::from_f32(dtype, &draw(shape.kv_elems()))?,
         v: DeviceTensor::from_f32(dtype, &draw(shape.kv_elems()))?,
-        out: ForwardOutput {
-            o: DeviceTensor::poisoned(dtype, shape.q_elems())?,
-            lse: DeviceF32::poisoned(shape.row_elems())?,
-        },
+        o: DeviceTensor::poisoned(dtype, shape.q_elems())?,
+        lse: DeviceF32::poisoned(shape.row_elems())?,
         shape,
     })
 }
 
-/// `(median, min)` milliseconds of one launch of `cfg`.
-fn time(gpu: &Gpu, cfg: TcKernel, x: &Inputs, causal: bool) -> Result<(f64, f64)> {
-    let opts = AttentionOptions::new().causal(causal);
+/// `(median, min)` milliseconds of one launch of `tiles` (the plan's choice when `None`), and the
+/// plan that ran.
+fn time(gpu: &Gpu, tiles: Option<Tiles>, x: &Inputs, causal: bool) -> Result<(f64, f64, Plan)> {
+    let opts = FlashOptions::new(AttentionOptions::new().causal(causal));
+    let mut plan = None;
     let ms = time_calls(gpu, WARMUP, SAMPLES, || {
-        tensor_core_forward_variant_into(gpu, cfg, &x.shape, &x.q, &x.k, &x.v, &x.out, &opts)
+        let (s, o, l) = (&x.shape, &x.o, &x.lse);
+        plan = Some(match tiles {
+            None => flash_attn::forward_into(gpu, s, &x.q, &x.k, &x.v, o, l, &opts)?,
+            Some(t) => flash_attn::forward_variant_into(gpu, s, t, &x.q, &x.k, &x.v, o, l, &opts)?,
+        });
+        Ok(())
     })?;
-    if x.out.o.to_f32()?.iter().any(|v| !v.is_finite()) {
+    let plan = plan.expect("time_calls ran the forward");
+    if x.o.to_f32()?.iter().any(|v| !v.is_finite()) {
         return Err(format!(
-            "non-finite output from {cfg:?} at {:?} causal={causal}",
-            x.shape
+            "non-finite output from {} at {:?} causal={causal}",
+            plan.entry, x.shape
         )
         .into());
     }
     let min = ms.iter().copied().fold(f32::INFINITY, f32::min);
-    Ok((median(&ms) as f64, min as f64))
+    Ok((median(&ms) as f64, min as f64, plan))
 }
 
 fn tflops(batch: u32, heads: u32, n: u32, head_dim: u32, causal: bool, ms: f64) -> f64 {
@@ -243,9 +250,7 @@ fn main() -> Result<()> {
             cudnn,
         } = *a;
         let x = inputs(&mut rng, batch, heads, n, head_dim, dtype)?;
-        let opts = AttentionOptions::new().causal(causal);
-        let default = tensor_core_kernel(&gpu, &x.shape, dtype, &opts)?;
-        let (median, min) = time(&gpu, default, &x, causal)?;
+        let (median, min, _) = time(&gpu, None, &x, causal)?;
         let rate = tflops(batch, heads, n, head_dim, causal, median);
         table.push(format!(
             "| {batch} | {heads} | {n} | {head_dim} | {causal} | {dtype} | {median:.3} | {min:.3} | {rate:.0} | {} | {} |",
@@ -253,17 +258,25 @@ fn main() -> Result<()> {
             fmt(cudnn)
         ));
         if VARIANT_SHAPES.contains(&i) {
-            let mut kernels: Vec<TcKernel> =
-                flash_tc::VARIANTS.into_iter().map(Into::into).collect();
+            let mut kernels: Vec<Tiles> = flash_tc::VARIANTS
+                .into_iter()
+                .filter(|c| c.head_dim == head_dim)
+                .map(Tiles::Sm80Forward)
+                .collect();
             if gpu.has_wgmma() {
-                kernels.extend(flash_wgmma::VARIANTS.into_iter().map(TcKernel::from));
+                kernels.extend(
+                    flash_wgmma::VARIANTS
+                        .into_iter()
+                        .filter(|c| c.head_dim == head_dim)
+                        .map(Tiles::Sm90Forward),
+                );
             }
-            for cfg in kernels.into_iter().filter(|c| c.head_dim() == head_dim) {
-                let (median, _) = time(&gpu, cfg, &x, causal)?;
+            for tiles in kernels {
+                let (median, _, plan) = time(&gpu, Some(tiles), &x, causal)?;
                 let rate = tflops(batch, heads, n, head_dim, causal, median);
                 variants.push(format!(
                     "| {batch} | {heads} | {n} | {head_dim} | {causal} | {} | {median:.3} | {rate:.0} |",
-                    cfg.name(dtype)
+                    plan.entry
                 ));
             }
         }

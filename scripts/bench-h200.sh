@@ -11,9 +11,9 @@ mkdir -p "$out"
 fa=.device-run/flash-attn
 export PYTHONUNBUFFERED=1
 if [ "$what" != memory ]; then
-  $fa bench --kernel tensor-core --shapes anchors --out "$out" "$@"
+  $fa bench --kernel auto --shapes anchors --out "$out" "$@"
   python3 scripts/peers/sdpa_bench.py --backends flash cudnn
-  python3 scripts/peers/ratio_table.py "$out/sdpa.json" "$out"/bench-tensorcore-*.json | tee "$out/ratio-table.md"
+  python3 scripts/peers/ratio_table.py "$out/sdpa.json" "$out"/bench-auto-*.json | tee "$out/ratio-table.md"
 fi
 if [ "$what" != speed ]; then
   $fa memory --out "$out"

@@ -1,17 +1,18 @@
-//! The public attention API: exact tiled forward (O, LSE) and recompute backward (dQ, dK, dV),
-//! on device tensors or on host slices.
+//! The public attention API: forward (O, LSE) and recompute backward (dQ, dK, dV), on device
+//! tensors or on host slices, each through one entry point that chooses the kernel
+//! ([`attention_host::plan`]).
 //!
 //! Options are one value, [`FlashOptions`]: the semantics ([`AttentionOptions`]: scale, causal,
-//! key lengths / packed sequences, dropout), the forward [`Schedule`], optional explicit
-//! [`BlockSizes`] and the deterministic-gradient switch. Inputs that cannot run are refused with
-//! `AttentionError::InvalidInput` before anything is launched.
+//! key lengths / packed sequences, dropout), the kernel family ([`KernelChoice`], `Auto` by
+//! default), the exact forward's [`Schedule`], optional explicit [`BlockSizes`] of the exact
+//! kernels and the deterministic-gradient switch. Inputs that cannot run are refused with
+//! `AttentionError::InvalidInput` before anything is allocated or launched.
 
-pub use attention_host::flash::{
-    BlockSizes, FlashOptions, ForwardOutput, Gradients, KernelFamily, Schedule, choose_block_sizes,
-    flash_backward as backward, flash_forward as forward, paper_block_sizes,
-};
+pub use attention_host::flash::{KernelFamily, choose_block_sizes, paper_block_sizes};
 pub use attention_host::{
-    AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Gpu, Lengths,
+    AttentionOptions, AttentionShape, BackwardInputs, BlockSizes, DType, DeviceF32, DeviceTensor,
+    Direction, Family, FlashOptions, ForwardOutput, Gpu, Gradients, KernelChoice, Lengths, Plan,
+    Schedule, backward, forward, plan,
 };
 
 use attention_host::Result;
@@ -21,7 +22,7 @@ use attention_host::Result;
 pub struct HostForward {
     pub o: Vec<f32>,
     pub lse: Vec<f32>,
-    pub block_sizes: BlockSizes,
+    pub plan: Plan,
 }
 
 /// dQ, dK, dV downloaded and widened to f32.
@@ -30,7 +31,7 @@ pub struct HostGradients {
     pub dq: Vec<f32>,
     pub dk: Vec<f32>,
     pub dv: Vec<f32>,
-    pub block_sizes: BlockSizes,
+    pub plan: Plan,
 }
 
 /// Forward on host slices (`[batch, seq, heads, head_dim]`), computed in `dtype` (inputs rounded to
@@ -53,7 +54,7 @@ pub fn forward_host(
     Ok(HostForward {
         o: out.o.to_f32()?,
         lse: out.lse.to_vec()?,
-        block_sizes: out.block_sizes,
+        plan: out.plan,
     })
 }
 
@@ -74,11 +75,19 @@ pub fn backward_host(
     let up = |x: &[f32]| DeviceTensor::from_f32(dtype, x);
     let (q, k, v, o, d_o) = (up(q)?, up(k)?, up(v)?, up(o)?, up(d_o)?);
     let lse = DeviceF32::from_slice(lse)?;
-    let g = backward(gpu, shape, &q, &k, &v, &o, &lse, &d_o, options)?;
+    let inputs = BackwardInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &o,
+        d_o: &d_o,
+        lse: &lse,
+    };
+    let g = backward(gpu, shape, &inputs, options)?;
     Ok(HostGradients {
         dq: g.dq.to_f32()?,
         dk: g.dk.to_f32()?,
         dv: g.dv.to_f32()?,
-        block_sizes: g.block_sizes,
+        plan: g.plan,
     })
 }

@@ -1,32 +1,19 @@
-//! The tiled kernels against the f64 CPU reference on the GPU.
-//!
-//! One parametrised matrix over dtype × schedule × causal × head dim × (N_q, N_k) × dropout × GQA ×
-//! lengths (a covering list: every value of every axis appears, the full product would spend
-//! hours in the f64 reference), fresh random inputs per case, outputs poisoned with NaN by the
-//! launchers before each launch. Plus central finite differences of the GPU forward, bitwise
-//! determinism, and device memory that grows linearly with N.
-//!
-//! Bounds on ‖out − ref‖/‖ref‖, with the reference fed the same dtype-rounded inputs, so only the
-//! kernels' arithmetic and the final rounding of outputs count:
-//! - f32 `2e-5` (≪ 1e-4): f32 accumulation over up to 4097 keys (≈ √N·2⁻²⁴ relative) plus the
-//!   `ex2.approx`/`lg2.approx` error (≈ 2⁻²²).
-//! - f16 `2e-3`: outputs rounded to 11 significant bits (2⁻¹¹ ≈ 4.9e-4 per element, half that on
-//!   average) and, in the backward, D computed from the stored f16 O, which the chain
-//!   `dS = P(dP − D)` amplifies where dP ≈ D.
-//! - bf16 `1e-2`: the same with 8 significant bits (2⁻⁸ ≈ 3.9e-3 per element).
+//! What only the exact kernels have, forced through the public entry points: explicit block
+//! sizes, the paper's schedule, central finite differences of the GPU forward, bitwise
+//! deterministic gradients, device memory that grows linearly with N, and their refusals. (The
+//! matrix against the f64 reference, every family, is `tests/gpu_matrix.rs`; its bounds hold
+//! here: f32 `2e-5`, bf16 `1e-2`.)
 //!
 //! Where no CUDA device answers, each test prints `SKIP <test>: ...` to stderr and returns.
 
-use flash_attn_testkit::testing::{
-    LengthMode, MATRIX_SIZES, fresh_seed, gpu_or_skip, lse_err, rel_err,
-};
+use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip, rel_err};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 use flash_attn::reference::{backward_f32, forward_f32};
 use flash_attn::{
-    AttentionError, AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions, Gpu,
-    Schedule, flash_backward, flash_forward,
+    AttentionError, AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32,
+    DeviceTensor, Family, FlashOptions, ForwardOutput, Gpu, Gradients, KernelChoice, Schedule,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -45,172 +32,39 @@ fn random(rng: &mut StdRng, n: usize, dtype: DType) -> Vec<f32> {
         .collect()
 }
 
-#[derive(Clone, Debug)]
-struct Case {
-    dtype: DType,
-    schedule: Schedule,
-    causal: bool,
-    head_dim: u32,
-    n_q: u32,
-    n_k: u32,
-    dropout: bool,
-    heads: (u32, u32),
-    lengths: LengthMode,
+/// `options` on the exact kernels.
+fn exact(options: FlashOptions) -> FlashOptions {
+    options.kernel(KernelChoice::Only(Family::Exact))
 }
 
-impl Case {
-    fn shape_and_options(&self, rng: &mut StdRng) -> (AttentionShape, FlashOptions) {
-        let shape = AttentionShape {
-            batch: self.lengths.batch(),
-            n_q: self.n_q,
-            n_k: self.n_k,
-            heads_q: self.heads.0,
-            heads_kv: self.heads.1,
-            head_dim: self.head_dim,
-        };
-        let mut a = self.lengths.apply(
-            AttentionOptions::new().causal(self.causal),
-            (self.n_q, self.n_k),
-            rng,
-        );
-        if self.dropout {
-            a = a.dropout(0.17, rng.r#gen(), rng.gen_range(0..1000));
-        }
-        (shape, FlashOptions::new(a).schedule(self.schedule))
-    }
+fn forward(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    [q, k, v]: [&DeviceTensor; 3],
+    options: &FlashOptions,
+) -> flash_attn::Result<ForwardOutput> {
+    flash_attn::forward(gpu, shape, q, k, v, &exact(options.clone()))
 }
 
-const HEAD_DIMS: [u32; 8] = [16, 32, 40, 64, 80, 96, 128, 256];
-
-/// The covering list: axis `a` of case `i` takes value `i mod |a|` (binary axes at different
-/// strides; head dims count the short cases), so every value of every axis appears and pairs
-/// vary. Long sequences keep the head count and head dim modest so the f64 reference stays in
-/// seconds.
-fn cases() -> Vec<Case> {
-    let dtypes = [DType::F32, DType::F16, DType::Bf16];
-    let heads = [(2, 2), (4, 2), (3, 1)];
-    let mut short_cases = 0;
-    (0..36)
-        .map(|i| {
-            let (n_q, n_k) = MATRIX_SIZES[i % MATRIX_SIZES.len()];
-            let long = n_q.max(n_k) >= 1000;
-            short_cases += !long as usize;
-            Case {
-                dtype: dtypes[i % 3],
-                schedule: if (i / 3) % 2 == 0 {
-                    Schedule::RowOwned
-                } else {
-                    Schedule::Paper
-                },
-                causal: (i / 2) % 2 == 1,
-                head_dim: if long {
-                    HEAD_DIMS[i % 4]
-                } else {
-                    HEAD_DIMS[short_cases % 8]
-                },
-                n_q,
-                n_k,
-                dropout: (i / 5) % 2 == 1,
-                heads: if long { (2, 1) } else { heads[(i / 4) % 3] },
-                lengths: LengthMode::ALL[(i / 7) % 3],
-            }
-        })
-        .collect()
-}
-
-#[test]
-fn matrix_against_the_f64_reference() {
-    let Some(gpu) = gpu_or_skip("matrix_against_the_f64_reference") else {
-        return;
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    [q, k, v]: [&DeviceTensor; 3],
+    o: &DeviceTensor,
+    lse: &DeviceF32,
+    d_o: &DeviceTensor,
+    options: &FlashOptions,
+) -> flash_attn::Result<Gradients> {
+    let inputs = BackwardInputs {
+        q,
+        k,
+        v,
+        o,
+        d_o,
+        lse,
     };
-    let mut rng = StdRng::seed_from_u64(fresh_seed("matrix_against_the_f64_reference"));
-    let worst = Mutex::new(std::collections::BTreeMap::<&str, f64>::new());
-    let mut failures = vec![];
-    let list = cases();
-    // Every value of every axis appears.
-    for d in HEAD_DIMS {
-        assert!(list.iter().any(|c| c.head_dim == d), "head dim {d} missing");
-    }
-    for n in [1, 17, 97, 128, 1000, 4097] {
-        assert!(
-            list.iter().any(|c| c.n_q == n) && list.iter().any(|c| c.n_k == n),
-            "length {n} missing"
-        );
-    }
-    // Under racecheck (roughly 50x slower than memcheck here) the long cases would take hours;
-    // `FLASH_ATTN_MATRIX_MAX_LEN` keeps the cases whose sequences are at most that long (every
-    // dtype, schedule, mask, head dim, GQA, dropout and length mode still appears at 128).
-    let max_len: u32 = std::env::var("FLASH_ATTN_MATRIX_MAX_LEN")
-        .ok()
-        .map(|v| {
-            v.parse()
-                .expect("FLASH_ATTN_MATRIX_MAX_LEN must be a length")
-        })
-        .unwrap_or(u32::MAX);
-    let list: Vec<Case> = list
-        .into_iter()
-        .filter(|c| c.n_q.max(c.n_k) <= max_len)
-        .collect();
-    if max_len != u32::MAX {
-        eprintln!(
-            "FLASH_ATTN_MATRIX_MAX_LEN={max_len}: {} of {} cases",
-            list.len(),
-            cases().len()
-        );
-    }
-    for case in &list {
-        let (shape, options) = case.shape_and_options(&mut rng);
-        let dt = case.dtype;
-        let q = random(&mut rng, shape.q_elems(), dt);
-        let k = random(&mut rng, shape.kv_elems(), dt);
-        let v = random(&mut rng, shape.kv_elems(), dt);
-        let d_o = random(&mut rng, shape.q_elems(), dt);
-        let up = |x: &[f32]| DeviceTensor::from_f32(dt, x).unwrap();
-        let (qd, kd, vd, dod) = (up(&q), up(&k), up(&v), up(&d_o));
-
-        let fwd = flash_forward(&gpu, &shape, &qd, &kd, &vd, &options).unwrap();
-        let grads = flash_backward(
-            &gpu, &shape, &qd, &kd, &vd, &fwd.o, &fwd.lse, &dod, &options,
-        )
-        .unwrap();
-        let reference = forward_f32(&shape, &q, &k, &v, &options.attention).unwrap();
-        let ref_grads = backward_f32(&shape, &q, &k, &v, &d_o, &options.attention).unwrap();
-
-        let errs = [
-            ("o", rel_err(&fwd.o.to_f32().unwrap(), &reference.o)),
-            ("lse", lse_err(&fwd.lse.to_vec().unwrap(), &reference.lse)),
-            ("dq", rel_err(&grads.dq.to_f32().unwrap(), &ref_grads.dq)),
-            ("dk", rel_err(&grads.dk.to_f32().unwrap(), &ref_grads.dk)),
-            ("dv", rel_err(&grads.dv.to_f32().unwrap(), &ref_grads.dv)),
-        ];
-        let case_worst = errs.iter().map(|e| e.1).fold(0.0, f64::max);
-        let mut w = worst.lock().unwrap();
-        let entry = w.entry(dt.name()).or_insert(0.0);
-        *entry = entry.max(case_worst);
-        let line = format!(
-            "{case:?} B=({},{}) fwd B=({},{}) bwd: {}",
-            fwd.block_sizes.block_rows,
-            fwd.block_sizes.block_cols,
-            grads.block_sizes.block_rows,
-            grads.block_sizes.block_cols,
-            errs.iter()
-                .map(|(n, e)| format!("{n} {e:.2e}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        eprintln!("{line}");
-        if case_worst > bound(dt) {
-            failures.push(line);
-        }
-    }
-    for (dtype, e) in worst.lock().unwrap().iter() {
-        eprintln!("worst relative error {dtype}: {e:.3e}");
-    }
-    assert!(
-        failures.is_empty(),
-        "cases over their bound:\n{}",
-        failures.join("\n")
-    );
+    flash_attn::backward(gpu, shape, &inputs, &exact(options.clone()))
 }
 
 #[test]
@@ -242,13 +96,11 @@ fn every_block_size_gives_the_same_result() {
             let options = FlashOptions::new(attention.clone())
                 .schedule(schedule)
                 .block_sizes(br, bc);
-            let f = flash_forward(&gpu, &shape, &up(&q), &up(&k), &up(&v), &options).unwrap();
-            let g = flash_backward(
+            let f = forward(&gpu, &shape, [&up(&q), &up(&k), &up(&v)], &options).unwrap();
+            let g = backward(
                 &gpu,
                 &shape,
-                &up(&q),
-                &up(&k),
-                &up(&v),
+                [&up(&q), &up(&k), &up(&v)],
                 &f.o,
                 &f.lse,
                 &up(&d_o),
@@ -279,7 +131,7 @@ fn loss(
     options: &FlashOptions,
 ) -> f64 {
     let up = |x: &[f32]| DeviceTensor::from_f32(DType::F32, x).unwrap();
-    let f = flash_forward(gpu, shape, &up(qkv[0]), &up(qkv[1]), &up(qkv[2]), options).unwrap();
+    let f = forward(gpu, shape, [&up(qkv[0]), &up(qkv[1]), &up(qkv[2])], options).unwrap();
     f.o.to_f32()
         .unwrap()
         .iter()
@@ -312,13 +164,11 @@ fn backward_matches_finite_differences_of_the_gpu_forward() {
     ];
     let g = random(&mut rng, shape.q_elems(), DType::F32);
     let up = |x: &[f32]| DeviceTensor::from_f32(DType::F32, x).unwrap();
-    let f = flash_forward(&gpu, &shape, &up(&t[0]), &up(&t[1]), &up(&t[2]), &options).unwrap();
-    let grads = flash_backward(
+    let f = forward(&gpu, &shape, [&up(&t[0]), &up(&t[1]), &up(&t[2])], &options).unwrap();
+    let grads = backward(
         &gpu,
         &shape,
-        &up(&t[0]),
-        &up(&t[1]),
-        &up(&t[2]),
+        [&up(&t[0]), &up(&t[1]), &up(&t[2])],
         &f.o,
         &f.lse,
         &up(&g),
@@ -382,9 +232,9 @@ fn deterministic_gradients_are_bitwise_identical() {
     .collect();
     let options = FlashOptions::new(AttentionOptions::new().causal(true).dropout(0.1, 1, 2))
         .deterministic(true);
-    let f = flash_forward(&gpu, &shape, &t[0], &t[1], &t[2], &options).unwrap();
+    let f = forward(&gpu, &shape, [&t[0], &t[1], &t[2]], &options).unwrap();
     let run = |o: &FlashOptions| {
-        let g = flash_backward(&gpu, &shape, &t[0], &t[1], &t[2], &f.o, &f.lse, &t[3], o).unwrap();
+        let g = backward(&gpu, &shape, [&t[0], &t[1], &t[2]], &f.o, &f.lse, &t[3], o).unwrap();
         [
             g.dq.to_bits16().unwrap(),
             g.dk.to_bits16().unwrap(),
@@ -458,12 +308,18 @@ fn device_memory_grows_linearly_with_n() {
             .collect();
         let options = FlashOptions::new(AttentionOptions::new()).schedule(Schedule::Paper);
         let fwd = peak_used_during(&gpu, || {
-            flash_forward(&gpu, &shape, &t[0], &t[1], &t[2], &options).unwrap();
+            forward(&gpu, &shape, [&t[0], &t[1], &t[2]], &options).unwrap();
         });
-        let f = flash_forward(&gpu, &shape, &t[0], &t[1], &t[2], &options).unwrap();
+        let f = forward(&gpu, &shape, [&t[0], &t[1], &t[2]], &options).unwrap();
         let bwd = peak_used_during(&gpu, || {
-            flash_backward(
-                &gpu, &shape, &t[0], &t[1], &t[2], &f.o, &f.lse, &t[3], &options,
+            backward(
+                &gpu,
+                &shape,
+                [&t[0], &t[1], &t[2]],
+                &f.o,
+                &f.lse,
+                &t[3],
+                &options,
             )
             .unwrap();
         });
@@ -501,7 +357,7 @@ fn inputs_that_cannot_run_are_refused_before_any_launch() {
     let kv = DeviceTensor::from_f32(DType::F32, &vec![0.0; shape.kv_elems()]).unwrap();
     let refused = |r: flash_attn::Result<_>| matches!(r, Err(AttentionError::InvalidInput(_)));
     assert!(refused(
-        flash_forward(&gpu, &shape, &t, &kv, &kv, &FlashOptions::default()).map(|_| ())
+        forward(&gpu, &shape, [&t, &kv, &kv], &FlashOptions::default()).map(|_| ())
     ));
     let shape64 = AttentionShape {
         head_dim: 64,
@@ -509,15 +365,15 @@ fn inputs_that_cannot_run_are_refused_before_any_launch() {
     };
     let t64 = DeviceTensor::from_f32(DType::F32, &vec![0.0; shape64.q_elems()]).unwrap();
     assert!(refused(
-        flash_forward(&gpu, &shape64, &t64, &t64, &t64, &FlashOptions::default()).map(|_| ())
+        forward(&gpu, &shape64, [&t64, &t64, &t64], &FlashOptions::default()).map(|_| ())
     ));
     let kv64 = DeviceTensor::from_f32(DType::F32, &vec![0.0; shape64.kv_elems()]).unwrap();
     let too_big = FlashOptions::default().block_sizes(4096, 4096);
     assert!(refused(
-        flash_forward(&gpu, &shape64, &t64, &kv64, &kv64, &too_big).map(|_| ())
+        forward(&gpu, &shape64, [&t64, &kv64, &kv64], &too_big).map(|_| ())
     ));
     let bad_packed = FlashOptions::new(AttentionOptions::new().packed(vec![0, 5], vec![0, 4]));
     assert!(refused(
-        flash_forward(&gpu, &shape64, &t64, &kv64, &kv64, &bad_packed).map(|_| ())
+        forward(&gpu, &shape64, [&t64, &kv64, &kv64], &bad_packed).map(|_| ())
     ));
 }

@@ -1,63 +1,59 @@
-//! Every tensor-core configuration the host may launch has its kernel in the embedded PTX.
+//! Every entry point of the table of compiled instances (`flash_attn::instances`) is in the module
+//! the host loads for its family, and the kernels keep their register arrays out of local memory.
 
-use attention_kernels::flash_tc::{self, VARIANTS};
-use attention_kernels::flash_wgmma;
-use flash_attn::DType;
-use flash_attn::tensor_core::{kernel_name, wgmma_kernel_name};
+use attention_kernels::{flash_tc, flash_wgmma};
+use flash_attn::Family;
+use flash_attn::instances::entry_points;
+
+fn has_entry(ptx: &str, name: &str) -> bool {
+    ptx.contains(&format!(".entry {name}("))
+}
 
 #[test]
-fn every_variant_and_dtype_has_an_entry_point() {
-    for cfg in VARIANTS {
-        for dtype in [DType::F16, DType::Bf16] {
-            let name = kernel_name(dtype, &cfg);
-            assert!(
-                flash_attn::PTX.contains(&format!(".entry {name}(")),
-                "{name} missing from the PTX"
-            );
-        }
+fn every_instance_has_its_entry_point() {
+    let entries = entry_points();
+    assert!(entries.len() > 50, "{} entries", entries.len());
+    for e in entries.iter().filter(|e| e.family != Family::Sm90) {
+        assert!(has_entry(flash_attn::PTX, &e.name), "{} missing", e.name);
+    }
+    let Some(hopper) = flash_attn::PTX_SM90A else {
+        assert_ne!(
+            flash_attn::PTX_ARCH,
+            "sm_90",
+            "an sm_90 build embeds the sm_90a module"
+        );
+        return;
+    };
+    // The sm_90a module holds every kernel of the base module plus the wgmma ones, which the base
+    // module must not contain (no other architecture accepts them).
+    assert!(hopper.contains(".target sm_90a"));
+    assert!(!flash_attn::PTX.contains("wgmma"));
+    for e in &entries {
+        assert!(has_entry(hopper, &e.name), "{} missing from sm_90a", e.name);
     }
     for d in [64, 128] {
-        assert!(
-            VARIANTS.contains(&flash_tc::config(d).unwrap()),
-            "default for d={d} not compiled"
-        );
+        assert!(flash_tc::VARIANTS.contains(&flash_tc::config(d).unwrap()));
+        assert!(flash_wgmma::VARIANTS.contains(&flash_wgmma::config(d).unwrap()));
     }
 }
 
-/// The default build (sm_90) also compiles the sm_90a module: every kernel of the base module plus
-/// the `wgmma` ones, which the base module must not contain (no other architecture accepts them).
+/// A register array the compiler could not keep in registers (a run-time index, a loop that did
+/// not unroll) shows as a local-memory depot in the PTX.
 #[test]
-fn sm90a_module_adds_the_wgmma_kernels() {
-    if flash_attn::PTX_ARCH != "sm_90" {
-        assert!(flash_attn::PTX_SM90A.is_none());
-        return;
-    }
-    let hopper = flash_attn::PTX_SM90A.expect("an sm_90 build embeds the sm_90a module");
-    assert!(hopper.contains(".target sm_90a"));
-    assert!(!flash_attn::PTX.contains("wgmma"));
-    for cfg in flash_wgmma::VARIANTS {
-        for dtype in [DType::F16, DType::Bf16] {
-            let general = Some(cfg) == flash_wgmma::config(cfg.head_dim);
-            let names = [
-                Some(wgmma_kernel_name(dtype, &cfg, false)),
-                general.then(|| wgmma_kernel_name(dtype, &cfg, true)),
-            ];
-            for name in names.into_iter().flatten() {
-                assert!(
-                    hopper.contains(&format!(".entry {name}(")),
-                    "{name} missing"
-                );
-            }
+fn tensor_core_kernels_use_no_local_memory() {
+    let modules = [Some(flash_attn::PTX), flash_attn::PTX_SM90A];
+    for e in entry_points().iter().filter(|e| e.family != Family::Exact) {
+        for ptx in modules.iter().flatten() {
+            let Some(start) = ptx.find(&format!(".entry {}(", e.name)) else {
+                continue;
+            };
+            let body = &ptx[start..];
+            let body = &body[..body.find("\n}").unwrap_or(body.len())];
+            assert!(
+                !body.contains("__local_depot"),
+                "{} uses local memory",
+                e.name
+            );
         }
-    }
-    for cfg in VARIANTS {
-        let name = kernel_name(DType::Bf16, &cfg);
-        assert!(
-            hopper.contains(&format!(".entry {name}(")),
-            "{name} missing"
-        );
-    }
-    for d in [64, 128] {
-        assert!(flash_wgmma::VARIANTS.contains(&flash_wgmma::config(d).unwrap()));
     }
 }

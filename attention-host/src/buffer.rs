@@ -115,6 +115,23 @@ impl DeviceTensor {
         Ok(DeviceTensor::tracked(dtype, storage))
     }
 
+    /// `len` elements of `dtype` as the allocator left them, for outputs a kernel writes in full
+    /// (every bit pattern is a valid f32 or 16-bit value, so reading them is defined).
+    pub(crate) fn uninitialized(dtype: DType, len: usize) -> Result<DeviceTensor> {
+        // SAFETY: f32 and u16 have no invalid bit patterns.
+        let storage = unsafe {
+            match dtype {
+                DType::F32 => Storage::F32(
+                    DeviceBuffer::<f32>::uninitialized(len).cuda("allocating a tensor")?,
+                ),
+                _ => Storage::Bits16(
+                    DeviceBuffer::<u16>::uninitialized(len).cuda("allocating a tensor")?,
+                ),
+            }
+        };
+        Ok(DeviceTensor::tracked(dtype, storage))
+    }
+
     pub fn dtype(&self) -> DType {
         self.dtype
     }
@@ -192,6 +209,15 @@ impl DeviceF32 {
             buf.set_32(f32::NAN.to_bits())
                 .cuda("poisoning an f32 buffer")?;
         }
+        crate::memory::allocated(len * 4);
+        Ok(DeviceF32(buf))
+    }
+    /// `len` f32 as the allocator left them, for buffers a kernel writes in full (every bit
+    /// pattern is a valid f32, so reading them is defined).
+    pub(crate) fn uninitialized(len: usize) -> Result<DeviceF32> {
+        // SAFETY: f32 has no invalid bit patterns.
+        let buf =
+            unsafe { DeviceBuffer::<f32>::uninitialized(len) }.cuda("allocating an f32 buffer")?;
         crate::memory::allocated(len * 4);
         Ok(DeviceF32(buf))
     }

@@ -84,6 +84,20 @@ impl Gpu {
         self.wgmma
     }
 
+    /// `(major, minor)` compute capability of the device.
+    pub fn compute_capability(&self) -> Result<(u32, u32)> {
+        let get = |what| {
+            self.device
+                .get_attribute(what)
+                .cuda("reading the compute capability")
+                .map(|v| v as u32)
+        };
+        Ok((
+            get(DeviceAttribute::ComputeCapabilityMajor)?,
+            get(DeviceAttribute::ComputeCapabilityMinor)?,
+        ))
+    }
+
     pub fn stream(&self) -> &Stream {
         &self.stream
     }

@@ -1,5 +1,5 @@
-//! Host side of the tiled kernels: options, the paper's block-size rule, the sequence layout on
-//! the device, and the forward and backward launchers. Every input is checked before any launch.
+//! Host side of the exact tiled kernels: options, the paper's block-size rule, the sequence layout
+//! on the device, and the forward and backward launchers.
 
 pub mod backward;
 pub mod blocks;
@@ -8,9 +8,7 @@ pub mod layout;
 pub mod options;
 
 pub use attention_kernels::flash::params::BlockSizes;
-pub use backward::{Gradients, flash_backward};
 pub use blocks::{KernelFamily, choose_block_sizes, paper_block_sizes};
-pub use forward::{ForwardOutput, flash_forward};
 pub use options::{FlashOptions, Schedule};
 
 /// Threads per block of every tiled kernel: 8 warps, enough to hide shared-memory latency while

@@ -3,6 +3,7 @@
 use attention_kernels::flash::params::BlockSizes;
 
 use crate::options::AttentionOptions;
+use crate::plan::KernelChoice;
 
 /// Forward loop order (the article's 0x0AA).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,16 +30,20 @@ impl std::str::FromStr for Schedule {
     }
 }
 
-/// Everything one call needs besides its tensors. `FlashOptions::default()`: plain attention,
-/// row-owned schedule, the paper's block sizes for this device, dQ by atomics.
+/// Everything one call needs besides its tensors. `FlashOptions::default()`: plain attention, the
+/// fastest kernel family that can run the call, row-owned schedule, dQ by atomics.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FlashOptions {
     pub attention: AttentionOptions,
+    /// Which kernel family may run the call (`plan::select`); `Auto` picks the fastest that can.
+    pub kernel: KernelChoice,
+    /// Loop order of the exact forward (the tensor-core families run `RowOwned` only).
     pub schedule: Schedule,
-    /// Explicit `(B_r, B_c)`; `None` derives them from the device's shared memory (`blocks`).
+    /// Explicit `(B_r, B_c)` of the exact kernels; `None` derives them from the device's shared
+    /// memory (`blocks`).
     pub block_sizes: Option<BlockSizes>,
     /// Gradients bitwise identical run to run: dQ from a separate row-owned pass instead of
-    /// atomics (whose order of addition varies).
+    /// atomics (whose order of addition varies). Only the exact backward has that pass.
     pub deterministic: bool,
 }
 
@@ -48,6 +53,10 @@ impl FlashOptions {
             attention,
             ..Default::default()
         }
+    }
+    pub fn kernel(mut self, kernel: KernelChoice) -> Self {
+        self.kernel = kernel;
+        self
     }
     pub fn schedule(mut self, schedule: Schedule) -> Self {
         self.schedule = schedule;

@@ -82,9 +82,11 @@ pub fn lse_err(out: &[f32], reference: &[f64]) -> f64 {
 }
 
 /// The (N_q, N_k) axis of the GPU test matrices: one token, tails on either side, N_q ≠ N_k, an
-/// exact tile multiple, and 4097 (one past a power of two).
-pub const MATRIX_SIZES: [(u32, u32); 9] = [
+/// exact tile multiple, several tiles with tails short enough for a sanitizer (333 × 300), and
+/// 4097 (one past a power of two).
+pub const MATRIX_SIZES: [(u32, u32); 10] = [
     (1, 1),
+    (333, 300),
     (17, 97),
     (97, 17),
     (128, 128),

@@ -4,9 +4,8 @@
 use std::path::PathBuf;
 
 use crate::npy;
-use flash_attn::api::KernelFamily;
 
-use super::forward::{CallArgs, read_qkv, report_block_sizes};
+use super::forward::{CallArgs, read_qkv};
 
 #[derive(clap::Args, Debug)]
 pub struct BackwardArgs {
@@ -37,7 +36,8 @@ pub struct BackwardArgs {
     /// Where dV is written (shape of V).
     #[arg(long)]
     pub dv: PathBuf,
-    /// Bitwise reproducible gradients (dQ from a separate pass instead of atomics).
+    /// Bitwise reproducible gradients (dQ from a separate pass instead of atomics; the exact
+    /// kernels only).
     #[arg(long)]
     pub deterministic: bool,
     #[command(flatten)]
@@ -68,12 +68,9 @@ pub fn run(args: &BackwardArgs) -> Result<(), Box<dyn std::error::Error>> {
     let g = flash_attn::backward_host(
         &gpu, dtype, &shape, &q.data, &k.data, &v.data, &o, &lse, &d_o.data, &options,
     )?;
-    report_block_sizes(
-        args.call.print_block_sizes,
-        KernelFamily::Backward,
-        g.block_sizes,
-        shape.head_dim,
-    );
+    if args.call.print_plan {
+        print!("{}", g.plan);
+    }
     npy::write(&args.dq, &q.shape, q.dtype, &g.dq)?;
     npy::write(&args.dk, &k.shape, q.dtype, &g.dk)?;
     npy::write(&args.dv, &v.shape, q.dtype, &g.dv)?;

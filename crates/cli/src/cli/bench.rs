@@ -4,17 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
-use flash_attn::tensor_core::{
-    TcKernel, tensor_core_forward, tensor_core_forward_into, tensor_core_kernel,
-};
-use flash_attn::tensor_core_backward::{
-    BackwardInputs, BackwardOutput, BackwardWorkspace, TcBackwardKernel, tensor_core_backward_into,
-    tensor_core_backward_kernel,
-};
 use flash_attn::timing::time_calls;
 use flash_attn::{
-    AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions, Gpu, flash_backward,
-    flash_forward, memory,
+    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor, Direction,
+    FlashOptions, Gpu, GradientBuffers, KernelChoice, Plan, Workspace, memory,
 };
 use flash_attn_testkit::bench::{
     CaseRecord, anchor_cases, backward_flops, environment, forward_flops, running_fixture,
@@ -25,14 +18,32 @@ use serde_json::json;
 
 use super::CliResult;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+/// What `bench` times: the materialized baseline, or the kernel family a plan picks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kernel {
-    /// The three-stage materialized baseline (forward only).
     Materialized,
-    /// The exact tiled kernels (SIMT, f32 arithmetic), row-owned schedule.
-    Exact,
-    /// The tensor-core kernels (mma.sync; bf16/f16, d 64 and 128).
-    TensorCore,
+    Planned(KernelChoice),
+}
+
+impl std::str::FromStr for Kernel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "materialized" => Ok(Kernel::Materialized),
+            _ => s.parse().map(Kernel::Planned).map_err(|e| {
+                format!("{e}; or materialized (the three-stage baseline, forward only)")
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Kernel::Materialized => f.write_str("materialized"),
+            Kernel::Planned(choice) => choice.fmt(f),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -51,8 +62,9 @@ enum Shapes {
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Kernel to time.
-    #[arg(long, value_enum, default_value = "materialized")]
+    /// Kernel to time: auto (the family `flash_attn::forward` picks), exact, sm80, sm90, or
+    /// materialized (the three-stage baseline, forward only).
+    #[arg(long, default_value = "auto")]
     kernel: Kernel,
     /// Passes to time (both when absent; the materialized baseline has a forward only).
     #[arg(long, value_enum)]
@@ -107,15 +119,11 @@ pub fn run(args: &BenchArgs) -> CliResult {
                 (Kernel::Materialized, Pass::Backward) => {
                     return Err("the materialized baseline has no backward".into());
                 }
-                (Kernel::Exact, Pass::Forward) => bench_exact_forward(&gpu, &shape, causal, args)?,
-                (Kernel::Exact, Pass::Backward) => {
-                    bench_exact_backward(&gpu, &shape, causal, args)?
+                (Kernel::Planned(choice), Pass::Forward) => {
+                    bench_forward(&gpu, &shape, causal, choice, args)?
                 }
-                (Kernel::TensorCore, Pass::Forward) => {
-                    bench_tc_forward(&gpu, &shape, causal, args)?
-                }
-                (Kernel::TensorCore, Pass::Backward) => {
-                    bench_tc_backward(&gpu, &shape, causal, args)?
+                (Kernel::Planned(choice), Pass::Backward) => {
+                    bench_backward(&gpu, &shape, causal, choice, args)?
                 }
             };
             println!(
@@ -135,7 +143,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
         }
     }
     std::fs::create_dir_all(&args.out)?;
-    let name = format!("bench-{:?}-{}.json", args.kernel, env["unix_time"]).to_lowercase();
+    let name = format!("bench-{}-{}.json", args.kernel, env["unix_time"]);
     let path = args.out.join(name);
     std::fs::write(
         &path,
@@ -223,29 +231,46 @@ fn bench_materialized<'a>(
     })
 }
 
-fn bench_exact_forward<'a>(
+/// What a bundle records of the plan that ran.
+fn plan_record(plan: &Plan) -> serde_json::Value {
+    json!({
+        "family": plan.family.name(),
+        "entry": plan.entry,
+        "threads": plan.threads,
+        "rows_per_block": plan.block_rows,
+        "keys_per_block": plan.block_keys,
+        "shared_bytes": plan.shared_bytes,
+        "workspace_bytes": plan.workspace_bytes(),
+    })
+}
+
+fn bench_forward<'a>(
     gpu: &Gpu,
     shape: &AttentionShape,
     causal: bool,
+    choice: KernelChoice,
     args: &BenchArgs,
 ) -> flash_attn::Result<CaseRecord<'a>> {
-    let options = FlashOptions::new(AttentionOptions::new().causal(causal));
+    let options = FlashOptions::new(AttentionOptions::new().causal(causal)).kernel(choice);
     let (host, dev) = inputs(shape, args.dtype)?;
     memory::reset_peak();
-    let mut out = None;
+    // Outputs allocated (and poisoned) once, so the samples time validation, plan and launch.
+    let o = DeviceTensor::poisoned(args.dtype, shape.q_elems())?;
+    let lse = DeviceF32::poisoned(shape.row_elems())?;
+    let mut plan = None;
     let samples_ms = time_calls(gpu, args.warmup, args.samples as usize, || {
-        out = Some(flash_forward(
-            gpu, shape, &dev[0], &dev[1], &dev[2], &options,
+        plan = Some(flash_attn::forward_into(
+            gpu, shape, &dev[0], &dev[1], &dev[2], &o, &lse, &options,
         )?);
         Ok(())
     })?;
-    let out = out.expect("time_calls ran the forward");
-    let error = forward_error(shape, &options.attention, &host, &out.o)?;
+    let plan = plan.expect("time_calls ran the forward");
+    let error = forward_error(shape, &options.attention, &host, &o)?;
     Ok(CaseRecord {
-        kernel: "exact",
+        kernel: plan.family.name(),
         pass: "forward",
         schedule: "row-owned",
-        block_sizes: json!({"B_r": out.block_sizes.block_rows, "B_c": out.block_sizes.block_cols}),
+        block_sizes: plan_record(&plan),
         shape: *shape,
         causal,
         dtype: args.dtype,
@@ -257,89 +282,17 @@ fn bench_exact_forward<'a>(
     })
 }
 
-fn bench_exact_backward<'a>(
+fn bench_backward<'a>(
     gpu: &Gpu,
     shape: &AttentionShape,
     causal: bool,
+    choice: KernelChoice,
     args: &BenchArgs,
 ) -> flash_attn::Result<CaseRecord<'a>> {
-    let options = FlashOptions::new(AttentionOptions::new().causal(causal));
+    let options = FlashOptions::new(AttentionOptions::new().causal(causal)).kernel(choice);
     let (_, dev) = inputs(shape, args.dtype)?;
     let d_o = DeviceTensor::from_f32(args.dtype, &uniform(rand::random(), shape.q_elems()))?;
-    let fwd = flash_forward(gpu, shape, &dev[0], &dev[1], &dev[2], &options)?;
-    memory::reset_peak();
-    let mut blocks = None;
-    let samples_ms = time_calls(gpu, args.warmup, args.samples as usize, || {
-        let g = flash_backward(
-            gpu, shape, &dev[0], &dev[1], &dev[2], &fwd.o, &fwd.lse, &d_o, &options,
-        )?;
-        blocks = Some(g.block_sizes);
-        Ok(())
-    })?;
-    let blocks = blocks.expect("time_calls ran the backward");
-    Ok(CaseRecord {
-        kernel: "exact",
-        pass: "backward",
-        schedule: "Algorithm 4, atomic dQ",
-        block_sizes: json!({"B_r": blocks.block_rows, "B_c": blocks.block_cols}),
-        shape: *shape,
-        causal,
-        dtype: args.dtype,
-        flops: backward_flops(shape, causal),
-        warmup: args.warmup,
-        samples_ms,
-        error: json!({"relative": null, "on": "not measured here: tests/gpu_exact.rs holds the backward to the f64 reference"}),
-        peak_bytes: memory::peak_bytes(),
-    })
-}
-
-fn bench_tc_forward<'a>(
-    gpu: &Gpu,
-    shape: &AttentionShape,
-    causal: bool,
-    args: &BenchArgs,
-) -> flash_attn::Result<CaseRecord<'a>> {
-    let options = AttentionOptions::new().causal(causal);
-    let (host, dev) = inputs(shape, args.dtype)?;
-    let kernel = tensor_core_kernel(gpu, shape, args.dtype, &options)?;
-    memory::reset_peak();
-    // Outputs allocated (and poisoned) once, so the samples time the kernel alone.
-    let out = tensor_core_forward(gpu, shape, &dev[0], &dev[1], &dev[2], &options)?;
-    let samples_ms = time_calls(gpu, args.warmup, args.samples as usize, || {
-        tensor_core_forward_into(gpu, shape, &dev[0], &dev[1], &dev[2], &out, &options)
-    })?;
-    let error = forward_error(shape, &options, &host, &out.o)?;
-    Ok(CaseRecord {
-        kernel: "tensor-core",
-        pass: "forward",
-        schedule: match kernel {
-            TcKernel::MmaSync(_) => "row-owned (FA2), mma.sync",
-            TcKernel::Wgmma(_) => "row-owned (FA2), wgmma",
-        },
-        block_sizes: json!({"entry": kernel.name(args.dtype), "threads": kernel.threads(), "rows_per_block": kernel.block_rows(), "keys_per_block": kernel.block_keys()}),
-        shape: *shape,
-        causal,
-        dtype: args.dtype,
-        flops: forward_flops(shape, causal),
-        warmup: args.warmup,
-        samples_ms,
-        error,
-        peak_bytes: memory::peak_bytes(),
-    })
-}
-
-fn bench_tc_backward<'a>(
-    gpu: &Gpu,
-    shape: &AttentionShape,
-    causal: bool,
-    args: &BenchArgs,
-) -> flash_attn::Result<CaseRecord<'a>> {
-    let options = AttentionOptions::new().causal(causal);
-    let (_, dev) = inputs(shape, args.dtype)?;
-    let d_o = DeviceTensor::from_f32(args.dtype, &uniform(rand::random(), shape.q_elems()))?;
-    let kernel = tensor_core_backward_kernel(gpu, shape, args.dtype, &options)?;
-    let tiles = kernel.tiles();
-    let fwd = tensor_core_forward(gpu, shape, &dev[0], &dev[1], &dev[2], &options)?;
+    let fwd = flash_attn::forward(gpu, shape, &dev[0], &dev[1], &dev[2], &options)?;
     let inputs = BackwardInputs {
         q: &dev[0],
         k: &dev[1],
@@ -348,12 +301,13 @@ fn bench_tc_backward<'a>(
         d_o: &d_o,
         lse: &fwd.lse,
     };
+    let plan = flash_attn::plan(gpu, shape, args.dtype, &options, Direction::Backward)?;
     memory::reset_peak();
-    // Outputs and workspace allocated once, so the samples time the three kernels alone.
-    let out = BackwardOutput::poisoned(shape, args.dtype)?;
-    let workspace = BackwardWorkspace::new(shape)?;
+    // Outputs and workspace allocated once, so the samples time validation, plan and launches.
+    let out = GradientBuffers::poisoned(shape, args.dtype)?;
+    let workspace = Workspace::new(&plan)?;
     let samples_ms = time_calls(gpu, args.warmup, args.samples as usize, || {
-        tensor_core_backward_into(gpu, shape, &inputs, &out, &workspace, &options)
+        flash_attn::backward_into(gpu, shape, &inputs, &out, &workspace, &options).map(drop)
     })?;
     let unwritten = [&out.dq, &out.dk, &out.dv]
         .iter()
@@ -363,13 +317,14 @@ fn bench_tc_backward<'a>(
         })
         .sum::<flash_attn::Result<usize>>()?;
     Ok(CaseRecord {
-        kernel: "tensor-core",
+        kernel: plan.family.name(),
         pass: "backward",
-        schedule: match kernel {
-            TcBackwardKernel::MmaSync(_) => "K/V-outer (FA2), atomic dQ, mma.sync",
-            TcBackwardKernel::Wgmma(_) => "K/V-outer (FA2), atomic dQ, wgmma",
+        schedule: if options.deterministic {
+            "K/V-outer, row-owned dQ"
+        } else {
+            "K/V-outer, atomic dQ"
         },
-        block_sizes: json!({"entry": kernel.name(args.dtype), "threads": kernel.threads(), "keys_per_block": tiles.block_keys(), "rows_per_block": tiles.block_rows()}),
+        block_sizes: plan_record(&plan),
         shape: *shape,
         causal,
         dtype: args.dtype,
@@ -377,7 +332,7 @@ fn bench_tc_backward<'a>(
         warmup: args.warmup,
         samples_ms,
         error: json!({"relative": null, "non_finite_outputs": unwritten,
-            "on": "not measured at this size: tests/gpu_tensor_core_backward.rs holds the kernel to the f64 reference"}),
+            "on": "not measured at this size: the GPU test matrix holds every family's backward to the f64 reference"}),
         peak_bytes: memory::peak_bytes(),
     })
 }

@@ -3,8 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::npy::{self, NpyArray, NpyDType};
-use flash_attn::api::KernelFamily;
-use flash_attn::{AttentionOptions, AttentionShape, BlockSizes, DType, FlashOptions, Schedule};
+use flash_attn::{
+    AttentionOptions, AttentionShape, BlockSizes, DType, FlashOptions, KernelChoice, Schedule,
+};
 
 /// The options both directions take.
 #[derive(clap::Args, Debug)]
@@ -37,18 +38,24 @@ pub struct CallArgs {
     /// Offset of this call in the dropout RNG's stream (advance it between calls).
     #[arg(long, default_value_t = 0)]
     pub offset: u64,
-    /// Forward schedule: row-owned (default) or paper.
+    /// Kernel family: auto (the fastest that can run the call), exact, sm80 or sm90. A family
+    /// that cannot run the call is refused with the reason.
+    #[arg(long, default_value = "auto")]
+    pub kernel: KernelChoice,
+    /// Forward schedule of the exact kernels: row-owned (default) or paper.
     #[arg(long, default_value = "row-owned")]
     pub schedule: Schedule,
-    /// Explicit B_r (with --block-cols); default: the paper's rule for this device.
+    /// Explicit B_r of the exact kernels (with --block-cols); default: the paper's rule for this
+    /// device.
     #[arg(long, requires = "block_cols")]
     pub block_rows: Option<u32>,
     /// Explicit B_c (with --block-rows).
     #[arg(long, requires = "block_rows")]
     pub block_cols: Option<u32>,
-    /// Print the block sizes the kernels run with.
-    #[arg(long)]
-    pub print_block_sizes: bool,
+    /// Print the plan the call ran: family, kernel, tiles (B_r, B_c), grid, shared memory,
+    /// workspace, and why each other family was not chosen.
+    #[arg(long, alias = "print-block-sizes")]
+    pub print_plan: bool,
 }
 
 impl CallArgs {
@@ -64,7 +71,9 @@ impl CallArgs {
         if let Some(p) = self.dropout {
             a = a.dropout(p, self.seed, self.offset);
         }
-        let mut o = FlashOptions::new(a).schedule(self.schedule);
+        let mut o = FlashOptions::new(a)
+            .kernel(self.kernel)
+            .schedule(self.schedule);
         if let (Some(r), Some(c)) = (self.block_rows, self.block_cols) {
             o.block_sizes = Some(BlockSizes {
                 block_rows: r,
@@ -147,18 +156,6 @@ pub fn read_qkv(
     Ok(([q, k, v], shape))
 }
 
-/// Prints `B_r`, `B_c` of a call when asked.
-pub fn report_block_sizes(print: bool, family: KernelFamily, b: BlockSizes, head_dim: u32) {
-    if print {
-        println!(
-            "{family:?} block sizes: B_r = {}, B_c = {} (head_dim {head_dim}, {} bytes of shared memory)",
-            b.block_rows,
-            b.block_cols,
-            family.shared_bytes(b, head_dim)
-        );
-    }
-}
-
 pub fn run(args: &ForwardArgs) -> Result<(), Box<dyn std::error::Error>> {
     let ([q, k, v], shape) = read_qkv(&args.q, &args.k, &args.v)?;
     let dtype = args.call.dtype(q.dtype);
@@ -172,12 +169,9 @@ pub fn run(args: &ForwardArgs) -> Result<(), Box<dyn std::error::Error>> {
         &v.data,
         &args.call.options(),
     )?;
-    report_block_sizes(
-        args.call.print_block_sizes,
-        KernelFamily::Forward,
-        out.block_sizes,
-        shape.head_dim,
-    );
+    if args.call.print_plan {
+        print!("{}", out.plan);
+    }
     npy::write(&args.out, &q.shape, q.dtype, &out.o)?;
     if let Some(path) = &args.lse {
         let rows = [

@@ -6,11 +6,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
-use flash_attn::tensor_core::tensor_core_forward;
-use flash_attn::tensor_core_backward::{self, BackwardInputs};
 use flash_attn::{
-    AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions, Gpu, flash_backward,
-    flash_forward, memory,
+    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceTensor, FlashOptions, Gpu,
+    KernelChoice, Plan, memory,
 };
 use flash_attn_testkit::bench::environment;
 use flash_attn_testkit::inputs::uniform;
@@ -32,6 +30,10 @@ pub struct MemoryArgs {
     /// Storage dtype.
     #[arg(long, default_value = "bf16")]
     dtype: DType,
+    /// Kernel families to measure, comma separated: auto (the one `flash_attn::forward` picks),
+    /// exact, sm80, sm90.
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    kernel: Vec<KernelChoice>,
     /// Directory for the JSON record.
     #[arg(long, default_value = "reports/bench")]
     out: PathBuf,
@@ -50,9 +52,10 @@ pub fn run(args: &MemoryArgs) -> CliResult {
     let dtype = args.dtype;
     let env = environment(&gpu);
     println!(
-        "{:>6} {:>16} {:>14} {:>14} {:>15} {:>15}",
-        "N", "materialized fwd", "exact fwd", "exact bwd", "tensor-core fwd", "tensor-core bwd"
+        "{:>6} {:<18} {:>14} {:>14} {:>14} {:>14}",
+        "N", "kernel", "fwd measured", "fwd planned", "bwd measured", "bwd planned"
     );
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
     let mut rows = Vec::new();
     for &n in &args.n {
         let shape = AttentionShape {
@@ -63,27 +66,34 @@ pub fn run(args: &MemoryArgs) -> CliResult {
             heads_kv: args.heads,
             head_dim: args.head_dim,
         };
-        let row = measure(&gpu, &shape, dtype)?;
-        let mib = |k: &str| {
-            row[k].as_u64().map_or("-".to_owned(), |b| {
-                format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
-            })
-        };
+        let row = measure(&gpu, &shape, dtype, &args.kernel)?;
         println!(
-            "{n:>6} {:>16} {:>14} {:>14} {:>15} {:>15}",
-            mib("materialized_forward"),
-            mib("exact_forward"),
-            mib("exact_backward"),
-            mib("tensor_core_forward"),
-            mib("tensor_core_backward")
+            "{n:>6} {:<18} {:>14}",
+            "materialized",
+            mib(row["materialized_forward"].as_u64().unwrap_or(0))
         );
+        for family in row["families"].as_array().into_iter().flatten() {
+            let b = |k: &str| mib(family[k].as_u64().unwrap_or(0));
+            println!(
+                "{n:>6} {:<18} {:>14} {:>14} {:>14} {:>14}",
+                format!(
+                    "{} ({})",
+                    family["family"].as_str().unwrap_or("?"),
+                    family["asked"].as_str().unwrap_or("?")
+                ),
+                b("forward"),
+                b("forward_planned"),
+                b("backward"),
+                b("backward_planned")
+            );
+        }
         rows.push(row);
     }
     std::fs::create_dir_all(&args.out)?;
     let path = args.out.join(format!("memory-{}.json", env["unix_time"]));
     let doc = json!({
         "environment": env,
-        "measure": "bytes the library's device buffers reach during the call beyond the inputs (outputs, LSE and any workspace)",
+        "measure": "bytes the library's device buffers reach during the call beyond the inputs (outputs, LSE, workspace, sequence arrays); planned: outputs + LSE + the plan's workspace",
         "rows": rows,
     });
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
@@ -91,10 +101,22 @@ pub fn run(args: &MemoryArgs) -> CliResult {
     Ok(())
 }
 
+/// Bytes a call's outputs and workspace take by its plan (the sequence arrays of length masks
+/// aside, which the measure counts too).
+fn planned_bytes(shape: &AttentionShape, dtype: DType, plan: &Plan) -> u64 {
+    let e = dtype.size_bytes() as u64;
+    let outputs = match plan.direction {
+        flash_attn::Direction::Forward => e * shape.q_elems() as u64 + 4 * shape.row_elems() as u64,
+        flash_attn::Direction::Backward => e * (shape.q_elems() + 2 * shape.kv_elems()) as u64,
+    };
+    outputs + plan.workspace_bytes()
+}
+
 fn measure(
     gpu: &Gpu,
     shape: &AttentionShape,
     dtype: DType,
+    kernels: &[KernelChoice],
 ) -> flash_attn::Result<serde_json::Value> {
     let upload = |seed: u64, len: usize| DeviceTensor::from_f32(dtype, &uniform(seed, len));
     let seed = rand::random::<u64>();
@@ -111,39 +133,44 @@ fn measure(
         materialized_forward(gpu, &workspace, &q, &k, &v, &o, &options)?;
         gpu.synchronize()
     })?;
-    let flash = FlashOptions::new(options.clone());
-    let exact_forward = extra_bytes(|| flash_forward(gpu, shape, &q, &k, &v, &flash).map(drop))?;
-    let fwd = flash_forward(gpu, shape, &q, &k, &v, &flash)?;
-    let exact_backward = extra_bytes(|| {
-        flash_backward(gpu, shape, &q, &k, &v, &fwd.o, &fwd.lse, &d_o, &flash).map(drop)
-    })?;
-    let (tensor_core, tensor_core_backward) =
-        if dtype != DType::F32 && matches!(shape.head_dim, 64 | 128) {
-            let forward =
-                extra_bytes(|| tensor_core_forward(gpu, shape, &q, &k, &v, &options).map(drop))?;
-            let fwd = tensor_core_forward(gpu, shape, &q, &k, &v, &options)?;
-            let inputs = BackwardInputs {
-                q: &q,
-                k: &k,
-                v: &v,
-                o: &fwd.o,
-                d_o: &d_o,
-                lse: &fwd.lse,
-            };
-            let backward = extra_bytes(|| {
-                tensor_core_backward::tensor_core_backward(gpu, shape, &inputs, &options).map(drop)
-            })?;
-            (Some(forward), Some(backward))
-        } else {
-            (None, None)
+    let mut families = Vec::new();
+    for &choice in kernels {
+        let flash = FlashOptions::new(options.clone()).kernel(choice);
+        let mut forward_plan = None;
+        let forward = extra_bytes(|| {
+            forward_plan = Some(flash_attn::forward(gpu, shape, &q, &k, &v, &flash)?.plan);
+            Ok(())
+        })?;
+        let fwd = flash_attn::forward(gpu, shape, &q, &k, &v, &flash)?;
+        let inputs = BackwardInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &fwd.o,
+            d_o: &d_o,
+            lse: &fwd.lse,
         };
+        let mut backward_plan = None;
+        let backward = extra_bytes(|| {
+            backward_plan = Some(flash_attn::backward(gpu, shape, &inputs, &flash)?.plan);
+            Ok(())
+        })?;
+        let (fp, bp) = (forward_plan.unwrap(), backward_plan.unwrap());
+        families.push(json!({
+            "asked": choice.to_string(),
+            "family": fp.family.name(),
+            "backward_family": bp.family.name(),
+            "forward": forward,
+            "forward_planned": planned_bytes(shape, dtype, &fp),
+            "backward": backward,
+            "backward_planned": planned_bytes(shape, dtype, &bp),
+            "backward_workspace": bp.workspace,
+        }));
+    }
     Ok(json!({
         "B": shape.batch, "H": shape.heads_q, "N": shape.n_q, "d": shape.head_dim, "dtype": dtype.name(),
         "input_bytes": (q.size_bytes() + k.size_bytes() + v.size_bytes()),
         "materialized_forward": materialized,
-        "exact_forward": exact_forward,
-        "exact_backward": exact_backward,
-        "tensor_core_forward": tensor_core,
-        "tensor_core_backward": tensor_core_backward,
+        "families": families,
     }))
 }

@@ -5,6 +5,7 @@ mod bench;
 mod forward;
 mod ledger;
 mod memory;
+mod plan;
 mod ptx;
 mod run;
 
@@ -31,6 +32,9 @@ enum Command {
     Backward(backward::BackwardArgs),
     /// Time kernels on the anchor shapes; writes an evidence bundle (JSON) per run.
     Bench(bench::BenchArgs),
+    /// Which kernel family and instance a call would run (tiles, grid, shared memory,
+    /// workspace) and why each other family would not; `--arch` plans without a GPU.
+    Plan(plan::PlanArgs),
     /// Block sizes, visit counts and the paper's forward/backward IO ledgers by term.
     Ledger(ledger::LedgerArgs),
     /// Device memory of forward and backward as N grows, against the materialized baseline.
@@ -51,6 +55,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Ledger(args) => ledger::run(args),
         Command::Memory(args) => memory::run(args),
+        Command::Plan(args) => plan::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,16 +6,10 @@
 use clap::Args;
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
 use flash_attn::reference::{backward_f32, forward_f32};
-use flash_attn::tensor_core::{
-    TcKernel, tensor_core_forward, tensor_core_forward_into, tensor_core_kernel,
-};
-use flash_attn::tensor_core_backward::{
-    BackwardInputs, BackwardOutput, BackwardWorkspace, tensor_core_backward_into,
-};
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{
-    AttentionError, AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions, Gpu,
-    flash_backward, flash_forward, memory,
+    AttentionError, AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32,
+    DeviceTensor, Direction, FlashOptions, Gpu, GradientBuffers, KernelChoice, Workspace, memory,
 };
 use flash_attn_testkit::bench::{backward_flops, forward_flops};
 use flash_attn_testkit::inputs::uniform;
@@ -46,6 +40,10 @@ pub struct RunArgs {
     /// Causal mask.
     #[arg(long)]
     causal: bool,
+    /// Kernel families to run, comma separated: auto (the one `flash_attn::forward` picks),
+    /// exact, sm80, sm90.
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    kernel: Vec<KernelChoice>,
     /// Timed samples per kernel (CUDA events, after 2 warm-up calls).
     #[arg(long, default_value_t = 20)]
     samples: usize,
@@ -80,7 +78,7 @@ pub fn run(args: &RunArgs) -> CliResult {
 
 /// One line of the main job's table.
 struct Stage {
-    name: &'static str,
+    name: String,
     samples_ms: Vec<f32>,
     flops: f64,
     peak_bytes: usize,
@@ -138,7 +136,7 @@ fn run_gpu(
     })?;
     let error = check_rows(shape, options, (q_h, k_h, v_h), &o.to_f32()?, &rows)?;
     stages.push(Stage {
-        name: "materialized forward (S, P in HBM)",
+        name: "materialized forward (S, P in HBM)".into(),
         samples_ms,
         flops: fwd_flops,
         peak_bytes: memory::peak_bytes(),
@@ -147,112 +145,19 @@ fn run_gpu(
     });
     drop((workspace, o));
 
-    let flash = FlashOptions::new(options.clone());
-    memory::reset_peak();
-    let mut forward = None;
-    let samples_ms = time_calls(gpu, 2, args.samples, || {
-        forward = Some(flash_forward(gpu, shape, q, k, v, &flash)?);
-        Ok(())
-    })?;
-    let forward = forward.expect("time_calls ran the forward");
-    let error = check_rows(shape, options, (q_h, k_h, v_h), &forward.o.to_f32()?, &rows)?;
-    let blocks = forward.block_sizes;
-    stages.push(Stage {
-        name: "exact tiled forward (row-owned)",
-        samples_ms,
-        flops: fwd_flops,
-        peak_bytes: memory::peak_bytes(),
-        error,
-        checked_on: rows_note.clone(),
-    });
-
-    memory::reset_peak();
-    let mut grads = None;
-    let samples_ms = time_calls(gpu, 2, args.samples, || {
-        grads = Some(flash_backward(
+    for &choice in &args.kernel {
+        let flash = FlashOptions::new(options.clone()).kernel(choice);
+        time_family(
             gpu,
             shape,
-            q,
-            k,
-            v,
-            &forward.o,
-            &forward.lse,
-            d_o,
             &flash,
-        )?);
-        Ok(())
-    })?;
-    let grads = grads.expect("time_calls ran the backward");
-    let (error, checked_on) =
-        check_backward_head(shape, options, &host, [&grads.dq, &grads.dk, &grads.dv])?;
-    stages.push(Stage {
-        name: "exact tiled backward (Algorithm 4)",
-        samples_ms,
-        flops: backward_flops(shape, options.causal),
-        peak_bytes: memory::peak_bytes(),
-        error,
-        checked_on,
-    });
-
-    if dtype != DType::F32 && matches!(shape.head_dim, 64 | 128) {
-        memory::reset_peak();
-        // Outputs allocated once, so the samples time the kernel alone.
-        let out = tensor_core_forward(gpu, shape, q, k, v, options)?;
-        let samples_ms = time_calls(gpu, 2, args.samples, || {
-            tensor_core_forward_into(gpu, shape, q, k, v, &out, options)
-        })?;
-        let error = check_rows(shape, options, (q_h, k_h, v_h), &out.o.to_f32()?, &rows)?;
-        let wgmma = matches!(
-            tensor_core_kernel(gpu, shape, dtype, options)?,
-            TcKernel::Wgmma(_)
-        );
-        stages.push(Stage {
-            name: if wgmma {
-                "tensor-core forward (wgmma)"
-            } else {
-                "tensor-core forward (mma.sync)"
-            },
-            samples_ms,
-            flops: fwd_flops,
-            peak_bytes: memory::peak_bytes(),
-            error,
-            checked_on: rows_note,
-        });
-
-        memory::reset_peak();
-        let inputs = BackwardInputs {
-            q,
-            k,
-            v,
-            o: &out.o,
-            d_o,
-            lse: &out.lse,
-        };
-        let grads = BackwardOutput::poisoned(shape, dtype)?;
-        let workspace = BackwardWorkspace::new(shape)?;
-        let samples_ms = time_calls(gpu, 2, args.samples, || {
-            tensor_core_backward_into(gpu, shape, &inputs, &grads, &workspace, options)
-        })?;
-        let (error, checked_on) =
-            check_backward_head(shape, options, &host, [&grads.dq, &grads.dk, &grads.dv])?;
-        stages.push(Stage {
-            name: if wgmma {
-                "tensor-core backward (wgmma)"
-            } else {
-                "tensor-core backward (mma.sync)"
-            },
-            samples_ms,
-            flops: backward_flops(shape, options.causal),
-            peak_bytes: memory::peak_bytes(),
-            error,
-            checked_on,
-        });
+            &host,
+            (q, k, v, d_o),
+            &rows,
+            args.samples,
+            &mut stages,
+        )?;
     }
-
-    println!(
-        "exact kernels' block sizes (B_r, B_c) = ({}, {})",
-        blocks.block_rows, blocks.block_cols
-    );
     report(&stages, dtype)
 }
 
@@ -306,6 +211,114 @@ fn check_backward_head(
     ))
 }
 
+/// Forward and backward of one kernel family, each timed twice: as a user calls it
+/// (`flash_attn::forward` / `backward`: validation, plan, allocation, launch, wait) and launched
+/// into buffers allocated once (`forward_into` / `backward_into`: validation, plan, launch).
+#[allow(clippy::too_many_arguments)]
+fn time_family(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    flash: &FlashOptions,
+    host: &[Vec<f32>],
+    (q, k, v, d_o): (&DeviceTensor, &DeviceTensor, &DeviceTensor, &DeviceTensor),
+    rows: &[(u32, u32, u32)],
+    samples: usize,
+    stages: &mut Vec<Stage>,
+) -> CliResult {
+    let options = &flash.attention;
+    let dtype = q.dtype();
+    let plan = flash_attn::plan(gpu, shape, dtype, flash, Direction::Forward)?;
+    let family = plan.family;
+    println!("--kernel {}: forward plan\n{plan}", flash.kernel);
+    let rows_note = format!("{} sampled rows", rows.len());
+    let fwd_flops = forward_flops(shape, options.causal);
+    let check = |o: &DeviceTensor| {
+        check_rows(
+            shape,
+            options,
+            (&host[0], &host[1], &host[2]),
+            &o.to_f32()?,
+            rows,
+        )
+    };
+
+    memory::reset_peak();
+    let mut forward = None;
+    let samples_ms = time_calls(gpu, 2, samples, || {
+        forward = Some(flash_attn::forward(gpu, shape, q, k, v, flash)?);
+        Ok(())
+    })?;
+    let forward = forward.expect("time_calls ran the forward");
+    stages.push(Stage {
+        name: format!("{family} forward (whole call)"),
+        samples_ms,
+        flops: fwd_flops,
+        peak_bytes: memory::peak_bytes(),
+        error: check(&forward.o)?,
+        checked_on: rows_note.clone(),
+    });
+
+    memory::reset_peak();
+    let o = DeviceTensor::poisoned(dtype, shape.q_elems())?;
+    let lse = DeviceF32::poisoned(shape.row_elems())?;
+    let samples_ms = time_calls(gpu, 2, samples, || {
+        flash_attn::forward_into(gpu, shape, q, k, v, &o, &lse, flash).map(drop)
+    })?;
+    stages.push(Stage {
+        name: format!("{family} forward (into buffers)"),
+        samples_ms,
+        flops: fwd_flops,
+        peak_bytes: memory::peak_bytes(),
+        error: check(&o)?,
+        checked_on: rows_note,
+    });
+
+    let inputs = BackwardInputs {
+        q,
+        k,
+        v,
+        o: &forward.o,
+        d_o,
+        lse: &forward.lse,
+    };
+    let bwd_flops = backward_flops(shape, options.causal);
+    memory::reset_peak();
+    let mut grads = None;
+    let samples_ms = time_calls(gpu, 2, samples, || {
+        grads = Some(flash_attn::backward(gpu, shape, &inputs, flash)?);
+        Ok(())
+    })?;
+    let grads = grads.expect("time_calls ran the backward");
+    let (error, checked_on) =
+        check_backward_head(shape, options, host, [&grads.dq, &grads.dk, &grads.dv])?;
+    stages.push(Stage {
+        name: format!("{} backward (whole call)", grads.plan.family),
+        samples_ms,
+        flops: bwd_flops,
+        peak_bytes: memory::peak_bytes(),
+        error,
+        checked_on,
+    });
+
+    memory::reset_peak();
+    let out = GradientBuffers::poisoned(shape, dtype)?;
+    let workspace = Workspace::new(&grads.plan)?;
+    let samples_ms = time_calls(gpu, 2, samples, || {
+        flash_attn::backward_into(gpu, shape, &inputs, &out, &workspace, flash).map(drop)
+    })?;
+    let (error, checked_on) =
+        check_backward_head(shape, options, host, [&out.dq, &out.dk, &out.dv])?;
+    stages.push(Stage {
+        name: format!("{} backward (into buffers)", grads.plan.family),
+        samples_ms,
+        flops: bwd_flops,
+        peak_bytes: memory::peak_bytes(),
+        error,
+        checked_on,
+    });
+    Ok(())
+}
+
 fn report(stages: &[Stage], dtype: DType) -> CliResult {
     // Inputs are rounded to the dtype; the kernels accumulate in f32. bf16 and f16 outputs carry
     // one rounding of the result, and the materialized baseline also rounds S and P.
@@ -331,7 +344,7 @@ fn report(stages: &[Stage], dtype: DType) -> CliResult {
             s.checked_on
         );
         if s.error.is_nan() || s.error > tolerance {
-            failed.push(s.name);
+            failed.push(s.name.as_str());
         }
     }
     println!(

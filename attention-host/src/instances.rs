@@ -1,0 +1,115 @@
+//! The table of compiled kernel instances: every PTX entry point the host may launch, named by
+//! the same functions the plans and launchers use. `tests/ptx_entries.rs` checks each against the
+//! embedded modules.
+
+use attention_kernels::flash_tc::{self, TcConfig};
+use attention_kernels::flash_tc_backward::{self, TcBackwardConfig};
+use attention_kernels::flash_wgmma::{self, WgBackwardConfig, WgConfig};
+
+use crate::dtype::DType;
+use crate::plan::Family;
+
+/// The dtypes of the tensor-core families.
+pub const HALF_DTYPES: [DType; 2] = [DType::F16, DType::Bf16];
+
+/// One entry point and the family whose module holds it (`Sm90`: the `sm_90a` module only).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub family: Family,
+    pub name: String,
+}
+
+/// The exact forward (`paper`: the K/V-outer schedule of Algorithm 1).
+pub fn exact_forward(dtype: DType, paper: bool) -> String {
+    format!("flash_forward_{}{dtype}", if paper { "paper_" } else { "" })
+}
+
+/// The exact backward's kernels: `delta` (D), `kv` (dK, dV, atomic dQ), `dq` (the deterministic
+/// dQ pass), `dq_convert` (f32 accumulator to the dtype).
+pub fn exact_backward(dtype: DType, kernel: &str) -> String {
+    format!("flash_backward_{kernel}_{dtype}")
+}
+
+/// The `mma.sync` forward `cfg`.
+pub fn sm80_forward(dtype: DType, cfg: &TcConfig) -> String {
+    format!(
+        "flash_tc_forward_{dtype}_d{}_w{}_k{}",
+        cfg.head_dim, cfg.warps, cfg.block_keys
+    )
+}
+
+/// The `wgmma` forward `cfg`; `general` names the instance that takes length masks and dropout
+/// (compiled for the defaults only).
+pub fn sm90_forward(dtype: DType, cfg: &WgConfig, general: bool) -> String {
+    format!(
+        "flash_wgmma_forward_{}{dtype}_d{}_g{}_k{}",
+        if general { "general_" } else { "" },
+        cfg.head_dim,
+        cfg.warpgroups,
+        cfg.block_keys
+    )
+}
+
+/// The `mma.sync` backward main kernel `cfg`.
+pub fn sm80_backward(dtype: DType, cfg: &TcBackwardConfig) -> String {
+    format!("flash_tc_backward_{dtype}_d{}_w{}", cfg.head_dim, cfg.warps)
+}
+
+/// The `wgmma` backward main kernel `cfg`; `general` as for [`sm90_forward`].
+pub fn sm90_backward(dtype: DType, cfg: &WgBackwardConfig, general: bool) -> String {
+    format!(
+        "flash_wgmma_backward_{}{dtype}_d{}_g{}",
+        if general { "general_" } else { "" },
+        cfg.head_dim,
+        cfg.warpgroups
+    )
+}
+
+/// The tensor-core backward's preprocess (D, LSE · log2 e, zeroed dQ accumulator).
+pub fn tensor_core_preprocess(dtype: DType, head_dim: u32) -> String {
+    format!("flash_tc_backward_preprocess_{dtype}_d{head_dim}")
+}
+
+/// The tensor-core backward's dQ conversion (f32 accumulator · τ to the dtype).
+pub fn tensor_core_convert_dq(dtype: DType) -> String {
+    format!("flash_tc_backward_convert_dq_{dtype}")
+}
+
+/// Every entry point the host may launch.
+pub fn entry_points() -> Vec<Entry> {
+    let mut out = Vec::new();
+    let mut push = |family, name| out.push(Entry { family, name });
+    for dtype in [DType::F32, DType::F16, DType::Bf16] {
+        for paper in [false, true] {
+            push(Family::Exact, exact_forward(dtype, paper));
+        }
+        for kernel in ["delta", "kv", "dq", "dq_convert"] {
+            push(Family::Exact, exact_backward(dtype, kernel));
+        }
+    }
+    for dtype in HALF_DTYPES {
+        for cfg in flash_tc::VARIANTS {
+            push(Family::Sm80, sm80_forward(dtype, &cfg));
+        }
+        for cfg in flash_tc_backward::VARIANTS {
+            push(Family::Sm80, sm80_backward(dtype, &cfg));
+        }
+        for d in [64, 128] {
+            push(Family::Sm80, tensor_core_preprocess(dtype, d));
+        }
+        push(Family::Sm80, tensor_core_convert_dq(dtype));
+        for cfg in flash_wgmma::VARIANTS {
+            push(Family::Sm90, sm90_forward(dtype, &cfg, false));
+            if flash_wgmma::config(cfg.head_dim) == Some(cfg) {
+                push(Family::Sm90, sm90_forward(dtype, &cfg, true));
+            }
+        }
+        for cfg in flash_wgmma::BACKWARD_VARIANTS {
+            push(Family::Sm90, sm90_backward(dtype, &cfg, false));
+            if flash_wgmma::backward_config(cfg.head_dim) == Some(cfg) {
+                push(Family::Sm90, sm90_backward(dtype, &cfg, true));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,709 @@
+//! The one place that decides which kernel runs a call.
+//!
+//! `select(device, problem, direction)` tries the families in order — `sm90` (`wgmma`, compute
+//! capability 9.0 with the `sm_90a` module), `sm80` (`mma.sync`, any sm_80+ device), `exact` (the
+//! SIMT kernels, every option, head dim and dtype) — and returns a [`Plan`]: the family, its tile
+//! configuration, entry point, grid, shared memory and workspace, and why each other family was
+//! not chosen. A [`KernelChoice`] other than `Auto` forces one family; a forced family that
+//! cannot run the call is refused with its reason. Needs no device: [`DeviceCaps::for_arch`]
+//! describes an architecture without one.
+
+use std::fmt;
+
+use attention_kernels::flash::params::BlockSizes;
+use attention_kernels::flash_tc::{self, TcConfig};
+use attention_kernels::flash_tc_backward::{self, TcBackwardConfig};
+use attention_kernels::flash_wgmma::{self, WgBackwardConfig, WgConfig};
+
+use crate::dtype::DType;
+use crate::error::{Result, invalid};
+use crate::flash::{KernelFamily, Schedule, THREADS, choose_block_sizes};
+use crate::instances;
+use crate::problem::Problem;
+use crate::runtime::Gpu;
+
+/// A kernel family: kernels that share an architecture's matrix instructions and tile layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Hopper warpgroup tensor cores (`wgmma`, `sm_90a` module), bf16/f16, head dims 64 and 128.
+    Sm90,
+    /// Warp tensor cores (`mma.sync`, sm_80+), bf16/f16, head dims 64 and 128, scale and causal.
+    Sm80,
+    /// The exact SIMT kernels: f32 tiles, every dtype, option and head dim up to 256.
+    Exact,
+}
+
+impl Family {
+    /// Every family, in the order `Auto` tries them.
+    pub const ALL: [Family; 3] = [Family::Sm90, Family::Sm80, Family::Exact];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Sm90 => "sm90",
+            Family::Sm80 => "sm80",
+            Family::Exact => "exact",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Family::Sm90 => "wgmma tensor cores, sm_90a module",
+            Family::Sm80 => "mma.sync tensor cores",
+            Family::Exact => "exact SIMT kernels, f32 tiles",
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which family a call may use: `Auto` (the fastest that can run it) or one named family.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KernelChoice {
+    #[default]
+    Auto,
+    Only(Family),
+}
+
+impl std::str::FromStr for KernelChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(KernelChoice::Auto),
+            _ => Family::ALL
+                .into_iter()
+                .find(|f| f.name() == s)
+                .map(KernelChoice::Only)
+                .ok_or_else(|| {
+                    format!("unknown kernel {s:?} (expected auto, exact, sm80 or sm90)")
+                }),
+        }
+    }
+}
+
+impl fmt::Display for KernelChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelChoice::Auto => f.write_str("auto"),
+            KernelChoice::Only(family) => family.fmt(f),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Forward,
+    Backward,
+}
+
+/// What a plan needs to know of the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceCaps {
+    pub compute_capability: (u32, u32),
+    /// Whether the loaded module has the `wgmma` kernels (`Gpu::has_wgmma`).
+    pub wgmma: bool,
+    /// Shared memory a block may opt in to, in bytes.
+    pub max_shared_per_block: u32,
+}
+
+impl DeviceCaps {
+    pub fn of(gpu: &Gpu) -> Result<DeviceCaps> {
+        Ok(DeviceCaps {
+            compute_capability: gpu.compute_capability()?,
+            wgmma: gpu.has_wgmma(),
+            max_shared_per_block: gpu.max_shared_per_block()?,
+        })
+    }
+
+    /// The H100/H200 (`sm_90`, 227 KiB per block; `wgmma` where the build has the `sm_90a`
+    /// module) or the A100 (`sm_80`, 163 KiB per block), for planning without a device.
+    pub fn for_arch(arch: &str, hopper_module: bool) -> Result<DeviceCaps> {
+        match arch {
+            "sm_90" | "sm_90a" => Ok(DeviceCaps {
+                compute_capability: (9, 0),
+                wgmma: hopper_module,
+                max_shared_per_block: 227 * 1024,
+            }),
+            "sm_80" => Ok(DeviceCaps {
+                compute_capability: (8, 0),
+                wgmma: false,
+                max_shared_per_block: 163 * 1024,
+            }),
+            _ => Err(invalid!(
+                "unknown architecture {arch:?} (expected sm_90 or sm_80)"
+            )),
+        }
+    }
+}
+
+/// The tile configuration a plan runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tiles {
+    Exact(BlockSizes),
+    Sm80Forward(TcConfig),
+    Sm90Forward(WgConfig),
+    Sm80Backward(TcBackwardConfig),
+    Sm90Backward(WgBackwardConfig),
+}
+
+/// How one call runs: what [`select`] decided and everything its launch derives from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub direction: Direction,
+    pub family: Family,
+    pub tiles: Tiles,
+    /// PTX entry point of the main kernel (the backward also runs a preprocess and a dQ pass).
+    pub entry: String,
+    /// Query rows and keys per block of the main kernel.
+    pub block_rows: u32,
+    pub block_keys: u32,
+    pub grid: (u32, u32, u32),
+    pub threads: u32,
+    /// Dynamic shared memory of the main kernel, bytes.
+    pub shared_bytes: u32,
+    /// Device scratch besides the outputs: named f32 pieces, bytes each (rounded up to
+    /// [`WORKSPACE_ALIGN`]), laid out in this order ([`crate::attention::Workspace`]).
+    pub workspace: Vec<(&'static str, u64)>,
+    /// Every other family, with why it was not chosen.
+    pub not_chosen: Vec<(Family, String)>,
+}
+
+/// Chooses the family and configuration that run `problem` in `direction` on `device`.
+pub fn select(device: &DeviceCaps, problem: &Problem, direction: Direction) -> Result<Plan> {
+    let mut attempts: Vec<(Family, std::result::Result<Plan, String>)> = Family::ALL
+        .into_iter()
+        .map(|f| (f, plan_family(device, problem, direction, f)))
+        .collect();
+    let chosen = match problem.options.kernel {
+        KernelChoice::Auto => attempts.iter().position(|(_, a)| a.is_ok()),
+        KernelChoice::Only(family) => {
+            let i = attempts.iter().position(|(f, _)| *f == family).unwrap();
+            if let Err(why) = &attempts[i].1 {
+                return Err(invalid!("the {family} kernels cannot run this call: {why}"));
+            }
+            Some(i)
+        }
+    };
+    let Some(chosen) = chosen else {
+        let why: Vec<String> = attempts
+            .iter()
+            .filter_map(|(f, a)| a.as_ref().err().map(|e| format!("{f}: {e}")))
+            .collect();
+        return Err(invalid!(
+            "no kernel family can run this call ({})",
+            why.join("; ")
+        ));
+    };
+    let mut plan = attempts.remove(chosen).1.unwrap();
+    plan.not_chosen = attempts
+        .into_iter()
+        .map(|(f, a)| {
+            let why = match (a, problem.options.kernel) {
+                (Err(why), _) => why,
+                (Ok(_), KernelChoice::Auto) => format!("could run it; {} comes first", plan.family),
+                (Ok(_), choice) => format!("could run it; --kernel {choice} was asked for"),
+            };
+            (f, why)
+        })
+        .collect();
+    Ok(plan)
+}
+
+/// The plan of `family` for the call, or why the family cannot run it.
+fn plan_family(
+    device: &DeviceCaps,
+    problem: &Problem,
+    direction: Direction,
+    family: Family,
+) -> std::result::Result<Plan, String> {
+    admits(device, problem, direction, family)?;
+    let d = problem.shape.head_dim;
+    let tiles = match (family, direction) {
+        (Family::Exact, _) => {
+            let b = choose_block_sizes(
+                exact_kind(direction),
+                d,
+                device.max_shared_per_block,
+                problem.options.block_sizes,
+            )
+            .map_err(|e| e.to_string())?;
+            Tiles::Exact(b)
+        }
+        (Family::Sm90, Direction::Forward) => {
+            Tiles::Sm90Forward(flash_wgmma::config(d).ok_or_else(|| head_dims(d))?)
+        }
+        (Family::Sm80, Direction::Forward) => {
+            Tiles::Sm80Forward(flash_tc::config(d).ok_or_else(|| head_dims(d))?)
+        }
+        (Family::Sm90, Direction::Backward) => {
+            Tiles::Sm90Backward(flash_wgmma::backward_config(d).ok_or_else(|| head_dims(d))?)
+        }
+        (Family::Sm80, Direction::Backward) => {
+            Tiles::Sm80Backward(flash_tc_backward::config(d).ok_or_else(|| head_dims(d))?)
+        }
+    };
+    plan_tiles(device, problem, direction, family, tiles)
+}
+
+/// The plan of one of the compiled tensor-core instances other than the default (the tuning
+/// candidates of `flash_tc::VARIANTS`, `flash_wgmma::VARIANTS`, …), for comparing them. Length
+/// masks and dropout run on the defaults only.
+pub fn with_tiles(
+    device: &DeviceCaps,
+    problem: &Problem,
+    direction: Direction,
+    tiles: Tiles,
+) -> Result<Plan> {
+    let d = problem.shape.head_dim;
+    let (family, compiled, head_dim, default) = match tiles {
+        Tiles::Sm90Forward(c) => (
+            Family::Sm90,
+            flash_wgmma::VARIANTS.contains(&c),
+            c.head_dim,
+            flash_wgmma::config(d) == Some(c),
+        ),
+        Tiles::Sm80Forward(c) => (
+            Family::Sm80,
+            flash_tc::VARIANTS.contains(&c),
+            c.head_dim,
+            flash_tc::config(d) == Some(c),
+        ),
+        Tiles::Sm90Backward(c) => (
+            Family::Sm90,
+            flash_wgmma::BACKWARD_VARIANTS.contains(&c),
+            c.head_dim,
+            flash_wgmma::backward_config(d) == Some(c),
+        ),
+        Tiles::Sm80Backward(c) => (
+            Family::Sm80,
+            flash_tc_backward::VARIANTS.contains(&c),
+            c.head_dim,
+            flash_tc_backward::config(d) == Some(c),
+        ),
+        Tiles::Exact(_) => {
+            return Err(invalid!(
+                "the exact kernels take explicit block sizes through FlashOptions::block_sizes"
+            ));
+        }
+    };
+    let forward_tiles = matches!(tiles, Tiles::Sm90Forward(_) | Tiles::Sm80Forward(_));
+    if forward_tiles != (direction == Direction::Forward) {
+        return Err(invalid!("{tiles:?} is not a {direction:?} configuration"));
+    }
+    if !compiled || head_dim != d {
+        return Err(invalid!("no compiled instance {tiles:?} for head_dim {d}"));
+    }
+    if problem.needs_general() && !default {
+        return Err(invalid!(
+            "length masks and dropout run on the default tiles only, not {tiles:?}"
+        ));
+    }
+    admits(device, problem, direction, family)
+        .and_then(|()| plan_tiles(device, problem, direction, family, tiles))
+        .map_err(|why| invalid!("the {family} kernels cannot run this call: {why}"))
+}
+
+/// Why `family` cannot run the call on `device` whatever its tiles, if it cannot.
+fn admits(
+    device: &DeviceCaps,
+    problem: &Problem,
+    direction: Direction,
+    family: Family,
+) -> std::result::Result<(), String> {
+    match family {
+        Family::Exact => Ok(()),
+        Family::Sm90 if !device.wgmma => {
+            let (major, minor) = device.compute_capability;
+            Err(format!(
+                "needs the sm_90a module on a compute capability 9.0 device (this is {major}.{minor}{})",
+                if (major, minor) == (9, 0) {
+                    " without the sm_90a module"
+                } else {
+                    ""
+                }
+            ))
+        }
+        Family::Sm80 if device.compute_capability.0 < 8 => {
+            Err("needs compute capability 8.0 or newer".into())
+        }
+        Family::Sm80 if problem.needs_general() => {
+            Err("takes scale and causal only: no key lengths, packed sequences or dropout".into())
+        }
+        Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction),
+    }
+}
+
+fn exact_kind(direction: Direction) -> KernelFamily {
+    match direction {
+        Direction::Forward => KernelFamily::Forward,
+        Direction::Backward => KernelFamily::Backward,
+    }
+}
+
+/// Entry point, block, grid, shared memory and workspace of `tiles` for the call.
+fn plan_tiles(
+    device: &DeviceCaps,
+    problem: &Problem,
+    direction: Direction,
+    family: Family,
+    tiles: Tiles,
+) -> std::result::Result<Plan, String> {
+    let (s, dtype, general) = (&problem.shape, problem.dtype, problem.needs_general());
+    let (entry, block_rows, block_keys, threads, shared_bytes) = match tiles {
+        Tiles::Exact(b) => {
+            let entry = match (direction, problem.options.schedule) {
+                (Direction::Forward, schedule) => {
+                    instances::exact_forward(dtype, schedule == Schedule::Paper)
+                }
+                (Direction::Backward, _) => instances::exact_backward(dtype, "kv"),
+            };
+            let shared = exact_kind(direction).shared_bytes(b, s.head_dim);
+            let shared = u32::try_from(shared)
+                .map_err(|_| format!("{b:?} needs {shared} bytes of shared memory"))?;
+            (entry, b.block_rows, b.block_cols, THREADS, shared)
+        }
+        Tiles::Sm90Forward(c) => {
+            let entry = instances::sm90_forward(dtype, &c, general);
+            (
+                entry,
+                c.block_rows(),
+                c.block_keys,
+                c.threads(),
+                c.shared_bytes(),
+            )
+        }
+        Tiles::Sm80Forward(c) => {
+            let entry = instances::sm80_forward(dtype, &c);
+            (
+                entry,
+                c.block_rows(),
+                c.block_keys,
+                c.threads(),
+                c.shared_bytes(),
+            )
+        }
+        Tiles::Sm90Backward(c) => {
+            let entry = instances::sm90_backward(dtype, &c, general);
+            (
+                entry,
+                c.block_rows(),
+                c.block_keys(),
+                c.threads(),
+                c.shared_bytes(),
+            )
+        }
+        Tiles::Sm80Backward(c) => {
+            let entry = instances::sm80_backward(dtype, &c);
+            (
+                entry,
+                c.block_rows(),
+                c.block_keys(),
+                c.threads(),
+                c.shared_bytes(),
+            )
+        }
+    };
+    if shared_bytes > device.max_shared_per_block {
+        return Err(format!(
+            "needs {shared_bytes} bytes of shared memory per block, the device allows {}",
+            device.max_shared_per_block
+        ));
+    }
+    // The forward's blocks own query rows; the backward's own keys (of each K/V head).
+    let grid = match direction {
+        Direction::Forward => (
+            problem.max_q_len.div_ceil(block_rows),
+            s.heads_q,
+            problem.sequences,
+        ),
+        Direction::Backward => (
+            problem.max_k_rows.div_ceil(block_keys),
+            s.heads_kv,
+            problem.sequences,
+        ),
+    };
+    Ok(Plan {
+        direction,
+        family,
+        tiles,
+        entry,
+        block_rows,
+        block_keys,
+        grid,
+        threads,
+        shared_bytes,
+        workspace: workspace(problem, direction, &tiles),
+        not_chosen: Vec::new(),
+    })
+}
+
+/// What both tensor-core families refuse whatever the device.
+fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::Result<(), String> {
+    let o = &problem.options;
+    if problem.dtype == DType::F32 {
+        return Err("takes f16 or bf16, not f32".into());
+    }
+    if o.schedule == Schedule::Paper {
+        return Err(
+            "runs the row-owned schedule only (the paper's K/V-outer one is exact's)".into(),
+        );
+    }
+    if o.block_sizes.is_some() {
+        return Err("has fixed tiles; explicit (B_r, B_c) are the exact kernels'".into());
+    }
+    if direction == Direction::Backward && o.deterministic {
+        return Err(
+            "adds dQ with float atomics, so its gradients are not bitwise deterministic".into(),
+        );
+    }
+    Ok(())
+}
+
+fn head_dims(d: u32) -> String {
+    format!("is compiled for head_dim 64 and 128, not {d}")
+}
+
+/// Alignment of each workspace piece, bytes (the kernels read 16-byte vectors).
+pub const WORKSPACE_ALIGN: u64 = 256;
+
+/// Device scratch of the call besides its outputs, f32 pieces in launch order.
+fn workspace(problem: &Problem, direction: Direction, tiles: &Tiles) -> Vec<(&'static str, u64)> {
+    let s = &problem.shape;
+    let (q, rows) = (s.q_elems() as u64, s.row_elems() as u64);
+    let o = &problem.options;
+    let pieces: Vec<(&'static str, u64)> = match (direction, tiles) {
+        (Direction::Forward, Tiles::Exact(_)) if o.schedule == Schedule::Paper => {
+            vec![("o_state", q), ("row_sum", rows), ("row_max", rows)]
+        }
+        (Direction::Forward, _) => vec![],
+        // dQ comes from atomics into an f32 accumulator unless the deterministic pass writes it.
+        (Direction::Backward, Tiles::Exact(_)) if o.deterministic => vec![("delta", rows)],
+        (Direction::Backward, Tiles::Exact(_)) => vec![("delta", rows), ("dq_accum", q)],
+        (Direction::Backward, t) => {
+            let tiles = match t {
+                Tiles::Sm80Backward(c) => *c,
+                Tiles::Sm90Backward(c) => c.tiles(),
+                _ => unreachable!("forward tiles in a backward plan"),
+            };
+            // Rows padded to whole Q blocks, so each block's statistics are whole 16-byte chunks.
+            let padded = s.batch as u64 * s.heads_q as u64 * tiles.n_q_pad(s.n_q) as u64;
+            vec![("dq_accum", q), ("lse_log2", padded), ("d_sum", padded)]
+        }
+    };
+    pieces
+        .into_iter()
+        .map(|(name, floats)| (name, (4 * floats).next_multiple_of(WORKSPACE_ALIGN)))
+        .collect()
+}
+
+impl Plan {
+    /// Bytes of device scratch the plan needs besides its outputs.
+    pub fn workspace_bytes(&self) -> u64 {
+        self.workspace.iter().map(|(_, b)| b).sum()
+    }
+
+    /// Grid, block and shared memory of the main kernel.
+    pub fn launch_config(&self) -> crate::runtime::LaunchConfig {
+        crate::runtime::LaunchConfig {
+            grid: self.grid,
+            block: (self.threads, 1, 1),
+            shared_bytes: self.shared_bytes,
+        }
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (gx, gy, gz) = self.grid;
+        writeln!(f, "direction   {:?}", self.direction)?;
+        writeln!(
+            f,
+            "family      {} ({})",
+            self.family,
+            self.family.describe()
+        )?;
+        writeln!(f, "kernel      {}", self.entry)?;
+        writeln!(f, "tiles       {:?}", self.tiles)?;
+        writeln!(
+            f,
+            "block       {} query rows x {} keys, {} threads",
+            self.block_rows, self.block_keys, self.threads
+        )?;
+        writeln!(
+            f,
+            "grid        ({gx}, {gy}, {gz}) = {} blocks",
+            gx as u64 * gy as u64 * gz as u64
+        )?;
+        writeln!(f, "shared      {} bytes per block", self.shared_bytes)?;
+        let pieces: Vec<String> = self
+            .workspace
+            .iter()
+            .map(|(n, b)| format!("{n} {b}"))
+            .collect();
+        writeln!(
+            f,
+            "workspace   {} bytes{}",
+            self.workspace_bytes(),
+            if pieces.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", pieces.join(", "))
+            }
+        )?;
+        for (i, (family, why)) in self.not_chosen.iter().enumerate() {
+            let head = if i == 0 { "not chosen" } else { "" };
+            writeln!(f, "{head:<11} {family}: {why}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use attention_kernels::params::AttentionShape;
+
+    use super::*;
+    use crate::flash::FlashOptions;
+    use crate::options::AttentionOptions;
+
+    fn shape(head_dim: u32) -> AttentionShape {
+        AttentionShape {
+            batch: 2,
+            n_q: 100,
+            n_k: 70,
+            heads_q: 4,
+            heads_kv: 2,
+            head_dim,
+        }
+    }
+
+    fn h200() -> DeviceCaps {
+        DeviceCaps::for_arch("sm_90", true).unwrap()
+    }
+
+    fn a100() -> DeviceCaps {
+        DeviceCaps::for_arch("sm_80", false).unwrap()
+    }
+
+    fn select_on(
+        device: &DeviceCaps,
+        s: AttentionShape,
+        dtype: DType,
+        o: FlashOptions,
+        direction: Direction,
+    ) -> Result<Plan> {
+        select(device, &Problem::new(&s, dtype, &o).unwrap(), direction)
+    }
+
+    #[test]
+    fn auto_takes_the_fastest_family_that_can_run_the_call() {
+        let (h, a) = (h200(), a100());
+        let plain = FlashOptions::default;
+        let masked = || FlashOptions::new(AttentionOptions::new().key_lengths(vec![10, 70]));
+        for direction in [Direction::Forward, Direction::Backward] {
+            let family = |dev, s, dt, o| select_on(dev, s, dt, o, direction).unwrap().family;
+            assert_eq!(family(&h, shape(128), DType::Bf16, plain()), Family::Sm90);
+            assert_eq!(family(&h, shape(64), DType::F16, masked()), Family::Sm90);
+            assert_eq!(family(&a, shape(64), DType::Bf16, plain()), Family::Sm80);
+            assert_eq!(family(&a, shape(64), DType::Bf16, masked()), Family::Exact);
+            assert_eq!(family(&h, shape(96), DType::Bf16, plain()), Family::Exact);
+            assert_eq!(family(&h, shape(128), DType::F32, plain()), Family::Exact);
+            let paper = plain().schedule(Schedule::Paper);
+            assert_eq!(family(&h, shape(128), DType::Bf16, paper), Family::Exact);
+        }
+        let deterministic = plain().deterministic(true);
+        let p = select_on(
+            &h,
+            shape(128),
+            DType::Bf16,
+            deterministic,
+            Direction::Backward,
+        );
+        assert_eq!(p.unwrap().family, Family::Exact);
+    }
+
+    #[test]
+    fn a_forced_family_that_cannot_run_the_call_is_refused_with_the_reason() {
+        let (h, a) = (h200(), a100());
+        let only = |f| FlashOptions::default().kernel(KernelChoice::Only(f));
+        let refusal = |dev, s, dt, o| {
+            select_on(dev, s, dt, o, Direction::Forward)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = refusal(&a, shape(128), DType::Bf16, only(Family::Sm90));
+        assert!(e.contains("sm90") && e.contains("sm_90a"), "{e}");
+        let e = refusal(&h, shape(96), DType::Bf16, only(Family::Sm80));
+        assert!(e.contains("head_dim 64 and 128, not 96"), "{e}");
+        let e = refusal(&h, shape(64), DType::F32, only(Family::Sm90));
+        assert!(e.contains("not f32"), "{e}");
+        let dropout = FlashOptions::new(AttentionOptions::new().dropout(0.1, 1, 0));
+        let e = refusal(
+            &h,
+            shape(64),
+            DType::F16,
+            dropout.kernel(KernelChoice::Only(Family::Sm80)),
+        );
+        assert!(e.contains("dropout"), "{e}");
+        let p = select_on(
+            &h,
+            shape(64),
+            DType::F16,
+            only(Family::Exact),
+            Direction::Forward,
+        )
+        .unwrap();
+        assert_eq!(p.family, Family::Exact);
+        assert!(
+            p.not_chosen
+                .iter()
+                .all(|(_, why)| why.contains("--kernel exact"))
+        );
+    }
+
+    #[test]
+    fn plans_carry_the_launch_and_the_workspace() {
+        let (h, a) = (h200(), a100());
+        let p = select_on(
+            &h,
+            shape(128),
+            DType::Bf16,
+            FlashOptions::default(),
+            Direction::Forward,
+        )
+        .unwrap();
+        assert_eq!(p.entry, "flash_wgmma_forward_bf16_d128_g2_k128");
+        assert_eq!(p.grid, (1, 4, 2));
+        assert_eq!(p.workspace_bytes(), 0);
+        assert_eq!(p.not_chosen.len(), 2);
+        let b = select_on(
+            &h,
+            shape(128),
+            DType::Bf16,
+            FlashOptions::default(),
+            Direction::Backward,
+        )
+        .unwrap();
+        // dQ accumulator (f32, Q's layout) and two f32 rows per (batch, head) padded to 128.
+        let rows = 2 * 4 * 128 * 4;
+        assert_eq!(
+            b.workspace,
+            vec![
+                ("dq_accum", 2 * 100 * 4 * 128 * 4),
+                ("lse_log2", rows),
+                ("d_sum", rows)
+            ]
+        );
+        assert_eq!(b.grid, (1, 2, 2));
+        let exact = FlashOptions::default().kernel(KernelChoice::Only(Family::Exact));
+        let e = select_on(&a, shape(64), DType::F32, exact, Direction::Backward).unwrap();
+        assert_eq!(
+            e.workspace.iter().map(|p| p.0).collect::<Vec<_>>(),
+            ["delta", "dq_accum"]
+        );
+        assert!(e.shared_bytes <= 163 * 1024);
+    }
+}

@@ -1,0 +1,120 @@
+//! The one validation of a call: shape, dtype and options checked once, before any plan, allocation
+//! or launch, and the extents every family's grid derives from.
+
+use attention_kernels::params::AttentionShape;
+
+use crate::dtype::DType;
+use crate::error::{Result, invalid};
+use crate::flash::FlashOptions;
+use crate::options::Lengths;
+
+/// Largest head dimension any family is built for (the exact kernels' limit).
+pub const MAX_HEAD_DIM: u32 = 256;
+/// Grid y (heads) and z (sequences) extents are limited to 65535 by the hardware.
+pub const MAX_GRID_YZ: u32 = 65_535;
+
+/// A validated call: everything a plan needs to choose a family, no device memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Problem {
+    pub shape: AttentionShape,
+    pub dtype: DType,
+    pub options: FlashOptions,
+    /// Sequences the grid's z extent covers: `batch`, or the packed sequence count.
+    pub sequences: u32,
+    /// Longest sequence in query rows and in key rows: the grid's Q and K/V block extents.
+    pub max_q_len: u32,
+    pub max_k_rows: u32,
+}
+
+impl Problem {
+    /// Checks `shape`, `dtype` and `options` together; every refusal names what is wrong.
+    pub fn new(shape: &AttentionShape, dtype: DType, options: &FlashOptions) -> Result<Problem> {
+        options.attention.validate(shape)?;
+        if shape.head_dim > MAX_HEAD_DIM {
+            return Err(invalid!(
+                "head_dim {} exceeds the supported {MAX_HEAD_DIM}",
+                shape.head_dim
+            ));
+        }
+        let (sequences, max_q_len, max_k_rows) = match &options.attention.lengths {
+            Lengths::Packed {
+                cu_seqlens_q,
+                cu_seqlens_k,
+            } => {
+                let widest = |cu: &[u32]| cu.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+                (
+                    (cu_seqlens_q.len() - 1) as u64,
+                    widest(cu_seqlens_q),
+                    widest(cu_seqlens_k),
+                )
+            }
+            _ => (shape.batch as u64, shape.n_q, shape.n_k),
+        };
+        if shape.heads_q > MAX_GRID_YZ || sequences > MAX_GRID_YZ as u64 {
+            return Err(invalid!(
+                "heads_q ({}) and the number of sequences ({sequences}) must be at most {MAX_GRID_YZ}",
+                shape.heads_q
+            ));
+        }
+        Ok(Problem {
+            shape: *shape,
+            dtype,
+            options: options.clone(),
+            sequences: sequences as u32,
+            max_q_len,
+            max_k_rows,
+        })
+    }
+
+    /// Whether the call masks by lengths or drops out: what the `mma.sync` kernels cannot run and
+    /// the `wgmma` ones run through their general instances.
+    pub fn needs_general(&self) -> bool {
+        let a = &self.options.attention;
+        a.dropout.is_some() || a.lengths != Lengths::Full
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::AttentionOptions;
+
+    fn shape() -> AttentionShape {
+        AttentionShape {
+            batch: 1,
+            n_q: 300,
+            n_k: 500,
+            heads_q: 4,
+            heads_kv: 2,
+            head_dim: 64,
+        }
+    }
+
+    #[test]
+    fn packed_extents_are_the_widest_sequence() {
+        let options =
+            FlashOptions::new(AttentionOptions::new().packed(vec![0, 100, 300], vec![0, 450, 500]));
+        let p = Problem::new(&shape(), DType::Bf16, &options).unwrap();
+        assert_eq!((p.sequences, p.max_q_len, p.max_k_rows), (2, 200, 450));
+        assert!(p.needs_general());
+    }
+
+    #[test]
+    fn refuses_head_dims_past_the_limit_and_grids_past_the_hardware() {
+        let big_d = AttentionShape {
+            head_dim: 264,
+            ..shape()
+        };
+        let err = Problem::new(&big_d, DType::F32, &FlashOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("head_dim 264"), "{err}");
+        let many_heads = AttentionShape {
+            heads_q: 70_000,
+            heads_kv: 1,
+            n_q: 1,
+            n_k: 1,
+            ..shape()
+        };
+        let err = Problem::new(&many_heads, DType::F32, &FlashOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("65535"), "{err}");
+    }
+}

@@ -1,0 +1,332 @@
+//! The GPU test matrix: one list of cases, each run through the public entry points
+//! (`flash_attn::forward_into` / `backward_into`) on every kernel family that admits it, forced
+//! with `KernelChoice::Only`, against the f64 reference given the same dtype-rounded inputs.
+//!
+//! Two covering lists (axis `a` of case `i` takes value `i mod |a|`, binary axes at different
+//! strides, so every value of every axis appears and pairs vary): one over the exact kernels'
+//! whole domain (f32/f16/bf16, both schedules, head dims 16 … 256), one over the tensor-core
+//! domain (f16/bf16, head dims 64 and 128, row-owned), both over causal × (N_q, N_k) (tails,
+//! N_q ≠ N_k, one token, 4097) × dropout × GQA/MQA × lengths (full, per-item key lengths, packed).
+//! Outputs are NaN-poisoned before each launch, so an unwritten element fails. The backward gets
+//! O and LSE from the reference forward (O rounded to the dtype), so each pass is checked on its
+//! own.
+//!
+//! Bounds on ‖out − ref‖/‖ref‖ (LSE: worst absolute error, 2e-3):
+//! - f32 `2e-5` (≪ 1e-4): f32 accumulation over up to 4097 keys (≈ √N·2⁻²⁴ relative) plus the
+//!   `ex2.approx`/`lg2.approx` error (≈ 2⁻²²).
+//! - f16 `2e-3`: outputs rounded to 11 significant bits (2⁻¹¹ ≈ 4.9e-4 per element) and, in the
+//!   backward, D computed from the stored f16 O, which `dS = P(dP − D)` amplifies where dP ≈ D.
+//! - bf16 `1e-2`: the same with 8 significant bits (2⁻⁸ ≈ 3.9e-3 per element).
+//!
+//! `FLASH_ATTN_FAMILIES=exact,sm80` restricts the families (sanitizer runs one family at a time);
+//! `FLASH_ATTN_MATRIX_MAX_LEN=n` keeps the cases whose sequences are at most `n` long.
+
+use flash_attn::reference::{backward_f32, forward_f32};
+use flash_attn::{
+    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor, Direction,
+    Family, FlashOptions, Gpu, GradientBuffers, KernelChoice, Schedule, Workspace,
+};
+use flash_attn_testkit::testing::{
+    LengthMode, MATRIX_SIZES, fresh_seed, gpu_or_skip, lse_err, rel_err, skip,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    dtype: DType,
+    schedule: Schedule,
+    causal: bool,
+    head_dim: u32,
+    n_q: u32,
+    n_k: u32,
+    dropout: bool,
+    heads: (u32, u32),
+    lengths: LengthMode,
+}
+
+const EXACT_HEAD_DIMS: [u32; 8] = [16, 32, 40, 64, 80, 96, 128, 256];
+
+/// The exact kernels' domain. Long sequences keep the head count and head dim modest so the f64
+/// reference stays in seconds.
+fn exact_cases() -> Vec<Case> {
+    let heads = [(2, 2), (4, 2), (3, 1)];
+    let mut short_cases = 0;
+    (0..36)
+        .map(|i| {
+            let (n_q, n_k) = MATRIX_SIZES[i % MATRIX_SIZES.len()];
+            let long = n_q.max(n_k) >= 1000;
+            short_cases += !long as usize;
+            Case {
+                dtype: [DType::F32, DType::F16, DType::Bf16][i % 3],
+                schedule: [Schedule::RowOwned, Schedule::Paper][(i / 3) % 2],
+                causal: (i / 2) % 2 == 1,
+                head_dim: if long {
+                    EXACT_HEAD_DIMS[i % 4]
+                } else {
+                    EXACT_HEAD_DIMS[short_cases % 8]
+                },
+                n_q,
+                n_k,
+                dropout: (i / 5) % 2 == 1,
+                heads: if long { (2, 1) } else { heads[(i / 4) % 3] },
+                lengths: LengthMode::ALL[(i / 7) % 3],
+            }
+        })
+        .collect()
+}
+
+/// The tensor-core domain (every family admits these but for the options `mma.sync` lacks).
+fn tensor_core_cases() -> Vec<Case> {
+    let heads = [(2, 2), (4, 2), (3, 1)];
+    (0..36)
+        .map(|i| {
+            let (n_q, n_k) = MATRIX_SIZES[i % MATRIX_SIZES.len()];
+            let long = n_q.max(n_k) >= 1000;
+            Case {
+                dtype: [DType::Bf16, DType::F16][i % 2],
+                schedule: Schedule::RowOwned,
+                causal: (i / 2) % 2 == 1,
+                head_dim: [64, 128][(i / 3) % 2],
+                n_q,
+                n_k,
+                dropout: (i / 5) % 2 == 1,
+                heads: if long { (2, 1) } else { heads[(i / 4) % 3] },
+                lengths: LengthMode::ALL[(i / 7) % 3],
+            }
+        })
+        .collect()
+}
+
+impl Case {
+    fn shape_and_options(&self, rng: &mut StdRng) -> (AttentionShape, FlashOptions) {
+        let shape = AttentionShape {
+            batch: self.lengths.batch(),
+            n_q: self.n_q,
+            n_k: self.n_k,
+            heads_q: self.heads.0,
+            heads_kv: self.heads.1,
+            head_dim: self.head_dim,
+        };
+        let mut a = self.lengths.apply(
+            AttentionOptions::new().causal(self.causal),
+            (self.n_q, self.n_k),
+            rng,
+        );
+        if self.dropout {
+            a = a.dropout(0.17, rng.r#gen(), rng.gen_range(0..1000));
+        }
+        (shape, FlashOptions::new(a).schedule(self.schedule))
+    }
+}
+
+fn bound(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 2e-5,
+        DType::F16 => 2e-3,
+        DType::Bf16 => 1e-2,
+    }
+}
+
+/// The families this run covers: every one, or those `FLASH_ATTN_FAMILIES` names.
+fn families() -> Vec<Family> {
+    match std::env::var("FLASH_ATTN_FAMILIES") {
+        Err(_) => Family::ALL.to_vec(),
+        Ok(list) => list
+            .split(',')
+            .map(|name| match name.parse() {
+                Ok(KernelChoice::Only(f)) => f,
+                _ => panic!("FLASH_ATTN_FAMILIES: unknown family {name:?}"),
+            })
+            .collect(),
+    }
+}
+
+fn max_len() -> u32 {
+    std::env::var("FLASH_ATTN_MATRIX_MAX_LEN")
+        .ok()
+        .map(|v| {
+            v.parse()
+                .expect("FLASH_ATTN_MATRIX_MAX_LEN must be a length")
+        })
+        .unwrap_or(u32::MAX)
+}
+
+/// Host inputs of one case and their f64 reference results.
+struct Reference {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    d_o: Vec<f32>,
+    o: Vec<f64>,
+    lse: Vec<f64>,
+    dq: Vec<f64>,
+    dk: Vec<f64>,
+    dv: Vec<f64>,
+}
+
+fn reference(
+    shape: &AttentionShape,
+    options: &AttentionOptions,
+    dt: DType,
+    rng: &mut StdRng,
+) -> Reference {
+    let mut draw = |n: usize, amp: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| dt.round(rng.gen_range(-1.0f32..1.0) * amp))
+            .collect()
+    };
+    let (q, k, v, d_o) = (
+        draw(shape.q_elems(), 1.5),
+        draw(shape.kv_elems(), 1.5),
+        draw(shape.kv_elems(), 1.5),
+        draw(shape.q_elems(), 1.0),
+    );
+    let f = forward_f32(shape, &q, &k, &v, options).unwrap();
+    let g = backward_f32(shape, &q, &k, &v, &d_o, options).unwrap();
+    Reference {
+        q,
+        k,
+        v,
+        d_o,
+        o: f.o,
+        lse: f.lse,
+        dq: g.dq,
+        dk: g.dk,
+        dv: g.dv,
+    }
+}
+
+/// Forward and backward of one case on one family, each error by name; `None` where the family
+/// does not admit the case (the plan says why).
+fn run_family(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    options: &FlashOptions,
+    dt: DType,
+    r: &Reference,
+) -> Option<Vec<(&'static str, f64)>> {
+    let plan_of = |d| flash_attn::plan(gpu, shape, dt, options, d).ok();
+    let (fwd_plan, bwd_plan) = (plan_of(Direction::Forward)?, plan_of(Direction::Backward)?);
+    let up = |x: &[f32]| DeviceTensor::from_f32(dt, x).unwrap();
+    let (q, k, v, d_o) = (up(&r.q), up(&r.k), up(&r.v), up(&r.d_o));
+    let o = DeviceTensor::poisoned(dt, shape.q_elems()).unwrap();
+    let lse = DeviceF32::poisoned(shape.row_elems()).unwrap();
+    let ran = flash_attn::forward_into(gpu, shape, &q, &k, &v, &o, &lse, options).unwrap();
+    assert_eq!(ran, fwd_plan);
+    gpu.synchronize().unwrap();
+
+    let o_ref: Vec<f32> = r.o.iter().map(|&x| dt.round(x as f32)).collect();
+    let lse_ref: Vec<f32> = r.lse.iter().map(|&x| x as f32).collect();
+    let (o_in, lse_in) = (up(&o_ref), DeviceF32::from_slice(&lse_ref).unwrap());
+    let inputs = BackwardInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &o_in,
+        d_o: &d_o,
+        lse: &lse_in,
+    };
+    let grads = GradientBuffers::poisoned(shape, dt).unwrap();
+    let workspace = Workspace::new(&bwd_plan).unwrap();
+    flash_attn::backward_into(gpu, shape, &inputs, &grads, &workspace, options).unwrap();
+    gpu.synchronize().unwrap();
+    Some(vec![
+        ("o", rel_err(&o.to_f32().unwrap(), &r.o)),
+        ("lse", lse_err(&lse.to_vec().unwrap(), &r.lse)),
+        ("dq", rel_err(&grads.dq.to_f32().unwrap(), &r.dq)),
+        ("dk", rel_err(&grads.dk.to_f32().unwrap(), &r.dk)),
+        ("dv", rel_err(&grads.dv.to_f32().unwrap(), &r.dv)),
+    ])
+}
+
+fn run_matrix(test: &str, list: Vec<Case>) {
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let mut rng = StdRng::seed_from_u64(fresh_seed(test));
+    let max_len = max_len();
+    let all = list.len();
+    let list: Vec<Case> = list
+        .into_iter()
+        .filter(|c| c.n_q.max(c.n_k) <= max_len)
+        .collect();
+    if list.len() < all {
+        eprintln!(
+            "FLASH_ATTN_MATRIX_MAX_LEN={max_len}: {} of {all} cases",
+            list.len()
+        );
+    }
+    let families = families();
+    let mut failures = vec![];
+    let mut ran = vec![0usize; families.len()];
+    for case in &list {
+        let (shape, options) = case.shape_and_options(&mut rng);
+        let r = reference(&shape, &options.attention, case.dtype, &mut rng);
+        for (i, &family) in families.iter().enumerate() {
+            let forced = options.clone().kernel(KernelChoice::Only(family));
+            let Some(errs) = run_family(&gpu, &shape, &forced, case.dtype, &r) else {
+                continue;
+            };
+            ran[i] += 1;
+            let lse_ok = errs[1].1 <= 2e-3;
+            let ok = lse_ok
+                && errs
+                    .iter()
+                    .filter(|e| e.0 != "lse")
+                    .all(|e| e.1 <= bound(case.dtype));
+            let line = format!(
+                "{} {family:<5} {case:?}: {}",
+                if ok { "ok  " } else { "FAIL" },
+                errs.iter()
+                    .map(|(n, e)| format!("{n} {e:.2e}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            eprintln!("{line}");
+            if !ok {
+                failures.push(line);
+            }
+        }
+    }
+    for (family, n) in families.iter().zip(&ran) {
+        eprintln!("{test}: {family} ran {n} of {} cases", list.len());
+        if *n == 0 {
+            skip(
+                test,
+                &format!("{family}: no case admitted on {}", gpu.device_name()),
+            );
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "cases over their bound:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn exact_domain_on_every_family() {
+    let list = exact_cases();
+    for d in EXACT_HEAD_DIMS {
+        assert!(list.iter().any(|c| c.head_dim == d), "head dim {d} missing");
+    }
+    run_matrix("exact_domain_on_every_family", list);
+}
+
+#[test]
+fn tensor_core_domain_on_every_family() {
+    let list = tensor_core_cases();
+    for n in [1, 17, 97, 128, 1000, 4097] {
+        assert!(list.iter().any(|c| c.n_q == n) && list.iter().any(|c| c.n_k == n));
+    }
+    for d in [64, 128] {
+        for mode in LengthMode::ALL {
+            assert!(
+                list.iter().any(|c| c.head_dim == d && c.lengths == mode),
+                "d={d} {mode:?} missing"
+            );
+        }
+    }
+    run_matrix("tensor_core_domain_on_every_family", list);
+}

@@ -1,0 +1,169 @@
+//! Every compiled tensor-core instance — the defaults the plan picks and the tuning candidates
+//! (`flash_tc::VARIANTS`, `flash_tc_backward::VARIANTS`, `flash_wgmma::VARIANTS`,
+//! `flash_wgmma::BACKWARD_VARIANTS`) — against the f64 reference on fresh random inputs, through
+//! `forward_variant_into` / `backward_variant_into` into NaN-poisoned outputs. The `wgmma` ones
+//! run where the device loads the sm_90a module; a visible line says when they are not tested.
+//!
+//! The backward gets O and LSE from the reference forward (O rounded to the dtype), so it is
+//! checked on its own. Bounds as in `tests/gpu_matrix.rs`: ‖out − ref‖/‖ref‖ ≤ 1e-2 (bf16),
+//! 2e-3 (f16); LSE within 2e-3.
+
+use attention_kernels::{flash_tc, flash_tc_backward, flash_wgmma};
+use flash_attn::reference::{backward_f32, forward_f32};
+use flash_attn::{
+    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor, FlashOptions,
+    GradientBuffers, Tiles, Workspace,
+};
+use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip, lse_err, rel_err, skip};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn bound(dtype: DType) -> f64 {
+    if dtype == DType::Bf16 { 1e-2 } else { 2e-3 }
+}
+
+fn head_dim(t: &Tiles) -> u32 {
+    match t {
+        Tiles::Sm80Forward(c) => c.head_dim,
+        Tiles::Sm90Forward(c) => c.head_dim,
+        Tiles::Sm80Backward(c) => c.head_dim,
+        Tiles::Sm90Backward(c) => c.head_dim,
+        Tiles::Exact(_) => 0,
+    }
+}
+
+#[test]
+fn every_tensor_core_instance_matches_the_reference() {
+    let test = "every_tensor_core_instance_matches_the_reference";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let mut forward: Vec<Tiles> = flash_tc::VARIANTS.map(Tiles::Sm80Forward).to_vec();
+    let mut backward: Vec<Tiles> = flash_tc_backward::VARIANTS
+        .map(Tiles::Sm80Backward)
+        .to_vec();
+    if gpu.has_wgmma() {
+        forward.extend(flash_wgmma::VARIANTS.map(Tiles::Sm90Forward));
+        backward.extend(flash_wgmma::BACKWARD_VARIANTS.map(Tiles::Sm90Backward));
+    } else {
+        skip(
+            &format!("wgmma instances in {test}"),
+            &format!("{} loads no sm_90a module", gpu.device_name()),
+        );
+    }
+    let mut rng = StdRng::seed_from_u64(fresh_seed(test));
+    // (batch, n_q, n_k, heads_q, heads_kv): one token, tails of every kind, GQA and MQA, n_q > n_k
+    // (causal rows that see no key), a long key loop.
+    let shapes = [
+        (1, 1, 1, 1, 1),
+        (2, 200, 200, 4, 2),
+        (1, 77, 300, 2, 1),
+        (1, 300, 77, 2, 2),
+        (1, 513, 1000, 2, 2),
+    ];
+    let mut failures = Vec::new();
+    for dtype in [DType::Bf16, DType::F16] {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                for &(batch, n_q, n_k, heads_q, heads_kv) in &shapes {
+                    let s = AttentionShape {
+                        batch,
+                        n_q,
+                        n_k,
+                        heads_q,
+                        heads_kv,
+                        head_dim: d,
+                    };
+                    let mut draw = |n: usize, r: f32| -> Vec<f32> {
+                        (0..n).map(|_| dtype.round(rng.gen_range(-r..r))).collect()
+                    };
+                    let (q, k, v, d_o) = (
+                        draw(s.q_elems(), 2.0),
+                        draw(s.kv_elems(), 2.0),
+                        draw(s.kv_elems(), 1.0),
+                        draw(s.q_elems(), 1.0),
+                    );
+                    let a = AttentionOptions::new().causal(causal);
+                    let opts = FlashOptions::new(a.clone());
+                    let want = forward_f32(&s, &q, &k, &v, &a).unwrap();
+                    let want_grads = backward_f32(&s, &q, &k, &v, &d_o, &a).unwrap();
+                    let up = |x: &[f32]| DeviceTensor::from_f32(dtype, x).unwrap();
+                    let (qd, kd, vd, dod) = (up(&q), up(&k), up(&v), up(&d_o));
+                    let mut check = |entry: String, errs: Vec<(&str, f64)>| {
+                        let ok = errs
+                            .iter()
+                            .all(|(n, e)| *e <= if *n == "lse" { 2e-3 } else { bound(dtype) });
+                        let line = format!(
+                            "{} {entry} causal={causal} {s:?}: {errs:?}",
+                            if ok { "ok  " } else { "FAIL" }
+                        );
+                        println!("{line}");
+                        if !ok {
+                            failures.push(line);
+                        }
+                    };
+
+                    for &tiles in forward.iter().filter(|t| head_dim(t) == d) {
+                        let o = DeviceTensor::poisoned(dtype, s.q_elems()).unwrap();
+                        let lse = DeviceF32::poisoned(s.row_elems()).unwrap();
+                        let plan = flash_attn::forward_variant_into(
+                            &gpu, &s, tiles, &qd, &kd, &vd, &o, &lse, &opts,
+                        )
+                        .unwrap();
+                        gpu.synchronize().unwrap();
+                        check(
+                            plan.entry,
+                            vec![
+                                ("o", rel_err(&o.to_f32().unwrap(), &want.o)),
+                                ("lse", lse_err(&lse.to_vec().unwrap(), &want.lse)),
+                            ],
+                        );
+                    }
+
+                    let o_ref: Vec<f32> = want.o.iter().map(|&x| dtype.round(x as f32)).collect();
+                    let lse_ref: Vec<f32> = want.lse.iter().map(|&x| x as f32).collect();
+                    let (od, lsed) = (up(&o_ref), DeviceF32::from_slice(&lse_ref).unwrap());
+                    let inputs = BackwardInputs {
+                        q: &qd,
+                        k: &kd,
+                        v: &vd,
+                        o: &od,
+                        d_o: &dod,
+                        lse: &lsed,
+                    };
+                    for &tiles in backward.iter().filter(|t| head_dim(t) == d) {
+                        let out = GradientBuffers::poisoned(&s, dtype).unwrap();
+                        let plan = flash_attn::plan(
+                            &gpu,
+                            &s,
+                            dtype,
+                            &opts,
+                            flash_attn::Direction::Backward,
+                        )
+                        .unwrap();
+                        let workspace = Workspace::new(&plan).unwrap();
+                        let plan = flash_attn::backward_variant_into(
+                            &gpu, &s, tiles, &inputs, &out, &workspace, &opts,
+                        )
+                        .unwrap();
+                        gpu.synchronize().unwrap();
+                        check(
+                            plan.entry,
+                            vec![
+                                ("dq", rel_err(&out.dq.to_f32().unwrap(), &want_grads.dq)),
+                                ("dk", rel_err(&out.dk.to_f32().unwrap(), &want_grads.dk)),
+                                ("dv", rel_err(&out.dv.to_f32().unwrap(), &want_grads.dv)),
+                            ],
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
