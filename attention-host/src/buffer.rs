@@ -1,14 +1,119 @@
 //! Device tensors of f32, f16 or bf16 elements, with upload/download that converts through f32.
+//!
+//! Every device allocation of the library lives in a [`DeviceArray`], which retains device 0's
+//! primary context (see [`crate::runtime`]) and makes it current before each driver call,
+//! including the free: buffers work from any thread and may outlive the `Gpu`.
 
-use cust::memory::{CopyDestination, DeviceBuffer};
+use std::sync::Arc;
+
+use cust::context::Context;
+use cust::memory::{CopyDestination, DeviceBuffer, DeviceCopy};
 
 use crate::dtype::DType;
 use crate::error::{CudaContext, Result, invalid};
+use crate::runtime::{make_current, primary_context};
+
+/// A cust `DeviceBuffer` that keeps the context it was allocated in alive and current where it
+/// is used and freed.
+pub(crate) struct DeviceArray<T: DeviceCopy> {
+    // Field order is drop order: the buffer is freed before the context is released.
+    buffer: DeviceBuffer<T>,
+    context: Arc<Context>,
+}
+
+// Buffers are shared between threads and moved to others.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<DeviceArray<f32>>();
+    send_sync::<DeviceTensor>();
+    send_sync::<DeviceF32>();
+};
+
+impl<T: DeviceCopy> DeviceArray<T> {
+    /// Bytes of `len` elements, refused (before any allocation) when they do not fit an `isize`.
+    fn checked_bytes(len: usize) -> Result<usize> {
+        len.checked_mul(size_of::<T>())
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                invalid!(
+                    "{len} elements of {} bytes overflow the address space",
+                    size_of::<T>()
+                )
+            })
+    }
+
+    pub(crate) fn from_slice(host: &[T]) -> Result<Self> {
+        let context = primary_context()?;
+        let buffer = DeviceBuffer::from_slice(host).cuda("uploading a buffer")?;
+        Ok(DeviceArray { buffer, context })
+    }
+
+    /// `len` elements whose every byte is written by `fill` (a memset) before anything reads them.
+    fn filled(
+        len: usize,
+        fill: impl FnOnce(&mut DeviceBuffer<T>) -> cust::error::CudaResult<()>,
+    ) -> Result<Self> {
+        Self::checked_bytes(len)?;
+        let context = primary_context()?;
+        // SAFETY: `fill` writes every element below before the buffer is handed out.
+        let mut buffer = unsafe { DeviceBuffer::uninitialized(len) }.cuda("allocating a buffer")?;
+        if len > 0 {
+            fill(&mut buffer).cuda("filling a buffer")?;
+        }
+        Ok(DeviceArray { buffer, context })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.buffer.len()
+    }
+
+    pub(crate) fn device_ptr(&self) -> u64 {
+        self.buffer.as_device_ptr().as_raw()
+    }
+
+    pub(crate) fn to_vec(&self) -> Result<Vec<T>>
+    where
+        T: Default + Clone,
+    {
+        make_current(&self.context)?;
+        let mut out = vec![T::default(); self.buffer.len()];
+        self.buffer
+            .copy_to(&mut out[..])
+            .cuda("downloading a buffer")?;
+        Ok(out)
+    }
+}
+
+impl DeviceArray<f32> {
+    pub(crate) fn zeroed(len: usize) -> Result<Self> {
+        Self::checked_bytes(len)?;
+        let context = primary_context()?;
+        let buffer = DeviceBuffer::zeroed(len).cuda("allocating a buffer")?;
+        Ok(DeviceArray { buffer, context })
+    }
+
+    fn nan(len: usize) -> Result<Self> {
+        Self::filled(len, |b| b.set_32(f32::NAN.to_bits()))
+    }
+}
+
+impl DeviceArray<u16> {
+    fn splat(len: usize, bits: u16) -> Result<Self> {
+        Self::filled(len, |b| b.set_16(bits))
+    }
+}
+
+impl<T: DeviceCopy> Drop for DeviceArray<T> {
+    fn drop(&mut self) {
+        // cust frees the buffer in the current context; make it ours on whichever thread this is.
+        let _ = make_current(&self.context);
+    }
+}
 
 enum Storage {
-    F32(DeviceBuffer<f32>),
+    F32(DeviceArray<f32>),
     /// f16 or bf16 bit patterns (`half`'s types are not `DeviceCopy`).
-    Bits16(DeviceBuffer<u16>),
+    Bits16(DeviceArray<u16>),
 }
 
 /// A flat device buffer tagged with its storage dtype.
@@ -21,10 +126,10 @@ impl DeviceTensor {
     /// Uploads `host`, rounding each value to `dtype`.
     pub fn from_f32(dtype: DType, host: &[f32]) -> Result<DeviceTensor> {
         let storage = match dtype {
-            DType::F32 => Storage::F32(DeviceBuffer::from_slice(host).cuda("uploading a tensor")?),
+            DType::F32 => Storage::F32(DeviceArray::from_slice(host)?),
             _ => {
                 let bits: Vec<u16> = host.iter().map(|&x| dtype.bits16(x).unwrap()).collect();
-                Storage::Bits16(DeviceBuffer::from_slice(&bits).cuda("uploading a tensor")?)
+                Storage::Bits16(DeviceArray::from_slice(&bits)?)
             }
         };
         Ok(DeviceTensor::tracked(dtype, storage))
@@ -44,7 +149,7 @@ impl DeviceTensor {
                 "from_bits16 takes f16 or bf16 bit patterns, not f32"
             ));
         }
-        let buf = DeviceBuffer::from_slice(bits).cuda("uploading a tensor")?;
+        let buf = DeviceArray::from_slice(bits)?;
         Ok(DeviceTensor::tracked(dtype, Storage::Bits16(buf)))
     }
 
@@ -90,27 +195,9 @@ impl DeviceTensor {
     /// A tensor of `len` elements filled with NaN on the device, so any element a kernel fails to
     /// write shows.
     pub fn poisoned(dtype: DType, len: usize) -> Result<DeviceTensor> {
-        // SAFETY: every element is written by the memset below before anything reads it.
-        let storage = unsafe {
-            match dtype {
-                DType::F32 => {
-                    let mut b =
-                        DeviceBuffer::<f32>::uninitialized(len).cuda("allocating a tensor")?;
-                    if len > 0 {
-                        b.set_32(f32::NAN.to_bits()).cuda("poisoning a tensor")?;
-                    }
-                    Storage::F32(b)
-                }
-                _ => {
-                    let mut b =
-                        DeviceBuffer::<u16>::uninitialized(len).cuda("allocating a tensor")?;
-                    if len > 0 {
-                        b.set_16(dtype.bits16(f32::NAN).unwrap())
-                            .cuda("poisoning a tensor")?;
-                    }
-                    Storage::Bits16(b)
-                }
-            }
+        let storage = match dtype {
+            DType::F32 => Storage::F32(DeviceArray::nan(len)?),
+            _ => Storage::Bits16(DeviceArray::splat(len, dtype.bits16(f32::NAN).unwrap())?),
         };
         Ok(DeviceTensor::tracked(dtype, storage))
     }
@@ -137,21 +224,17 @@ impl DeviceTensor {
     /// Device address for kernel parameters.
     pub fn device_ptr(&self) -> u64 {
         match &self.storage {
-            Storage::F32(b) => b.as_device_ptr().as_raw(),
-            Storage::Bits16(b) => b.as_device_ptr().as_raw(),
+            Storage::F32(b) => b.device_ptr(),
+            Storage::Bits16(b) => b.device_ptr(),
         }
     }
 
     /// Downloads and widens every element to f32.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         match &self.storage {
-            Storage::F32(b) => {
-                let mut out = vec![0.0f32; b.len()];
-                b.copy_to(&mut out[..]).cuda("downloading a tensor")?;
-                Ok(out)
-            }
-            Storage::Bits16(b) => Ok(self
-                .to_bits16_of(b)?
+            Storage::F32(b) => b.to_vec(),
+            Storage::Bits16(b) => Ok(b
+                .to_vec()?
                 .into_iter()
                 .map(|x| self.dtype.widen16(x))
                 .collect()),
@@ -162,14 +245,8 @@ impl DeviceTensor {
     pub fn to_bits16(&self) -> Result<Vec<u16>> {
         match &self.storage {
             Storage::F32(_) => Err(invalid!("to_bits16 on an f32 tensor")),
-            Storage::Bits16(b) => self.to_bits16_of(b),
+            Storage::Bits16(b) => b.to_vec(),
         }
-    }
-
-    fn to_bits16_of(&self, b: &DeviceBuffer<u16>) -> Result<Vec<u16>> {
-        let mut out = vec![0u16; b.len()];
-        b.copy_to(&mut out[..]).cuda("downloading a tensor")?;
-        Ok(out)
     }
 }
 
@@ -180,28 +257,22 @@ impl Drop for DeviceTensor {
 }
 
 /// A device buffer of f32 (the saved `LSE` and f32 accumulators).
-pub struct DeviceF32(DeviceBuffer<f32>);
+pub struct DeviceF32(DeviceArray<f32>);
 
 impl DeviceF32 {
     /// `len` NaNs, written on the device.
     pub fn poisoned(len: usize) -> Result<DeviceF32> {
-        // SAFETY: every element is written by the memset before anything reads it.
-        let mut buf =
-            unsafe { DeviceBuffer::<f32>::uninitialized(len) }.cuda("allocating an f32 buffer")?;
-        if len > 0 {
-            buf.set_32(f32::NAN.to_bits())
-                .cuda("poisoning an f32 buffer")?;
-        }
+        let buf = DeviceArray::nan(len)?;
         crate::memory::allocated(len * 4);
         Ok(DeviceF32(buf))
     }
     pub fn from_slice(host: &[f32]) -> Result<DeviceF32> {
-        let buf = DeviceBuffer::from_slice(host).cuda("uploading an f32 buffer")?;
+        let buf = DeviceArray::from_slice(host)?;
         crate::memory::allocated(buf.len() * 4);
         Ok(DeviceF32(buf))
     }
     pub fn device_ptr(&self) -> u64 {
-        self.0.as_device_ptr().as_raw()
+        self.0.device_ptr()
     }
     pub fn len(&self) -> usize {
         self.0.len()
@@ -210,11 +281,7 @@ impl DeviceF32 {
         self.0.len() == 0
     }
     pub fn to_vec(&self) -> Result<Vec<f32>> {
-        let mut out = vec![0.0f32; self.0.len()];
-        self.0
-            .copy_to(&mut out[..])
-            .cuda("downloading an f32 buffer")?;
-        Ok(out)
+        self.0.to_vec()
     }
 }
 

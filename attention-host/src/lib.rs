@@ -24,4 +24,4 @@ pub use flash::{
     BlockSizes, FlashOptions, ForwardOutput, Gradients, Schedule, flash_backward, flash_forward,
 };
 pub use options::{AttentionOptions, Dropout, Lengths};
-pub use runtime::{Gpu, LaunchConfig};
+pub use runtime::{Gpu, KernelParams, LaunchConfig};

@@ -3,15 +3,14 @@
 
 use attention_kernels::flash::params::{BlockSizes, FlashBackwardParams};
 use attention_kernels::params::AttentionShape;
-use cust::memory::DeviceBuffer;
 
 use super::THREADS;
 use super::blocks::KernelFamily;
 use super::forward::check_call;
 use super::layout::DeviceLayout;
 use super::options::FlashOptions;
-use crate::buffer::{DeviceF32, DeviceTensor};
-use crate::error::{CudaContext, Result, invalid};
+use crate::buffer::{DeviceArray, DeviceF32, DeviceTensor};
+use crate::error::{Result, invalid};
 use crate::runtime::{Gpu, LaunchConfig};
 
 /// dQ (shape of Q), dK and dV (shape of K), in the inputs' dtype.
@@ -68,7 +67,7 @@ pub fn flash_backward(
     let dq_accum = if options.deterministic {
         None
     } else {
-        Some(DeviceBuffer::<f32>::zeroed(shape.q_elems()).cuda("allocating the dQ accumulator")?)
+        Some(DeviceArray::<f32>::zeroed(shape.q_elems())?)
     };
     let attention = &options.attention;
     let params = FlashBackwardParams {
@@ -82,7 +81,7 @@ pub fn flash_backward(
         dq: dq.device_ptr(),
         dk: dk.device_ptr(),
         dv: dv.device_ptr(),
-        dq_accum: dq_accum.as_ref().map_or(0, |b| b.as_device_ptr().as_raw()),
+        dq_accum: dq_accum.as_ref().map_or(0, DeviceArray::device_ptr),
         layout: layout.params,
         dropout: attention.dropout_rng(),
         shape: *shape,
