@@ -23,5 +23,5 @@ pub use error::{AttentionError, Result};
 pub use flash::{
     BlockSizes, FlashOptions, ForwardOutput, Gradients, Schedule, flash_backward, flash_forward,
 };
-pub use options::{AttentionOptions, Dropout, Lengths};
+pub use options::{AttentionOptions, CheckedElems, Dropout, Lengths};
 pub use runtime::{Gpu, KernelParams, LaunchConfig};

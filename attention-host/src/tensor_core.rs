@@ -226,6 +226,7 @@ pub fn tensor_core_forward(
     v: &DeviceTensor,
     options: &AttentionOptions,
 ) -> Result<ForwardOutput> {
+    check_qkv(shape, q, k, v)?;
     let out = ForwardOutput {
         o: DeviceTensor::poisoned(q.dtype(), shape.q_elems())?,
         lse: DeviceF32::poisoned(shape.row_elems())?,

@@ -14,7 +14,7 @@ use crate::dtype::DType;
 use crate::error::{Result, invalid};
 use crate::flash::layout::DeviceLayout;
 use crate::materialized::check_qkv;
-use crate::options::AttentionOptions;
+use crate::options::{AttentionOptions, checked_elems, validate_shape};
 use crate::runtime::{Gpu, LaunchConfig};
 use crate::tensor_core::{check_kernel_family, check_tensor_core_call, needs_general};
 
@@ -29,6 +29,7 @@ pub struct BackwardOutput {
 impl BackwardOutput {
     /// NaN-poisoned outputs for `shape`, so an element the kernels fail to write shows.
     pub fn poisoned(shape: &AttentionShape, dtype: DType) -> Result<BackwardOutput> {
+        validate_shape(shape)?;
         Ok(BackwardOutput {
             dq: DeviceTensor::poisoned(dtype, shape.q_elems())?,
             dk: DeviceTensor::poisoned(dtype, shape.kv_elems())?,
@@ -50,6 +51,7 @@ pub struct BackwardWorkspace {
 impl BackwardWorkspace {
     /// Allocates the workspace for `shape` (its contents are written by every call before use).
     pub fn new(shape: &AttentionShape) -> Result<BackwardWorkspace> {
+        validate_shape(shape)?;
         let cfg = flash_tc_backward::config(shape.head_dim).ok_or_else(|| {
             invalid!(
                 "no tensor-core backward compiled for head_dim {}",
@@ -57,7 +59,13 @@ impl BackwardWorkspace {
             )
         })?;
         let n_q_pad = cfg.n_q_pad(shape.n_q);
-        let rows = shape.batch as usize * shape.heads_q as usize * n_q_pad as usize;
+        // The kernels count padded rows in `u32`.
+        let rows = checked_elems("padded LSE", &[shape.batch, shape.heads_q, n_q_pad])?;
+        if rows > i32::MAX as usize {
+            return Err(invalid!(
+                "{rows} padded rows are more than the kernels index"
+            ));
+        }
         Ok(BackwardWorkspace {
             shape: *shape,
             n_q_pad,
