@@ -54,6 +54,7 @@ pub struct GradientBuffers {
 impl GradientBuffers {
     /// NaN-poisoned buffers for `shape`, so an element the kernels fail to write shows.
     pub fn poisoned(shape: &AttentionShape, dtype: DType) -> Result<GradientBuffers> {
+        crate::options::validate_shape(shape)?;
         Ok(GradientBuffers {
             dq: DeviceTensor::poisoned(dtype, shape.q_elems())?,
             dk: DeviceTensor::poisoned(dtype, shape.kv_elems())?,

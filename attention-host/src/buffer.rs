@@ -1,14 +1,179 @@
 //! Device tensors of f32, f16 or bf16 elements, with upload/download that converts through f32.
+//!
+//! Every device allocation of the library lives in a [`DeviceArray`], which retains device 0's
+//! primary context (see [`crate::runtime`]) and makes it current before each driver call,
+//! including the free: buffers work from any thread and may outlive the `Gpu`. Arrays come from
+//! the library's stream-ordered memory pool ([`crate::runtime::memory_pool`]): allocation and
+//! free cost microseconds once the pool holds the memory, and the free waits for queued work in
+//! stream order instead of synchronising the device.
 
-use cust::memory::{CopyDestination, DeviceBuffer};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cust::context::Context;
+use cust::memory::DeviceCopy;
+use cust::sys::CUdeviceptr;
 
 use crate::dtype::DType;
-use crate::error::{CudaContext, Result, invalid};
+use crate::error::{Result, driver, invalid};
+use crate::runtime::{make_current, memory_pool, primary_context};
+
+/// `len` elements of `T` on the device, freed in stream order; keeps the context it was
+/// allocated in alive and current where it is used and freed. Its bytes count in
+/// [`crate::memory`].
+pub(crate) struct DeviceArray<T: DeviceCopy> {
+    ptr: CUdeviceptr,
+    len: usize,
+    context: Arc<Context>,
+    _elem: PhantomData<T>,
+}
+
+// The array owns its allocation; the pointer is a device address, valid from any thread in the
+// context the array retains.
+unsafe impl<T: DeviceCopy> Send for DeviceArray<T> {}
+unsafe impl<T: DeviceCopy> Sync for DeviceArray<T> {}
+
+// Buffers are shared between threads and moved to others.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<DeviceArray<f32>>();
+    send_sync::<DeviceTensor>();
+    send_sync::<DeviceF32>();
+};
+
+impl<T: DeviceCopy> DeviceArray<T> {
+    /// Bytes of `len` elements, refused (before any allocation) when they do not fit an `isize`.
+    fn checked_bytes(len: usize) -> Result<usize> {
+        len.checked_mul(size_of::<T>())
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                invalid!(
+                    "{len} elements of {} bytes overflow the address space",
+                    size_of::<T>()
+                )
+            })
+    }
+
+    /// `len` elements as the pool left them. Only element types without invalid bit patterns
+    /// are allocated this way (f32, u16, u32), so reading them before a kernel writes them is
+    /// defined, if meaningless.
+    fn uninitialized(len: usize) -> Result<Self> {
+        let bytes = Self::checked_bytes(len)?;
+        let context = primary_context()?;
+        let mut ptr: CUdeviceptr = 0;
+        if bytes > 0 {
+            let pool = memory_pool()?;
+            // SAFETY: an out-pointer and a pool of this context; the legacy default stream orders
+            // the allocation before every later copy, memset and launch of the library.
+            driver(
+                unsafe {
+                    cust::sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, std::ptr::null_mut())
+                },
+                "allocating device memory",
+            )?;
+        }
+        crate::memory::allocated(bytes);
+        Ok(DeviceArray {
+            ptr,
+            len,
+            context,
+            _elem: PhantomData,
+        })
+    }
+
+    pub(crate) fn from_slice(host: &[T]) -> Result<Self> {
+        let array = Self::uninitialized(host.len())?;
+        if !host.is_empty() {
+            // SAFETY: `host` holds `len` elements of `T` and the array as many on the device.
+            driver(
+                unsafe {
+                    cust::sys::cuMemcpyHtoD_v2(array.ptr, host.as_ptr().cast(), size_of_val(host))
+                },
+                "uploading a buffer",
+            )?;
+        }
+        Ok(array)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub(crate) fn to_vec(&self) -> Result<Vec<T>>
+    where
+        T: Default + Clone,
+    {
+        make_current(&self.context)?;
+        let mut out = vec![T::default(); self.len];
+        if self.len > 0 {
+            // SAFETY: both sides hold `len` elements of `T`; the copy waits for queued work.
+            driver(
+                unsafe {
+                    cust::sys::cuMemcpyDtoH_v2(
+                        out.as_mut_ptr().cast(),
+                        self.ptr,
+                        self.len * size_of::<T>(),
+                    )
+                },
+                "downloading a buffer",
+            )?;
+        }
+        Ok(out)
+    }
+}
+
+impl DeviceArray<f32> {
+    /// `len` copies of the f32 with bit pattern `bits`.
+    fn splat32(len: usize, bits: u32) -> Result<Self> {
+        let array = Self::uninitialized(len)?;
+        if len > 0 {
+            // SAFETY: the array holds `len` 32-bit words.
+            driver(
+                unsafe { cust::sys::cuMemsetD32_v2(array.ptr, bits, len) },
+                "filling a buffer",
+            )?;
+        }
+        Ok(array)
+    }
+
+    fn nan(len: usize) -> Result<Self> {
+        Self::splat32(len, f32::NAN.to_bits())
+    }
+}
+
+impl DeviceArray<u16> {
+    fn splat(len: usize, bits: u16) -> Result<Self> {
+        let array = Self::uninitialized(len)?;
+        if len > 0 {
+            // SAFETY: the array holds `len` 16-bit words.
+            driver(
+                unsafe { cust::sys::cuMemsetD16_v2(array.ptr, bits, len) },
+                "filling a buffer",
+            )?;
+        }
+        Ok(array)
+    }
+}
+
+impl<T: DeviceCopy> Drop for DeviceArray<T> {
+    fn drop(&mut self) {
+        crate::memory::released(self.len * size_of::<T>());
+        if self.ptr != 0 && make_current(&self.context).is_ok() {
+            // SAFETY: the pointer came from the pool and is freed once; the legacy default stream
+            // waits for the library's queued work before the memory returns to the pool.
+            unsafe { cust::sys::cuMemFreeAsync(self.ptr, std::ptr::null_mut()) };
+        }
+    }
+}
 
 enum Storage {
-    F32(DeviceBuffer<f32>),
+    F32(DeviceArray<f32>),
     /// f16 or bf16 bit patterns (`half`'s types are not `DeviceCopy`).
-    Bits16(DeviceBuffer<u16>),
+    Bits16(DeviceArray<u16>),
 }
 
 /// A flat device buffer tagged with its storage dtype.
@@ -21,20 +186,13 @@ impl DeviceTensor {
     /// Uploads `host`, rounding each value to `dtype`.
     pub fn from_f32(dtype: DType, host: &[f32]) -> Result<DeviceTensor> {
         let storage = match dtype {
-            DType::F32 => Storage::F32(DeviceBuffer::from_slice(host).cuda("uploading a tensor")?),
+            DType::F32 => Storage::F32(DeviceArray::from_slice(host)?),
             _ => {
                 let bits: Vec<u16> = host.iter().map(|&x| dtype.bits16(x).unwrap()).collect();
-                Storage::Bits16(DeviceBuffer::from_slice(&bits).cuda("uploading a tensor")?)
+                Storage::Bits16(DeviceArray::from_slice(&bits)?)
             }
         };
-        Ok(DeviceTensor::tracked(dtype, storage))
-    }
-
-    /// Registers the tensor's bytes with `memory`; `Drop` releases them.
-    fn tracked(dtype: DType, storage: Storage) -> DeviceTensor {
-        let tensor = DeviceTensor { dtype, storage };
-        crate::memory::allocated(tensor.size_bytes());
-        tensor
+        Ok(DeviceTensor { dtype, storage })
     }
 
     /// Uploads raw 16-bit patterns of `dtype` (f16 or bf16), e.g. from `half::f16::to_bits`.
@@ -44,8 +202,11 @@ impl DeviceTensor {
                 "from_bits16 takes f16 or bf16 bit patterns, not f32"
             ));
         }
-        let buf = DeviceBuffer::from_slice(bits).cuda("uploading a tensor")?;
-        Ok(DeviceTensor::tracked(dtype, Storage::Bits16(buf)))
+        let buf = DeviceArray::from_slice(bits)?;
+        Ok(DeviceTensor {
+            dtype,
+            storage: Storage::Bits16(buf),
+        })
     }
 
     /// Uploads `half::f16` values as an f16 tensor, bit for bit.
@@ -90,46 +251,21 @@ impl DeviceTensor {
     /// A tensor of `len` elements filled with NaN on the device, so any element a kernel fails to
     /// write shows.
     pub fn poisoned(dtype: DType, len: usize) -> Result<DeviceTensor> {
-        // SAFETY: every element is written by the memset below before anything reads it.
-        let storage = unsafe {
-            match dtype {
-                DType::F32 => {
-                    let mut b =
-                        DeviceBuffer::<f32>::uninitialized(len).cuda("allocating a tensor")?;
-                    if len > 0 {
-                        b.set_32(f32::NAN.to_bits()).cuda("poisoning a tensor")?;
-                    }
-                    Storage::F32(b)
-                }
-                _ => {
-                    let mut b =
-                        DeviceBuffer::<u16>::uninitialized(len).cuda("allocating a tensor")?;
-                    if len > 0 {
-                        b.set_16(dtype.bits16(f32::NAN).unwrap())
-                            .cuda("poisoning a tensor")?;
-                    }
-                    Storage::Bits16(b)
-                }
-            }
+        let storage = match dtype {
+            DType::F32 => Storage::F32(DeviceArray::nan(len)?),
+            _ => Storage::Bits16(DeviceArray::splat(len, dtype.bits16(f32::NAN).unwrap())?),
         };
-        Ok(DeviceTensor::tracked(dtype, storage))
+        Ok(DeviceTensor { dtype, storage })
     }
 
     /// `len` elements of `dtype` as the allocator left them, for outputs a kernel writes in full
     /// (every bit pattern is a valid f32 or 16-bit value, so reading them is defined).
     pub(crate) fn uninitialized(dtype: DType, len: usize) -> Result<DeviceTensor> {
-        // SAFETY: f32 and u16 have no invalid bit patterns.
-        let storage = unsafe {
-            match dtype {
-                DType::F32 => Storage::F32(
-                    DeviceBuffer::<f32>::uninitialized(len).cuda("allocating a tensor")?,
-                ),
-                _ => Storage::Bits16(
-                    DeviceBuffer::<u16>::uninitialized(len).cuda("allocating a tensor")?,
-                ),
-            }
+        let storage = match dtype {
+            DType::F32 => Storage::F32(DeviceArray::uninitialized(len)?),
+            _ => Storage::Bits16(DeviceArray::uninitialized(len)?),
         };
-        Ok(DeviceTensor::tracked(dtype, storage))
+        Ok(DeviceTensor { dtype, storage })
     }
 
     pub fn dtype(&self) -> DType {
@@ -154,21 +290,17 @@ impl DeviceTensor {
     /// Device address for kernel parameters.
     pub fn device_ptr(&self) -> u64 {
         match &self.storage {
-            Storage::F32(b) => b.as_device_ptr().as_raw(),
-            Storage::Bits16(b) => b.as_device_ptr().as_raw(),
+            Storage::F32(b) => b.device_ptr(),
+            Storage::Bits16(b) => b.device_ptr(),
         }
     }
 
     /// Downloads and widens every element to f32.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         match &self.storage {
-            Storage::F32(b) => {
-                let mut out = vec![0.0f32; b.len()];
-                b.copy_to(&mut out[..]).cuda("downloading a tensor")?;
-                Ok(out)
-            }
-            Storage::Bits16(b) => Ok(self
-                .to_bits16_of(b)?
+            Storage::F32(b) => b.to_vec(),
+            Storage::Bits16(b) => Ok(b
+                .to_vec()?
                 .into_iter()
                 .map(|x| self.dtype.widen16(x))
                 .collect()),
@@ -179,55 +311,29 @@ impl DeviceTensor {
     pub fn to_bits16(&self) -> Result<Vec<u16>> {
         match &self.storage {
             Storage::F32(_) => Err(invalid!("to_bits16 on an f32 tensor")),
-            Storage::Bits16(b) => self.to_bits16_of(b),
+            Storage::Bits16(b) => b.to_vec(),
         }
-    }
-
-    fn to_bits16_of(&self, b: &DeviceBuffer<u16>) -> Result<Vec<u16>> {
-        let mut out = vec![0u16; b.len()];
-        b.copy_to(&mut out[..]).cuda("downloading a tensor")?;
-        Ok(out)
-    }
-}
-
-impl Drop for DeviceTensor {
-    fn drop(&mut self) {
-        crate::memory::released(self.size_bytes());
     }
 }
 
 /// A device buffer of f32 (the saved `LSE` and f32 accumulators).
-pub struct DeviceF32(DeviceBuffer<f32>);
+pub struct DeviceF32(DeviceArray<f32>);
 
 impl DeviceF32 {
     /// `len` NaNs, written on the device.
     pub fn poisoned(len: usize) -> Result<DeviceF32> {
-        // SAFETY: every element is written by the memset before anything reads it.
-        let mut buf =
-            unsafe { DeviceBuffer::<f32>::uninitialized(len) }.cuda("allocating an f32 buffer")?;
-        if len > 0 {
-            buf.set_32(f32::NAN.to_bits())
-                .cuda("poisoning an f32 buffer")?;
-        }
-        crate::memory::allocated(len * 4);
-        Ok(DeviceF32(buf))
+        Ok(DeviceF32(DeviceArray::nan(len)?))
     }
     /// `len` f32 as the allocator left them, for buffers a kernel writes in full (every bit
     /// pattern is a valid f32, so reading them is defined).
     pub(crate) fn uninitialized(len: usize) -> Result<DeviceF32> {
-        // SAFETY: f32 has no invalid bit patterns.
-        let buf =
-            unsafe { DeviceBuffer::<f32>::uninitialized(len) }.cuda("allocating an f32 buffer")?;
-        crate::memory::allocated(len * 4);
-        Ok(DeviceF32(buf))
+        Ok(DeviceF32(DeviceArray::uninitialized(len)?))
     }
     pub fn from_slice(host: &[f32]) -> Result<DeviceF32> {
-        let buf = DeviceBuffer::from_slice(host).cuda("uploading an f32 buffer")?;
-        crate::memory::allocated(buf.len() * 4);
-        Ok(DeviceF32(buf))
+        Ok(DeviceF32(DeviceArray::from_slice(host)?))
     }
     pub fn device_ptr(&self) -> u64 {
-        self.0.as_device_ptr().as_raw()
+        self.0.device_ptr()
     }
     pub fn len(&self) -> usize {
         self.0.len()
@@ -236,16 +342,6 @@ impl DeviceF32 {
         self.0.len() == 0
     }
     pub fn to_vec(&self) -> Result<Vec<f32>> {
-        let mut out = vec![0.0f32; self.0.len()];
-        self.0
-            .copy_to(&mut out[..])
-            .cuda("downloading an f32 buffer")?;
-        Ok(out)
-    }
-}
-
-impl Drop for DeviceF32 {
-    fn drop(&mut self) {
-        crate::memory::released(self.0.len() * 4);
+        self.0.to_vec()
     }
 }

@@ -20,6 +20,12 @@ pub enum AttentionError {
         #[source]
         source: cust::error::CudaError,
     },
+    /// A driver call cust does not wrap failed, with the driver's status.
+    #[error("CUDA {what}: {status:?}")]
+    Driver {
+        what: &'static str,
+        status: cust::sys::CUresult,
+    },
     /// Any other CUDA driver call failed (allocation, copy, context).
     #[error("CUDA {what}: {source}")]
     Cuda {
@@ -27,6 +33,14 @@ pub enum AttentionError {
         #[source]
         source: cust::error::CudaError,
     },
+}
+
+/// Checks a raw driver status (calls cust does not wrap: the stream-ordered pool, async memsets).
+pub(crate) fn driver(status: cust::sys::CUresult, what: &'static str) -> Result<()> {
+    match status {
+        cust::sys::cudaError_enum::CUDA_SUCCESS => Ok(()),
+        status => Err(AttentionError::Driver { what, status }),
+    }
 }
 
 pub type Result<T> = std::result::Result<T, AttentionError>;

@@ -7,7 +7,7 @@ use attention_kernels::params::{
 use crate::buffer::DeviceTensor;
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
-use crate::options::{AttentionOptions, Lengths};
+use crate::options::{AttentionOptions, CheckedElems, Lengths};
 use crate::runtime::{Gpu, LaunchConfig};
 
 const TILE: u32 = 16;
@@ -51,10 +51,11 @@ impl MaterializedWorkspace {
     /// Allocates `S` and `P` (NaN-poisoned) for `shape` in `dtype`.
     pub fn new(shape: &AttentionShape, dtype: DType) -> Result<MaterializedWorkspace> {
         crate::options::validate_shape(shape)?;
+        let scores = shape.checked_score_elems()?;
         Ok(MaterializedWorkspace {
             shape: *shape,
-            s: DeviceTensor::poisoned(dtype, shape.score_elems())?,
-            p: DeviceTensor::poisoned(dtype, shape.score_elems())?,
+            s: DeviceTensor::poisoned(dtype, scores)?,
+            p: DeviceTensor::poisoned(dtype, scores)?,
         })
     }
 

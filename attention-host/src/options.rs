@@ -190,11 +190,48 @@ pub fn validate_shape(s: &AttentionShape) -> Result<()> {
             s.heads_kv
         ));
     }
-    let largest = s.q_elems().max(s.kv_elems());
+    let largest = s.checked_q_elems()?.max(s.checked_kv_elems()?);
     if largest > i32::MAX as usize {
         return Err(invalid!(
             "a tensor of {largest} elements is larger than the kernels index"
         ));
     }
     Ok(())
+}
+
+/// `∏ factors` in `usize`; an overflow is `InvalidInput` naming `what`, never a panic or a wrap.
+pub fn checked_elems(what: &str, factors: &[u32]) -> Result<usize> {
+    factors
+        .iter()
+        .try_fold(1usize, |acc, &f| acc.checked_mul(f as usize))
+        .ok_or_else(|| invalid!("{what} of {factors:?} elements overflows usize"))
+}
+
+/// The element counts of [`AttentionShape`] with checked arithmetic. `AttentionShape::q_elems`
+/// and its siblings multiply unchecked (they run on the device too): on the host they are only
+/// used once [`validate_shape`] (which uses these) has accepted the shape.
+pub trait CheckedElems {
+    /// Elements of Q or O.
+    fn checked_q_elems(&self) -> Result<usize>;
+    /// Elements of K or V.
+    fn checked_kv_elems(&self) -> Result<usize>;
+    /// Elements of one materialized `[batch, heads_q, n_q, n_k]` score tensor.
+    fn checked_score_elems(&self) -> Result<usize>;
+    /// Elements of the per-row state `[batch, heads_q, n_q]`.
+    fn checked_row_elems(&self) -> Result<usize>;
+}
+
+impl CheckedElems for AttentionShape {
+    fn checked_q_elems(&self) -> Result<usize> {
+        checked_elems("Q", &[self.batch, self.n_q, self.heads_q, self.head_dim])
+    }
+    fn checked_kv_elems(&self) -> Result<usize> {
+        checked_elems("K/V", &[self.batch, self.n_k, self.heads_kv, self.head_dim])
+    }
+    fn checked_score_elems(&self) -> Result<usize> {
+        checked_elems("S", &[self.batch, self.heads_q, self.n_q, self.n_k])
+    }
+    fn checked_row_elems(&self) -> Result<usize> {
+        checked_elems("LSE", &[self.batch, self.heads_q, self.n_q])
+    }
 }

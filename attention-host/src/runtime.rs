@@ -1,25 +1,172 @@
-//! The CUDA runtime the kernels run on: one context, one module loaded from PTX text, one stream.
+//! The CUDA runtime the kernels run on: device 0's primary context, one module loaded from PTX
+//! text, one stream, and the module's kernel functions looked up once each.
+//!
+//! Threads: a [`Gpu`] is `Send + Sync`. Every method that calls the driver first makes the
+//! context current on the calling thread, so one `Gpu` may be shared by threads or moved to
+//! another. The context is device 0's primary context (the one cust, cudarc and candle share),
+//! retained by the `Gpu` and by every buffer of this library ([`crate::buffer`]), so it lives as
+//! long as the last of them: a buffer may outlive the `Gpu` it was used with.
 
-use std::ffi::c_void;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use cust::context::Context;
+use cust::CudaFlags;
+use cust::context::{Context, CurrentContext};
 use cust::device::{Device, DeviceAttribute};
 use cust::error::CudaError;
 use cust::function::{BlockSize, Function, GridSize};
 use cust::module::Module;
 use cust::stream::{Stream, StreamFlags};
 
-use crate::error::{AttentionError, CudaContext, Result};
+use crate::error::{AttentionError, CudaContext, Result, driver, invalid};
 
-/// A CUDA context on device 0 with the attention module loaded.
+/// Device 0's primary context while anything of this library holds it (empty otherwise, so the
+/// driver may destroy the context once the last holder is gone), and the memory pool made with it.
+static PRIMARY: Mutex<(Weak<Context>, usize)> = Mutex::new((Weak::new(), 0));
+
+/// Device 0's primary context, retained (shared with every other holder in this process) and
+/// made current on the calling thread. A machine without a driver or a device gives `NoDevice`.
+pub(crate) fn primary_context() -> Result<Arc<Context>> {
+    Ok(primary()?.0)
+}
+
+/// The library's stream-ordered memory pool on device 0 (made with the primary context), which
+/// keeps freed memory for reuse instead of returning it to the driver at each synchronisation.
+pub(crate) fn memory_pool() -> Result<cust::sys::CUmemoryPool> {
+    Ok(primary()?.1 as cust::sys::CUmemoryPool)
+}
+
+fn primary() -> Result<(Arc<Context>, usize)> {
+    let mut slot = PRIMARY.lock().unwrap_or_else(PoisonError::into_inner);
+    let (context, pool) = match slot.0.upgrade() {
+        Some(context) => (context, slot.1),
+        None => {
+            cust::init(CudaFlags::empty()).map_err(starting)?;
+            let device = Device::get_device(0).map_err(starting)?;
+            // Retains the primary context (and makes it current on this thread).
+            let context = Arc::new(Context::new(device).map_err(starting)?);
+            let pool = create_pool(device.as_raw())?;
+            *slot = (Arc::downgrade(&context), pool as usize);
+            (context, pool as usize)
+        }
+    };
+    drop(slot);
+    make_current(&context)?;
+    Ok((context, pool))
+}
+
+/// A pool of device memory on `device` that never releases what it holds (the release threshold
+/// is the largest value), so a call's allocations after the first come from the pool.
+fn create_pool(device: cust::sys::CUdevice) -> Result<cust::sys::CUmemoryPool> {
+    use cust::sys::*;
+    let props = CUmemPoolProps {
+        allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        handleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: CUmemLocation {
+            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        },
+        win32SecurityAttributes: std::ptr::null_mut(),
+        reserved: [0; 64],
+    };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: an out-pointer and properties of a device allocation pool on a valid device.
+    driver(
+        unsafe { cuMemPoolCreate(&mut pool, &props) },
+        "creating a memory pool",
+    )?;
+    let mut threshold = u64::MAX;
+    // SAFETY: the release threshold attribute takes a u64.
+    let status = unsafe {
+        cuMemPoolSetAttribute(
+            pool,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    };
+    driver(status, "setting the memory pool's release threshold")?;
+    Ok(pool)
+}
+
+/// Makes `context` the calling thread's current context (the driver keeps one per thread).
+pub(crate) fn make_current(context: &Context) -> Result<()> {
+    CurrentContext::set_current(context).cuda("making the context current on this thread")
+}
+
+/// A driver error while starting: the ones that mean "no usable GPU here" become `NoDevice`.
+fn starting(e: CudaError) -> AttentionError {
+    match e {
+        CudaError::NoDevice | CudaError::NotInitialized | CudaError::InvalidDevice => {
+            AttentionError::NoDevice(e.to_string())
+        }
+        CudaError::UnknownError | CudaError::OperatingSystemError => {
+            AttentionError::NoDevice(format!("{e} (driver present but no usable GPU)"))
+        }
+        other => AttentionError::Cuda {
+            what: "initialising the driver",
+            source: other,
+        },
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A kernel's by-value parameter struct: `#[repr(C)]`, shared byte for byte with the device code
+/// in `attention_kernels`. Sealed: only those structs can be launched, so a launch never passes
+/// the device a parameter block of some other layout.
+pub trait KernelParams: sealed::Sealed + Copy {}
+
+macro_rules! kernel_params {
+    ($($t:ty),* $(,)?) => {$(
+        impl sealed::Sealed for $t {}
+        impl KernelParams for $t {}
+    )*};
+}
+
+kernel_params!(
+    attention_kernels::flash::params::FlashForwardParams,
+    attention_kernels::flash::params::FlashBackwardParams,
+    attention_kernels::params::MaterializedScoresParams,
+    attention_kernels::params::MaterializedSoftmaxParams,
+    attention_kernels::params::MaterializedOutputParams,
+    attention_kernels::params::TensorCoreForwardParams,
+    attention_kernels::params::TensorCoreBackwardParams,
+);
+
+/// Dynamic shared memory every kernel may use without raising its limit.
+const DEFAULT_DYNAMIC_SHARED: u32 = 48 * 1024;
+
+/// A kernel function of the module, looked up once.
+struct Kernel {
+    /// `'static` stands for "as long as the `Gpu`'s module": the cache is private to the `Gpu`,
+    /// and each launch uses a handle only while it borrows that `Gpu`.
+    function: Arc<Function<'static>>,
+    /// The function's `MAX_DYNAMIC_SHARED_SIZE_BYTES` as this `Gpu` set it: only ever raised,
+    /// always under the cache's lock, so a launch that fits it can never be failed by another
+    /// thread's launch of the same kernel with a different size.
+    dynamic_shared_limit: u32,
+}
+
+/// Device 0's primary context with the attention module loaded.
 pub struct Gpu {
-    // Field order is drop order: the stream and module go before the context that owns them.
+    // Field order is drop order: the stream and module go before the context that owns them
+    // (`Drop` makes it current first, so they are released from any thread).
     stream: Stream,
+    kernels: Mutex<HashMap<String, Kernel>>,
     module: Module,
     device: Device,
     wgmma: bool,
-    _context: Context,
+    shared_optin: u32,
+    context: Arc<Context>,
 }
+
+// A `Gpu` is shared between threads and moved to others (tests `runtime_threads` show it works).
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Gpu>();
+};
 
 /// What a launch needs besides its parameters.
 #[derive(Clone, Copy, Debug)]
@@ -30,8 +177,8 @@ pub struct LaunchConfig {
 }
 
 impl Gpu {
-    /// Creates a context on device 0 and loads `ptx`. A machine without a driver or without a
-    /// device gives `AttentionError::NoDevice`; a module that does not load gives `Module`.
+    /// Retains device 0's primary context and loads `ptx`. A machine without a driver or without
+    /// a device gives `AttentionError::NoDevice`; a module that does not load gives `Module`.
     pub fn new(ptx: &str) -> Result<Gpu> {
         Gpu::with_hopper_module(ptx, None)
     }
@@ -40,18 +187,7 @@ impl Gpu {
     /// the `sm_90a` module, which holds every kernel of `ptx` plus the `wgmma` ones
     /// ([`Gpu::has_wgmma`]). `sm_90a` code runs on no other architecture.
     pub fn with_hopper_module(ptx: &str, hopper: Option<&str>) -> Result<Gpu> {
-        let context = cust::quick_init().map_err(|e| match e {
-            CudaError::NoDevice | CudaError::NotInitialized | CudaError::InvalidDevice => {
-                AttentionError::NoDevice(e.to_string())
-            }
-            CudaError::UnknownError | CudaError::OperatingSystemError => {
-                AttentionError::NoDevice(format!("{e} (driver present but no usable GPU)"))
-            }
-            other => AttentionError::Cuda {
-                what: "initialising the driver",
-                source: other,
-            },
-        })?;
+        let context = primary_context()?;
         let device = Device::get_device(0).cuda("getting device 0")?;
         let capability = |what| {
             device
@@ -64,6 +200,7 @@ impl Gpu {
             Some(h) if is_hopper => (h, true),
             _ => (ptx, false),
         };
+        let shared_optin = shared_optin(device)?;
         let module = Module::from_ptx(ptx, &[]).map_err(|e| {
             AttentionError::Module(format!("loading PTX ({} bytes): {e}", ptx.len()))
         })?;
@@ -72,11 +209,19 @@ impl Gpu {
         let stream = Stream::new(StreamFlags::DEFAULT, None).cuda("creating a stream")?;
         Ok(Gpu {
             stream,
+            kernels: Mutex::new(HashMap::new()),
             module,
             device,
             wgmma,
-            _context: context,
+            shared_optin,
+            context,
         })
+    }
+
+    /// Makes this GPU's context current on the calling thread. The library's own calls do this
+    /// themselves; it is for code that calls cust or the driver directly beside them.
+    pub fn make_current(&self) -> Result<()> {
+        make_current(&self.context)
     }
 
     /// Whether the loaded module has the `wgmma` kernels (an `sm_90a` module on a 9.0 device).
@@ -98,6 +243,8 @@ impl Gpu {
         ))
     }
 
+    /// The stream every launch goes to. Driver calls on it from another thread need
+    /// [`Gpu::make_current`] there first.
     pub fn stream(&self) -> &Stream {
         &self.stream
     }
@@ -116,22 +263,7 @@ impl Gpu {
 
     /// Shared memory a block may opt in to, in bytes (227 KiB on the H100/H200).
     pub fn max_shared_per_block(&self) -> Result<u32> {
-        // cust has no variant for the opt-in limit; ask the driver directly.
-        let mut v = 0i32;
-        // SAFETY: a valid device handle and an out-pointer to an i32.
-        let status = unsafe {
-            cust::sys::cuDeviceGetAttribute(
-                &mut v,
-                cust::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                self.device.as_raw(),
-            )
-        };
-        if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
-            return Err(AttentionError::Module(format!(
-                "reading the shared-memory limit: {status:?}"
-            )));
-        }
-        Ok(v as u32)
+        Ok(self.shared_optin)
     }
 
     pub fn multiprocessors(&self) -> Result<u32> {
@@ -144,66 +276,95 @@ impl Gpu {
 
     /// `(free, total)` device memory in bytes.
     pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.make_current()?;
         cust::memory::mem_get_info().cuda("reading device memory")
     }
 
+    /// Looks `name` up in the module (a fresh handle each call; launches use the cache).
     pub fn function(&self, name: &str) -> Result<Function<'_>> {
+        self.make_current()?;
         self.module
             .get_function(name)
             .map_err(|e| AttentionError::Module(format!("kernel {name} not in the module: {e}")))
     }
 
-    /// Launches `name` with one by-value parameter struct `P` (the kernels' `#[repr(C)]` params).
-    /// Raises the kernel's dynamic shared-memory limit when it asks for more than 48 KiB, and
-    /// checks the launch itself; completion errors surface at `synchronize`.
-    pub fn launch<P: Copy>(&self, name: &str, cfg: LaunchConfig, params: &P) -> Result<()> {
-        let function = self.function(name)?;
-        let launch_err = |source| AttentionError::Launch {
-            kernel: name.to_owned(),
-            source,
-        };
-        if cfg.shared_bytes > 48 * 1024 {
-            let limit = self.max_shared_per_block()?;
-            if cfg.shared_bytes > limit {
-                return Err(crate::error::invalid!(
-                    "kernel {name} needs {} bytes of shared memory, the device allows {limit}",
-                    cfg.shared_bytes
-                ));
-            }
-            // SAFETY: a valid function handle and a documented attribute.
+    /// The cached function `name` with its dynamic shared-memory limit at least `shared_bytes`.
+    /// Lookup and any raise of the limit happen under the cache's lock; the limit never drops.
+    fn kernel(&self, name: &str, shared_bytes: u32) -> Result<Arc<Function<'static>>> {
+        let mut kernels = self.kernels.lock().unwrap_or_else(PoisonError::into_inner);
+        if !kernels.contains_key(name) {
+            let function = self.function(name)?;
+            // SAFETY: only the lifetime changes. The handle stays in this `Gpu`'s cache, which
+            // goes with the module, and `launch` uses its clone only while borrowing the `Gpu`.
+            let function =
+                unsafe { std::mem::transmute::<Function<'_>, Function<'static>>(function) };
+            let kernel = Kernel {
+                function: Arc::new(function),
+                dynamic_shared_limit: DEFAULT_DYNAMIC_SHARED,
+            };
+            kernels.insert(name.to_owned(), kernel);
+        }
+        let kernel = kernels.get_mut(name).expect("inserted above");
+        if shared_bytes > kernel.dynamic_shared_limit {
+            // SAFETY: a valid function handle (its module is loaded) and a documented attribute.
             let status = unsafe {
                 cust::sys::cuFuncSetAttribute(
-                    function.to_raw(),
+                    kernel.function.to_raw(),
                     cust::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    cfg.shared_bytes as i32,
+                    shared_bytes as i32,
                 )
             };
             if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
                 return Err(AttentionError::Module(format!(
-                    "raising the shared-memory limit of {name} to {} bytes: {status:?}",
-                    cfg.shared_bytes
+                    "raising the shared-memory limit of {name} to {shared_bytes} bytes: {status:?}"
                 )));
             }
+            kernel.dynamic_shared_limit = shared_bytes;
         }
-        let args = [params as *const P as *mut c_void];
+        Ok(kernel.function.clone())
+    }
+
+    /// Launches `name` with its by-value parameter struct `P` on the GPU's stream. Raises the
+    /// kernel's dynamic shared-memory limit when it asks for more than 48 KiB (never lowering
+    /// it), and checks the launch itself; completion errors surface at `synchronize`. Callers
+    /// have validated every buffer the parameters point to against the shape they carry.
+    pub(crate) fn launch<P: KernelParams>(
+        &self,
+        name: &str,
+        cfg: LaunchConfig,
+        params: &P,
+    ) -> Result<()> {
+        if cfg.shared_bytes > self.shared_optin {
+            return Err(invalid!(
+                "kernel {name} needs {} bytes of shared memory, the device allows {}",
+                cfg.shared_bytes,
+                self.shared_optin
+            ));
+        }
+        self.make_current()?;
+        let function = self.kernel(name, cfg.shared_bytes)?;
+        let args = [params as *const P as *mut std::ffi::c_void];
         let (g, b) = (cfg.grid, cfg.block);
-        // SAFETY: `P` is the kernel's by-value parameter struct; callers validated every buffer the
-        // parameters point to against the shape they carry.
+        // SAFETY: `P` is one of the kernels' `#[repr(C)]` parameter structs (`KernelParams`),
+        // passed by value as the kernel's single parameter; the function's module is loaded.
         unsafe {
-            self.stream
-                .launch(
-                    &function,
-                    GridSize::xyz(g.0, g.1, g.2),
-                    BlockSize::xyz(b.0, b.1, b.2),
-                    cfg.shared_bytes,
-                    &args,
-                )
-                .map_err(launch_err)
+            self.stream.launch(
+                &function,
+                GridSize::xyz(g.0, g.1, g.2),
+                BlockSize::xyz(b.0, b.1, b.2),
+                cfg.shared_bytes,
+                &args,
+            )
         }
+        .map_err(|source| AttentionError::Launch {
+            kernel: name.to_owned(),
+            source,
+        })
     }
 
     /// Waits for all launched work; reports any asynchronous kernel failure.
     pub fn synchronize(&self) -> Result<()> {
+        self.make_current()?;
         self.stream
             .synchronize()
             .map_err(|source| AttentionError::Launch {
@@ -211,4 +372,30 @@ impl Gpu {
                 source,
             })
     }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // The stream and module are released by the fields' drops, on this thread's context.
+        let _ = self.make_current();
+    }
+}
+
+/// Shared memory a block may opt in to on `device` (cust has no variant for it).
+fn shared_optin(device: Device) -> Result<u32> {
+    let mut v = 0i32;
+    // SAFETY: a valid device handle and an out-pointer to an i32.
+    let status = unsafe {
+        cust::sys::cuDeviceGetAttribute(
+            &mut v,
+            cust::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            device.as_raw(),
+        )
+    };
+    if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
+        return Err(AttentionError::Module(format!(
+            "reading the shared-memory limit: {status:?}"
+        )));
+    }
+    Ok(v.max(0) as u32)
 }

@@ -6,7 +6,7 @@ use attention_kernels::flash::params::{BlockSizes, FlashBackwardParams};
 use super::THREADS;
 use super::layout::DeviceLayout;
 use crate::attention::{BackwardInputs, GradientBuffers, Workspace};
-use crate::error::{AttentionError, Result};
+use crate::error::{Result, driver};
 use crate::instances;
 use crate::plan::Plan;
 use crate::problem::Problem;
@@ -98,10 +98,5 @@ fn zero_f32(gpu: &Gpu, ptr: u64, len: usize) -> Result<()> {
     // SAFETY: `ptr` is the start of a workspace piece of at least `len` f32 (the plan sized it),
     // owned by the caller's `Workspace` for the duration of the call.
     let status = unsafe { cust::sys::cuMemsetD32Async(ptr, 0, len, gpu.stream().as_inner()) };
-    if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
-        return Err(AttentionError::Module(format!(
-            "zeroing the dQ accumulator: {status:?}"
-        )));
-    }
-    Ok(())
+    driver(status, "zeroing the dQ accumulator")
 }

@@ -1,11 +1,10 @@
 //! The sequence layout on the device: which rows and keys form each sequence.
 
+use crate::buffer::DeviceArray;
+use crate::error::Result;
+use crate::options::Lengths;
 use attention_kernels::flash::params::{LENGTHS_FULL, LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout};
 use attention_kernels::params::AttentionShape;
-use cust::memory::DeviceBuffer;
-
-use crate::error::{CudaContext, Result};
-use crate::options::Lengths;
 
 /// A `SequenceLayout` with the device arrays it points to (kept alive as long as the layout).
 pub struct DeviceLayout {
@@ -13,13 +12,13 @@ pub struct DeviceLayout {
     /// Longest sequence in query rows and in key rows: the grid's Q and K/V block extents.
     pub max_q_len: u32,
     pub max_k_rows: u32,
-    _arrays: Vec<DeviceBuffer<u32>>,
+    _arrays: Vec<DeviceArray<u32>>,
 }
 
 impl DeviceLayout {
     /// Uploads the arrays of `lengths`, which `AttentionOptions::validate` has accepted for `shape`.
     pub fn upload(shape: &AttentionShape, lengths: &Lengths) -> Result<DeviceLayout> {
-        let upload = |v: &[u32]| DeviceBuffer::from_slice(v).cuda("uploading sequence lengths");
+        let upload = |v: &[u32]| DeviceArray::from_slice(v);
         let mut params = SequenceLayout {
             sequences: shape.batch,
             ..Default::default()
@@ -33,7 +32,7 @@ impl DeviceLayout {
             Lengths::KeyLengths(lens) => {
                 params.mode = LENGTHS_KEY;
                 let a = upload(lens)?;
-                params.key_lengths = a.as_device_ptr().as_raw();
+                params.key_lengths = a.device_ptr();
                 vec![a]
             }
             Lengths::Packed {
@@ -45,8 +44,8 @@ impl DeviceLayout {
                 let widest = |cu: &[u32]| cu.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
                 (max_q_len, max_k_rows) = (widest(cu_seqlens_q), widest(cu_seqlens_k));
                 let (q, k) = (upload(cu_seqlens_q)?, upload(cu_seqlens_k)?);
-                params.cu_seqlens_q = q.as_device_ptr().as_raw();
-                params.cu_seqlens_k = k.as_device_ptr().as_raw();
+                params.cu_seqlens_q = q.device_ptr();
+                params.cu_seqlens_k = k.device_ptr();
                 vec![q, k]
             }
         };

@@ -28,10 +28,10 @@ pub fn backward(
         shape,
         options,
         &[
-            ("q", q.len(), shape.q_elems()),
-            ("k", k.len(), shape.kv_elems()),
-            ("v", v.len(), shape.kv_elems()),
-            ("d_o", d_o.len(), shape.q_elems()),
+            ("q", q.len(), AttentionShape::q_elems),
+            ("k", k.len(), AttentionShape::kv_elems),
+            ("v", v.len(), AttentionShape::kv_elems),
+            ("d_o", d_o.len(), AttentionShape::q_elems),
         ],
     )?;
     let problem = Problem::new(shape, q, k, options);

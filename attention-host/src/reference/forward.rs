@@ -74,9 +74,9 @@ fn checked_problem<'a>(
         shape,
         options,
         &[
-            ("q", q.len(), shape.q_elems()),
-            ("k", k.len(), shape.kv_elems()),
-            ("v", v.len(), shape.kv_elems()),
+            ("q", q.len(), AttentionShape::q_elems),
+            ("k", k.len(), AttentionShape::kv_elems),
+            ("v", v.len(), AttentionShape::kv_elems),
         ],
     )?;
     Ok(Problem::new(shape, q, k, options))
