@@ -112,7 +112,7 @@ pub struct DeviceCaps {
 impl DeviceCaps {
     pub fn of(gpu: &Gpu) -> Result<DeviceCaps> {
         Ok(DeviceCaps {
-            compute_capability: gpu.compute_capability()?,
+            compute_capability: gpu.compute_capability(),
             wgmma: gpu.has_wgmma(),
             max_shared_per_block: gpu.max_shared_per_block()?,
         })

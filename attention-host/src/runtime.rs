@@ -157,6 +157,7 @@ pub struct Gpu {
     kernels: Mutex<HashMap<String, Kernel>>,
     module: Module,
     device: Device,
+    compute_capability: (u32, u32),
     wgmma: bool,
     shared_optin: u32,
     context: Arc<Context>,
@@ -193,9 +194,13 @@ impl Gpu {
             device
                 .get_attribute(what)
                 .cuda("reading the compute capability")
+                .map(|v| v as u32)
         };
-        let is_hopper = capability(DeviceAttribute::ComputeCapabilityMajor)? == 9
-            && capability(DeviceAttribute::ComputeCapabilityMinor)? == 0;
+        let compute_capability = (
+            capability(DeviceAttribute::ComputeCapabilityMajor)?,
+            capability(DeviceAttribute::ComputeCapabilityMinor)?,
+        );
+        let is_hopper = compute_capability == (9, 0);
         let (ptx, wgmma) = match hopper {
             Some(h) if is_hopper => (h, true),
             _ => (ptx, false),
@@ -212,6 +217,7 @@ impl Gpu {
             kernels: Mutex::new(HashMap::new()),
             module,
             device,
+            compute_capability,
             wgmma,
             shared_optin,
             context,
@@ -230,17 +236,8 @@ impl Gpu {
     }
 
     /// `(major, minor)` compute capability of the device.
-    pub fn compute_capability(&self) -> Result<(u32, u32)> {
-        let get = |what| {
-            self.device
-                .get_attribute(what)
-                .cuda("reading the compute capability")
-                .map(|v| v as u32)
-        };
-        Ok((
-            get(DeviceAttribute::ComputeCapabilityMajor)?,
-            get(DeviceAttribute::ComputeCapabilityMinor)?,
-        ))
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.compute_capability
     }
 
     /// The stream every launch goes to. Driver calls on it from another thread need
