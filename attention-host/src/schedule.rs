@@ -14,7 +14,7 @@ pub struct BlockSizes {
 impl BlockSizes {
     /// The paper's rule `B_c = ⌈M / 4d⌉`, `B_r = min(B_c, d)`: K_j, V_j, Q_i, O_i fit in `M` words.
     pub fn paper(sram_words: u64, head_dim: u64) -> Self {
-        let block_cols = sram_words.div_ceil(4 * head_dim);
+        let block_cols = sram_words.div_ceil(head_dim.saturating_mul(4));
         BlockSizes {
             block_cols,
             block_rows: block_cols.min(head_dim),

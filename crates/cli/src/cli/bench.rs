@@ -158,6 +158,7 @@ fn inputs(
     shape: &AttentionShape,
     dtype: DType,
 ) -> flash_attn::Result<(Vec<Vec<f32>>, Vec<DeviceTensor>)> {
+    flash_attn::options::validate_shape(shape)?;
     let seed = rand::random::<u64>();
     let host: Vec<Vec<f32>> = [shape.q_elems(), shape.kv_elems(), shape.kv_elems()]
         .iter()

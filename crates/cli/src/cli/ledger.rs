@@ -69,6 +69,26 @@ impl LedgerReport {
             },
         )
         .ok_or("lengths and block sizes must be at least 1")?;
+        // The ledger walks every (row block, column block) visit and counts words in u64.
+        let visits = schedule.row_blocks().checked_mul(schedule.col_blocks());
+        if visits.is_none_or(|v| v > MAX_VISITS) {
+            return Err(format!(
+                "{} x {} block visits; the ledger walks each one and takes at most {MAX_VISITS}",
+                schedule.row_blocks(),
+                schedule.col_blocks()
+            ));
+        }
+        let largest_term = [
+            n_q.max(n_k),
+            args.head_dim,
+            schedule.row_blocks().max(schedule.col_blocks()),
+            16,
+        ]
+        .into_iter()
+        .try_fold(1u64, u64::checked_mul);
+        if largest_term.is_none() {
+            return Err("the word counts of this shape overflow 64 bits".into());
+        }
         Ok(LedgerReport {
             schedule,
             head_dim: args.head_dim,
@@ -187,6 +207,9 @@ impl LedgerReport {
         out
     }
 }
+
+/// Block visits the ledger walks at most (a second or so).
+const MAX_VISITS: u64 = 100_000_000;
 
 pub fn run(args: &LedgerArgs) -> Result<(), Box<dyn std::error::Error>> {
     let report = LedgerReport::new(args)?;

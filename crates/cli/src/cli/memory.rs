@@ -118,6 +118,7 @@ fn measure(
     dtype: DType,
     kernels: &[KernelChoice],
 ) -> flash_attn::Result<serde_json::Value> {
+    flash_attn::options::validate_shape(shape)?;
     let upload = |seed: u64, len: usize| DeviceTensor::from_f32(dtype, &uniform(seed, len));
     let seed = rand::random::<u64>();
     let (q, k, v, d_o) = (

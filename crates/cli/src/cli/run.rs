@@ -93,6 +93,8 @@ fn run_gpu(
     options: &AttentionOptions,
 ) -> CliResult {
     let dtype = args.dtype;
+    // Refuses shapes the kernels cannot take before any host input is built.
+    flash_attn::Problem::new(shape, dtype, &FlashOptions::new(options.clone()))?;
     println!("device: {}", gpu.device_name());
     println!(
         "fixture: B={} N={} H={} d={} {dtype}{}, seed {:#x}",
