@@ -8,7 +8,7 @@
 //! kernels and the deterministic-gradient switch. Inputs that cannot run are refused with
 //! `AttentionError::InvalidInput` before anything is allocated or launched.
 
-pub use attention_host::flash::{KernelFamily, choose_block_sizes, paper_block_sizes};
+pub use attention_host::families::exact::{KernelFamily, choose_block_sizes, paper_block_sizes};
 pub use attention_host::{
     AttentionOptions, AttentionShape, BackwardInputs, BlockSizes, DType, DeviceF32, DeviceTensor,
     Direction, Family, FlashOptions, ForwardOutput, Gpu, Gradients, KernelChoice, Lengths, Plan,

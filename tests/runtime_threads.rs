@@ -5,7 +5,7 @@
 
 use std::thread;
 
-use flash_attn::flash::KernelFamily;
+use flash_attn::families::exact::KernelFamily;
 use flash_attn::reference::forward_f32;
 use flash_attn::{
     AttentionOptions, AttentionShape, BlockSizes, DType, DeviceF32, DeviceTensor, FlashOptions, Gpu,

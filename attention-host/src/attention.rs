@@ -7,13 +7,13 @@
 
 use attention_kernels::params::AttentionShape;
 
-use crate::buffer::{DeviceF32, DeviceTensor};
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
-use crate::flash::FlashOptions;
+use crate::flash_options::FlashOptions;
 use crate::plan::{self, DeviceCaps, Direction, Plan, Tiles};
 use crate::problem::Problem;
 use crate::runtime::Gpu;
+use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 
 /// O (`[batch, n_q, heads_q, head_dim]`, the inputs' dtype), LSE (f32 `[batch, heads_q, n_q]`,
 /// natural log, `−∞` for rows with no allowed key), and the plan that computed them.
@@ -312,11 +312,13 @@ fn launch_forward(
     workspace: &Workspace,
 ) -> Result<()> {
     match plan.tiles {
-        Tiles::Exact(blocks) => crate::flash::forward::launch_forward(
+        Tiles::Exact(blocks) => crate::families::exact::forward::launch_forward(
             gpu, problem, plan, blocks, q, k, v, o, lse, workspace,
         ),
         Tiles::Sm80Forward(_) | Tiles::Sm90Forward(_) => {
-            crate::tensor_core::launch_forward(gpu, problem, plan, q, k, v, o, lse)
+            crate::families::tensor_core::forward::launch_forward(
+                gpu, problem, plan, q, k, v, o, lse,
+            )
         }
         Tiles::Sm80Backward(_) | Tiles::Sm90Backward(_) => {
             unreachable!("plan::select gave a backward plan for a forward")
@@ -333,11 +335,13 @@ fn launch_backward(
     workspace: &Workspace,
 ) -> Result<()> {
     match plan.tiles {
-        Tiles::Exact(blocks) => crate::flash::backward::launch_backward(
+        Tiles::Exact(blocks) => crate::families::exact::backward::launch_backward(
             gpu, problem, plan, blocks, inputs, out, workspace,
         ),
         Tiles::Sm80Backward(_) | Tiles::Sm90Backward(_) => {
-            crate::tensor_core_backward::launch_backward(gpu, problem, plan, inputs, out, workspace)
+            crate::families::tensor_core::backward::launch_backward(
+                gpu, problem, plan, inputs, out, workspace,
+            )
         }
         Tiles::Sm80Forward(_) | Tiles::Sm90Forward(_) => {
             unreachable!("plan::select gave a forward plan for a backward")

@@ -1,35 +1,39 @@
-//! Host runtime of the attention kernels: load PTX through cust, validate every input, launch.
-//! Also home of the f64 CPU reference the kernels are held to.
+//! Host side of the attention kernels. A call reads top to bottom:
+//! [`attention`] (the entry points) → [`problem`] (validate once) → [`plan`] (choose the family
+//! and instance) → [`families`] (that family's launcher) → [`runtime`] (context, module, typed
+//! launches, buffers). [`layout`] and [`instances`] are shared by every family; [`reference`] is
+//! the f64 CPU reference the kernels are held to, [`ledger`] and [`schedule`] the article's
+//! models, [`materialized`] the three-stage baseline.
 
 pub mod attention;
-pub mod buffer;
 pub mod dtype;
 pub mod error;
-pub mod flash;
+pub mod families;
+pub mod flash_options;
 pub mod instances;
+pub mod layout;
 pub mod ledger;
 pub mod materialized;
-pub mod memory;
 pub mod options;
 pub mod plan;
 pub mod problem;
 pub mod reference;
 pub mod runtime;
 pub mod schedule;
-pub mod tensor_core;
-pub mod tensor_core_backward;
-pub mod timing;
 
 pub use attention::{
     BackwardInputs, ForwardOutput, GradientBuffers, Gradients, Workspace, backward, backward_into,
     backward_variant_into, forward, forward_into, forward_variant_into, plan,
 };
+pub use attention_kernels::flash::params::BlockSizes;
 pub use attention_kernels::params::AttentionShape;
-pub use buffer::{DeviceF32, DeviceTensor};
 pub use dtype::DType;
 pub use error::{AttentionError, Result};
-pub use flash::{BlockSizes, FlashOptions, Schedule};
+pub use flash_options::{FlashOptions, Schedule};
 pub use options::{AttentionOptions, CheckedElems, Dropout, Lengths};
 pub use plan::{DeviceCaps, Direction, Family, KernelChoice, Plan, Tiles};
 pub use problem::Problem;
+pub use runtime::buffer::{DeviceF32, DeviceTensor};
+pub use runtime::memory;
+pub use runtime::timing;
 pub use runtime::{Gpu, KernelParams, LaunchConfig};

@@ -4,10 +4,10 @@ use attention_kernels::params::{
     AttentionShape, MaterializedOutputParams, MaterializedScoresParams, MaterializedSoftmaxParams,
 };
 
-use crate::buffer::DeviceTensor;
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
 use crate::options::{AttentionOptions, CheckedElems, Lengths};
+use crate::runtime::buffer::DeviceTensor;
 use crate::runtime::{Gpu, LaunchConfig};
 
 const TILE: u32 = 16;

@@ -17,7 +17,8 @@ use attention_kernels::flash_wgmma::{self, WgBackwardConfig, WgConfig};
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
-use crate::flash::{KernelFamily, Schedule, THREADS, choose_block_sizes};
+use crate::families::exact::{KernelFamily, THREADS, choose_block_sizes};
+use crate::flash_options::Schedule;
 use crate::instances;
 use crate::problem::Problem;
 use crate::runtime::Gpu;
@@ -566,7 +567,7 @@ mod tests {
     use attention_kernels::params::AttentionShape;
 
     use super::*;
-    use crate::flash::FlashOptions;
+    use crate::flash_options::FlashOptions;
     use crate::options::AttentionOptions;
 
     fn shape(head_dim: u32) -> AttentionShape {

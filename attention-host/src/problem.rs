@@ -5,7 +5,7 @@ use attention_kernels::params::AttentionShape;
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
-use crate::flash::FlashOptions;
+use crate::flash_options::FlashOptions;
 use crate::options::Lengths;
 
 /// Largest head dimension any family is built for (the exact kernels' limit).

@@ -1,8 +1,8 @@
 //! The sequence layout on the device: which rows and keys form each sequence.
 
-use crate::buffer::DeviceArray;
 use crate::error::Result;
 use crate::options::Lengths;
+use crate::runtime::buffer::DeviceArray;
 use attention_kernels::flash::params::{LENGTHS_FULL, LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout};
 use attention_kernels::params::AttentionShape;
 

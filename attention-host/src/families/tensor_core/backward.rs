@@ -8,8 +8,8 @@ use attention_kernels::params::TensorCoreBackwardParams;
 
 use crate::attention::{BackwardInputs, GradientBuffers, Workspace};
 use crate::error::Result;
-use crate::flash::layout::DeviceLayout;
 use crate::instances;
+use crate::layout::DeviceLayout;
 use crate::plan::{Plan, Tiles};
 use crate::problem::Problem;
 use crate::runtime::{Gpu, LaunchConfig};

@@ -4,10 +4,10 @@
 use attention_kernels::flash::params::{BlockSizes, FlashBackwardParams};
 
 use super::THREADS;
-use super::layout::DeviceLayout;
 use crate::attention::{BackwardInputs, GradientBuffers, Workspace};
 use crate::error::{Result, driver};
 use crate::instances;
+use crate::layout::DeviceLayout;
 use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::{Gpu, LaunchConfig};

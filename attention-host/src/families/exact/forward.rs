@@ -2,14 +2,14 @@
 
 use attention_kernels::flash::params::{BlockSizes, FlashForwardParams};
 
-use super::layout::DeviceLayout;
-use super::options::Schedule;
 use crate::attention::Workspace;
-use crate::buffer::{DeviceF32, DeviceTensor};
 use crate::error::Result;
+use crate::flash_options::Schedule;
+use crate::layout::DeviceLayout;
 use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::Gpu;
+use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 
 /// Launches `plan` (an exact forward with `blocks`) without waiting: O and LSE of
 /// `softmax(mask(τ·QKᵀ))` with dropout, never materialising an `N_q × N_k` buffer. The caller

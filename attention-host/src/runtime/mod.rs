@@ -4,8 +4,12 @@
 //! Threads: a [`Gpu`] is `Send + Sync`. Every method that calls the driver first makes the
 //! context current on the calling thread, so one `Gpu` may be shared by threads or moved to
 //! another. The context is device 0's primary context (the one cust, cudarc and candle share),
-//! retained by the `Gpu` and by every buffer of this library ([`crate::buffer`]), so it lives as
+//! retained by the `Gpu` and by every buffer of this library ([`buffer`]), so it lives as
 //! long as the last of them: a buffer may outlive the `Gpu` it was used with.
+
+pub mod buffer;
+pub mod memory;
+pub mod timing;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};

@@ -4,12 +4,12 @@
 
 use attention_kernels::params::TensorCoreForwardParams;
 
-use crate::buffer::{DeviceF32, DeviceTensor};
 use crate::error::Result;
-use crate::flash::layout::DeviceLayout;
+use crate::layout::DeviceLayout;
 use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::Gpu;
+use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 
 /// Launches `plan` (a tensor-core forward) without waiting. The caller validated the tensors
 /// against `problem`.

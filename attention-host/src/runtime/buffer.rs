@@ -20,7 +20,7 @@ use crate::runtime::{make_current, memory_pool, primary_context};
 
 /// `len` elements of `T` on the device, freed in stream order; keeps the context it was
 /// allocated in alive and current where it is used and freed. Its bytes count in
-/// [`crate::memory`].
+/// [`crate::runtime::memory`].
 pub(crate) struct DeviceArray<T: DeviceCopy> {
     ptr: CUdeviceptr,
     len: usize,
@@ -72,7 +72,7 @@ impl<T: DeviceCopy> DeviceArray<T> {
                 "allocating device memory",
             )?;
         }
-        crate::memory::allocated(bytes);
+        crate::runtime::memory::allocated(bytes);
         Ok(DeviceArray {
             ptr,
             len,
@@ -161,7 +161,7 @@ impl DeviceArray<u16> {
 
 impl<T: DeviceCopy> Drop for DeviceArray<T> {
     fn drop(&mut self) {
-        crate::memory::released(self.len * size_of::<T>());
+        crate::runtime::memory::released(self.len * size_of::<T>());
         if self.ptr != 0 && make_current(&self.context).is_ok() {
             // SAFETY: the pointer came from the pool and is freed once; the legacy default stream
             // waits for the library's queued work before the memory returns to the pool.
