@@ -1,6 +1,7 @@
 use super::*;
 use crate::reference::forward;
-use crate::reference::test_support::{Inputs, assert_close, inputs, shape};
+use crate::reference::test_support::{Inputs, inputs, shape};
+use approx::assert_relative_eq;
 
 /// `⟨dO, O(q, k, v)⟩`, the scalar whose gradient `backward` returns.
 fn loss(s: &AttentionShape, x: &Inputs, options: &AttentionOptions) -> f64 {
@@ -24,9 +25,24 @@ fn check_by_finite_differences(s: &AttentionShape, options: &AttentionOptions, s
             })
             .collect()
     };
-    assert_close(&grads.dq, &numeric(|x| &mut x.q, s.q_elems()), 1e-8);
-    assert_close(&grads.dk, &numeric(|x| &mut x.k, s.kv_elems()), 1e-8);
-    assert_close(&grads.dv, &numeric(|x| &mut x.v, s.kv_elems()), 1e-8);
+    assert_relative_eq!(
+        grads.dq[..],
+        numeric(|x| &mut x.q, s.q_elems())[..],
+        epsilon = 1e-8,
+        max_relative = 0.0
+    );
+    assert_relative_eq!(
+        grads.dk[..],
+        numeric(|x| &mut x.k, s.kv_elems())[..],
+        epsilon = 1e-8,
+        max_relative = 0.0
+    );
+    assert_relative_eq!(
+        grads.dv[..],
+        numeric(|x| &mut x.v, s.kv_elems())[..],
+        epsilon = 1e-8,
+        max_relative = 0.0
+    );
 }
 
 #[test]
@@ -128,14 +144,24 @@ fn gqa_gradients_sum_over_the_group() {
     let options = AttentionOptions::new().causal(true);
     let a = backward(&gqa, &x.q, &x.k, &x.v, &x.d_o, &options).unwrap();
     let b = backward(&mha, &x.q, &repeat(&x.k), &repeat(&x.v), &x.d_o, &options).unwrap();
-    assert_close(&a.dq, &b.dq, 1e-15);
+    assert_relative_eq!(a.dq[..], b.dq[..], epsilon = 1e-15, max_relative = 0.0);
     let fold = |t: &[f64]| -> Vec<f64> {
         t.chunks(4)
             .flat_map(|pair| [pair[0] + pair[2], pair[1] + pair[3]])
             .collect()
     };
-    assert_close(&a.dk, &fold(&b.dk), 1e-15);
-    assert_close(&a.dv, &fold(&b.dv), 1e-15);
+    assert_relative_eq!(
+        a.dk[..],
+        fold(&b.dk)[..],
+        epsilon = 1e-15,
+        max_relative = 0.0
+    );
+    assert_relative_eq!(
+        a.dv[..],
+        fold(&b.dv)[..],
+        epsilon = 1e-15,
+        max_relative = 0.0
+    );
 }
 
 #[test]

@@ -2,7 +2,8 @@ use attention_kernels::online_state::OnlineState;
 
 use super::*;
 use crate::error::AttentionError;
-use crate::reference::test_support::{assert_close, inputs, shape};
+use crate::reference::test_support::{inputs, shape};
+use approx::assert_relative_eq;
 
 /// Keys `[s_j, 0]` against the query `[1, 0]` with `τ = 1` make the scores exactly `s_j`.
 fn scores_as_keys(scores: &[f64]) -> (Vec<f64>, Vec<f64>) {
@@ -24,8 +25,18 @@ fn article_three_block_row() {
         &AttentionOptions::new().scale(1.0),
     )
     .unwrap();
-    assert_close(&out.o, &[3.554972349613208, 1.2032242390332164], 1e-12);
-    assert_close(&out.lse, &[3.19076575192487], 1e-12);
+    assert_relative_eq!(
+        out.o[..],
+        [3.554972349613208, 1.2032242390332164][..],
+        epsilon = 1e-12,
+        max_relative = 0.0
+    );
+    assert_relative_eq!(
+        out.lse[..],
+        [3.19076575192487][..],
+        epsilon = 1e-12,
+        max_relative = 0.0
+    );
 }
 
 #[test]
@@ -35,8 +46,18 @@ fn article_masked_row_six_lse() {
     let v = vec![0.5; 20];
     let options = AttentionOptions::new().scale(1.0).key_lengths(vec![7]);
     let out = forward(&shape(1, 1, 10, 1, 1, 2), &q, &k, &v, &options).unwrap();
-    assert_close(&out.lse, &[4.0 + 1.580534130840f64.ln()], 1e-12);
-    assert_close(&out.o, &[0.5, 0.5], 1e-15);
+    assert_relative_eq!(
+        out.lse[..],
+        [4.0 + 1.580534130840f64.ln()][..],
+        epsilon = 1e-12,
+        max_relative = 0.0
+    );
+    assert_relative_eq!(
+        out.o[..],
+        [0.5, 0.5][..],
+        epsilon = 1e-15,
+        max_relative = 0.0
+    );
 }
 
 #[test]
@@ -82,10 +103,20 @@ fn matches_the_online_state_fold_under_masks_and_gqa() {
                     OnlineState::from_tile(&scores[t..end], &values[t..end])
                 })
                 .fold(OnlineState::identity(), |acc, t| acc.merge(&t));
-            assert_close(&out.o[q_off..q_off + D], &state.output(), 1e-14);
+            assert_relative_eq!(
+                out.o[q_off..q_off + D][..],
+                state.output()[..],
+                epsilon = 1e-14,
+                max_relative = 0.0
+            );
             let lse =
                 out.lse[problem.lse_index(row.seq.item, row.head, row.seq.q_start + row.local)];
-            assert_close(&[lse], &[state.lse()], 1e-14);
+            assert_relative_eq!(
+                [lse][..],
+                [state.lse()][..],
+                epsilon = 1e-14,
+                max_relative = 0.0
+            );
         }
     }
 }
@@ -98,11 +129,17 @@ fn scores_use_tau_times_the_dot_product() {
     // Default τ = 1/√2, rounded to f32 as the kernels hold it: scores [3τ, 0].
     let tau = (1.0 / 2.0f32.sqrt()) as f64;
     let p0 = 1.0 / (1.0 + (-3.0 * tau).exp());
-    assert_close(&out.o, &[p0, 1.0 - p0], 1e-15);
-    assert_close(
-        &out.lse,
-        &[3.0 * tau + (1.0 + (-3.0 * tau).exp()).ln()],
-        1e-15,
+    assert_relative_eq!(
+        out.o[..],
+        [p0, 1.0 - p0][..],
+        epsilon = 1e-15,
+        max_relative = 0.0
+    );
+    assert_relative_eq!(
+        out.lse[..],
+        [3.0 * tau + (1.0 + (-3.0 * tau).exp()).ln()][..],
+        epsilon = 1e-15,
+        max_relative = 0.0
     );
 }
 
@@ -203,10 +240,11 @@ fn causal_is_bottom_right_aligned_and_empty_rows_are_zero() {
     // Row 2 sees key 0 only: its output is v_0 and its LSE that one score.
     assert_eq!(&out.o[4..6], &x.v[..2]);
     let tau = (1.0 / 2.0f32.sqrt()) as f64;
-    assert_close(
-        &out.lse[2..3],
-        &[tau * (x.q[4] * x.k[0] + x.q[5] * x.k[1])],
-        1e-15,
+    assert_relative_eq!(
+        out.lse[2..3][..],
+        [tau * (x.q[4] * x.k[0] + x.q[5] * x.k[1])][..],
+        epsilon = 1e-15,
+        max_relative = 0.0
     );
 }
 

@@ -44,14 +44,3 @@ pub fn inputs(shape: &AttentionShape, seed: u64) -> Inputs {
         d_o: draw(shape.q_elems()),
     }
 }
-
-pub fn assert_close(got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let same_inf = g.is_infinite() && g == w;
-        assert!(
-            same_inf || (g - w).abs() <= tol,
-            "index {i}: got {g}, want {w} (tol {tol})"
-        );
-    }
-}

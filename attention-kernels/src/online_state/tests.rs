@@ -1,4 +1,5 @@
 use super::*;
+use approx::assert_relative_eq;
 use std::vec::Vec;
 
 /// The article's three-block row (0x09G, 0x11).
@@ -13,16 +14,6 @@ fn block_states() -> Vec<OnlineState<f64, 2>> {
         .iter()
         .map(|b| OnlineState::from_tile(&SCORES[b.clone()], &VALUES[b.clone()]))
         .collect()
-}
-
-fn assert_close(got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len());
-    for (g, w) in got.iter().zip(want) {
-        assert!(
-            (g - w).abs() <= tol,
-            "got {got:?}, want {want:?} (tol {tol})"
-        );
-    }
 }
 
 /// The three merge trees of 0x08H over states `s`, with `merge` of the form under test.
@@ -40,15 +31,31 @@ fn three_block_trace_intermediate_states() {
     assert!((r.alpha - 0.049787).abs() < 1e-6 && r.beta == 1.0);
     let first_two = s[0].merge(&s[1]);
     assert_eq!(first_two.row_max, 3.0);
-    assert_close(&[first_two.row_sum], &[1.191860], 1e-6);
-    assert_close(&first_two.numerator, &[4.320458, 1.419482], 1e-6);
+    assert_relative_eq!(
+        [first_two.row_sum][..],
+        [1.191860][..],
+        epsilon = 1e-6,
+        max_relative = 0.0
+    );
+    assert_relative_eq!(
+        first_two.numerator[..],
+        [4.320458, 1.419482][..],
+        epsilon = 1e-6,
+        max_relative = 0.0
+    );
     let all = first_two.merge(&s[2]);
     assert_eq!((all.row_max, all.count), (3.0, 5));
-    assert_close(&[all.row_sum], &[1.2101759374922962], 1e-12);
-    assert_close(
-        &all.numerator,
-        &[4.302141995952355, 1.4561130214854774],
-        1e-12,
+    assert_relative_eq!(
+        [all.row_sum][..],
+        [1.2101759374922962][..],
+        epsilon = 1e-12,
+        max_relative = 0.0
+    );
+    assert_relative_eq!(
+        all.numerator[..],
+        [4.302141995952355, 1.4561130214854774][..],
+        epsilon = 1e-12,
+        max_relative = 0.0
     );
 }
 
@@ -56,18 +63,48 @@ fn three_block_trace_intermediate_states() {
 fn three_block_trace_every_form_and_tree() {
     let s = block_states();
     for state in trees(&s, |a, b| a.merge(b)) {
-        assert_close(&state.output(), &OUTPUT, 1e-12);
-        assert_close(&[state.lse()], &[LSE], 1e-12);
+        assert_relative_eq!(
+            state.output()[..],
+            OUTPUT[..],
+            epsilon = 1e-12,
+            max_relative = 0.0
+        );
+        assert_relative_eq!(
+            [state.lse()][..],
+            [LSE][..],
+            epsilon = 1e-12,
+            max_relative = 0.0
+        );
     }
     let normalized: Vec<_> = s.iter().map(|x| x.normalized()).collect();
     for state in trees(&normalized, |a, b| a.merge(b)) {
-        assert_close(&state.output, &OUTPUT, 1e-12);
-        assert_close(&[state.lse()], &[LSE], 1e-12);
+        assert_relative_eq!(
+            state.output[..],
+            OUTPUT[..],
+            epsilon = 1e-12,
+            max_relative = 0.0
+        );
+        assert_relative_eq!(
+            [state.lse()][..],
+            [LSE][..],
+            epsilon = 1e-12,
+            max_relative = 0.0
+        );
     }
     let log: Vec<_> = s.iter().map(|x| x.log_domain()).collect();
     for state in trees(&log, |a, b| a.merge(b)) {
-        assert_close(&state.output, &OUTPUT, 1e-12);
-        assert_close(&[state.lse], &[LSE], 1e-12);
+        assert_relative_eq!(
+            state.output[..],
+            OUTPUT[..],
+            epsilon = 1e-12,
+            max_relative = 0.0
+        );
+        assert_relative_eq!(
+            [state.lse][..],
+            [LSE][..],
+            epsilon = 1e-12,
+            max_relative = 0.0
+        );
         assert_eq!(state.count, 5);
     }
 }
@@ -162,10 +199,11 @@ fn masked_row_six_trace() {
         numerator: [3.839623, 0.598530, 0.930406, 1.706961],
         count: 7,
     };
-    assert_close(
-        &printed.output(),
-        &[2.429320, 0.378688, 0.588666, 1.079990],
-        1e-6,
+    assert_relative_eq!(
+        printed.output()[..],
+        [2.429320, 0.378688, 0.588666, 1.079990][..],
+        epsilon = 1e-6,
+        max_relative = 0.0
     );
 }
 
@@ -246,17 +284,32 @@ fn random_partitions_and_orders_match_the_dense_row() {
             .fold(OnlineState::identity(), |acc, t| acc.merge(t));
         let allowed = scores.iter().filter(|s| **s != f64::NEG_INFINITY).count() as u32;
         assert_eq!(folded.count, allowed);
-        assert_close(&folded.output(), &want_o, 1e-12);
+        assert_relative_eq!(
+            folded.output()[..],
+            want_o[..],
+            epsilon = 1e-12,
+            max_relative = 0.0
+        );
         assert!((folded.lse() - want_lse).abs() < 1e-12);
 
         let normalized = tiles.iter().fold(NormalizedState::identity(), |acc, t| {
             acc.merge(&t.normalized())
         });
-        assert_close(&normalized.output, &want_o, 1e-12);
+        assert_relative_eq!(
+            normalized.output[..],
+            want_o[..],
+            epsilon = 1e-12,
+            max_relative = 0.0
+        );
         let log = tiles
             .iter()
             .fold(LogState::identity(), |acc, t| acc.merge(&t.log_domain()));
-        assert_close(&log.output, &want_o, 1e-12);
+        assert_relative_eq!(
+            log.output[..],
+            want_o[..],
+            epsilon = 1e-12,
+            max_relative = 0.0
+        );
         assert!((log.lse - want_lse).abs() < 1e-12);
     }
 }
