@@ -23,7 +23,7 @@ for line in sys.stdin:
 '
 # Symbols are not needed there and the carried folder is limited in size.
 strip .device-run/flash-attn .device-run/tests/* .device-run/examples/*
-cp scripts/device-run.sh scripts/device-sanitize.sh scripts/bench-h200.sh .device-run/
+cp scripts/device-run.sh scripts/device-sanitize.sh scripts/bench-h200.sh scripts/h200-check.sh .device-run/
 # The GPU machine gets no .git: record which commit (and whether the tree was clean) was built.
 echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!reports' || echo ' +uncommitted changes')" > .device-run/COMMIT
 mkdir -p .device-pack && tar czf .device-pack/run.tgz .device-run

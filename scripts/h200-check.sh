@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine after scripts/device-prepare.sh (carry .device-pack): everything issue 9
+# asks the H200 for, in one call, each step under its own time limit so the call ends inside the
+# device tool's 10 minutes. $OUT (or reports/device/) gets summary.txt and logs.tgz with every
+# log (the device tool returns at most eight files).
+#   tests     every test binary, GPU tests for real, with --show-output (each case's family shows)
+#   job       the main job on the fixture with every family side by side, plain and causal
+#   memcheck  compute-sanitizer memcheck over the GPU matrix and the non-finite tests, per family
+#   racecheck the same under racecheck
+# usage: h200-check.sh [tests] [job] [memcheck] [racecheck]   (default: all four)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dest=${OUT:-reports/device}
+mkdir -p "$dest"
+out=$(mktemp -d)
+scripts/device-unpack.sh
+steps=${*:-tests job memcheck racecheck}
+status=0
+note() { echo "$*" | tee -a "$out/summary.txt"; }
+note "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); built from $(cat .device-run/COMMIT)"
+
+for step in $steps; do case $step in
+tests)
+  for t in .device-run/tests/*; do
+    name=$(basename "$t")
+    case $name in cli_*) continue;; esac  # runs the binary at its build path: CPU machine only
+    timeout 240 "$t" --test-threads=1 --show-output > "$out/test-$name.log" 2>&1
+    rc=$?; [ $rc = 0 ] || status=1
+    note "test $name: exit $rc, $(grep -h 'test result' "$out/test-$name.log" | tail -1)"
+  done
+  grep -h "ran [0-9]* of\|SKIP" "$out"/test-*.log | tee -a "$out/summary.txt";;
+job)
+  for causal in "" --causal; do
+    timeout 150 .device-run/flash-attn run $causal --kernel auto,sm90,sm80,exact > "$out/main-job$causal.log" 2>&1
+    rc=$?; [ $rc = 0 ] || status=1
+    note "main job $causal: exit $rc"; grep -E "forward|backward" "$out/main-job$causal.log" | grep -v "^direction" | tee -a "$out/summary.txt"
+  done;;
+memcheck|racecheck)
+  # Sequences up to 333 (several tiles and tails per family) keep racecheck inside its limit.
+  for family in exact sm80 sm90; do
+    for t in gpu_matrix gpu_non_finite; do
+      [ -x .device-run/tests/$t ] || continue
+      OUT=$out scripts/device-sanitize.sh $step $([ $step = memcheck ] && echo 40 || echo 55) $t \
+        FLASH_ATTN_FAMILIES=$family FLASH_ATTN_MATRIX_MAX_LEN=333 -- --show-output > /dev/null
+      log="$out/sanitizer-$step-$t.log"; mv "$log" "$out/sanitizer-$step-$t-$family.log"
+      note "$step $t $family: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$step-$t-$family.log" | tail -1) $(tail -1 "$out/sanitizer-$step-$t-$family.log")"
+    done
+  done;;
+esac; done
+note "h200-check status: $status"
+cp "$out/summary.txt" "$dest/" && tar czf "$dest/logs.tgz" -C "$out" .
+exit $status
