@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::npy;
 
-use super::forward::{CallArgs, read_qkv};
+use super::forward::{FileCallArgs, read_qkv};
 
 #[derive(clap::Args, Debug)]
 pub struct BackwardArgs {
@@ -41,7 +41,7 @@ pub struct BackwardArgs {
     #[arg(long)]
     pub deterministic: bool,
     #[command(flatten)]
-    pub call: CallArgs,
+    pub call: FileCallArgs,
 }
 
 pub fn run(args: &BackwardArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -55,7 +55,7 @@ pub fn run(args: &BackwardArgs) -> Result<(), Box<dyn std::error::Error>> {
         .into());
     }
     let dtype = args.call.dtype(q.dtype);
-    let options = args.call.options().deterministic(args.deterministic);
+    let options = args.call.call.options().deterministic(args.deterministic);
     let gpu = flash_attn::gpu()?;
     let (o, lse) = match (&args.o, &args.lse) {
         (Some(o), Some(lse)) => (npy::read(o)?.data, npy::read(lse)?.data),

@@ -7,13 +7,9 @@ use flash_attn::{
     AttentionOptions, AttentionShape, BlockSizes, DType, FlashOptions, KernelChoice, Schedule,
 };
 
-/// The options both directions take.
+/// The options of a call, as `forward`, `backward` and `plan` take them.
 #[derive(clap::Args, Debug)]
 pub struct CallArgs {
-    /// Compute dtype: f32, f16 or bf16 (default: the files' dtype; `.npy` has no bf16, so inputs
-    /// are rounded to bf16 on upload). Outputs are written in the files' dtype.
-    #[arg(long)]
-    pub dtype: Option<DType>,
     /// Score scale τ (default 1/√head_dim).
     #[arg(long)]
     pub scale: Option<f32>,
@@ -52,10 +48,6 @@ pub struct CallArgs {
     /// Explicit B_c (with --block-rows).
     #[arg(long, requires = "block_rows")]
     pub block_cols: Option<u32>,
-    /// Print the plan the call ran: family, kernel, tiles (B_r, B_c), grid, shared memory,
-    /// workspace, and why each other family was not chosen.
-    #[arg(long, alias = "print-block-sizes")]
-    pub print_plan: bool,
 }
 
 impl CallArgs {
@@ -82,7 +74,25 @@ impl CallArgs {
         }
         o
     }
+}
 
+/// What a call from `.npy` files takes besides the options: the compute dtype and whether to
+/// print the plan.
+#[derive(clap::Args, Debug)]
+pub struct FileCallArgs {
+    /// Compute dtype: f32, f16 or bf16 (default: the files' dtype; `.npy` has no bf16, so inputs
+    /// are rounded to bf16 on upload). Outputs are written in the files' dtype.
+    #[arg(long)]
+    pub dtype: Option<DType>,
+    /// Print the plan the call ran: family, kernel, tiles (B_r, B_c), grid, shared memory,
+    /// workspace, and why each other family was not chosen.
+    #[arg(long, alias = "print-block-sizes")]
+    pub print_plan: bool,
+    #[command(flatten)]
+    pub call: CallArgs,
+}
+
+impl FileCallArgs {
     /// The compute dtype: `--dtype`, else the files'.
     pub fn dtype(&self, files: NpyDType) -> DType {
         self.dtype.unwrap_or(match files {
@@ -110,7 +120,7 @@ pub struct ForwardArgs {
     #[arg(long)]
     pub lse: Option<PathBuf>,
     #[command(flatten)]
-    pub call: CallArgs,
+    pub call: FileCallArgs,
 }
 
 /// Q, K, V read, checked against each other, and the shape they give.
@@ -167,7 +177,7 @@ pub fn run(args: &ForwardArgs) -> Result<(), Box<dyn std::error::Error>> {
         &q.data,
         &k.data,
         &v.data,
-        &args.call.options(),
+        &args.call.call.options(),
     )?;
     if args.call.print_plan {
         print!("{}", out.plan);

@@ -41,6 +41,9 @@ pub struct PlanArgs {
     /// Direction(s) to plan.
     #[arg(long, value_enum, default_value = "both")]
     pass: Pass,
+    /// Compute dtype: f32, f16 or bf16.
+    #[arg(long, default_value = "bf16")]
+    dtype: DType,
     /// Bitwise reproducible gradients (the backward's dQ without atomics).
     #[arg(long)]
     deterministic: bool,
@@ -57,7 +60,7 @@ pub fn run(args: &PlanArgs) -> CliResult {
         heads_kv: args.heads_kv.unwrap_or(args.heads_q),
         head_dim: args.head_dim,
     };
-    let dtype = args.call.dtype.unwrap_or(DType::Bf16);
+    let dtype = args.dtype;
     let options = args.call.options().deterministic(args.deterministic);
     let (device, on) = match &args.arch {
         Some(arch) => (
