@@ -17,7 +17,9 @@
 //!
 //! Where no CUDA device answers, each test prints `SKIP <test>: ...` to stderr and returns.
 
-use flash_attn::testing::{LengthMode, MATRIX_SIZES, fresh_seed, gpu_or_skip, lse_err, rel_err};
+use flash_attn::testing::{
+    LengthMode, MATRIX_SIZES, fresh_seed, gpu_or_skip, lse_err, rel_err, worst as worst_of,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -181,10 +183,10 @@ fn matrix_against_the_f64_reference() {
             ("dk", rel_err(&grads.dk.to_f32().unwrap(), &ref_grads.dk)),
             ("dv", rel_err(&grads.dv.to_f32().unwrap(), &ref_grads.dv)),
         ];
-        let case_worst = errs.iter().map(|e| e.1).fold(0.0, f64::max);
+        let case_worst = errs.iter().map(|e| e.1).fold(0.0, worst_of);
         let mut w = worst.lock().unwrap();
         let entry = w.entry(dt.name()).or_insert(0.0);
-        *entry = entry.max(case_worst);
+        *entry = worst_of(*entry, case_worst);
         let line = format!(
             "{case:?} B=({},{}) fwd B=({},{}) bwd: {}",
             fwd.block_sizes.block_rows,
@@ -343,7 +345,7 @@ fn backward_matches_finite_differences_of_the_gpu_forward() {
             let a = analytic[which][idx] as f64;
             // f32 forward noise over ~500 terms / 2ε plus O(ε²) truncation.
             let tol = 2e-3 + 1e-2 * a.abs();
-            worst = worst.max((fd - a).abs());
+            worst = worst_of(worst, (fd - a).abs());
             assert!(
                 (fd - a).abs() <= tol,
                 "d{name}[{idx}]: finite difference {fd}, backward {a}"
