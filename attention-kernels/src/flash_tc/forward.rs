@@ -13,6 +13,7 @@ use crate::device::{
 };
 use crate::flash_tc::TcConfig;
 use crate::flash_tc::softmax::RowState;
+use crate::mask::{Exponent, Operand, add_non_finite, sanitize_and_vote};
 use crate::params::{TensorCoreForwardParams, causal_key_end};
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
@@ -21,7 +22,7 @@ use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16};
 use crate::tile::mma::{FragA, FragC, MmaElem};
 
 unsafe fn forward<
-    T: MmaElem,
+    T: MmaElem + Exponent,
     const KD: usize,
     const ND: usize,
     const NK: usize,
@@ -123,6 +124,22 @@ unsafe fn forward<
             fill_kv(block + 1, stage ^ 1);
         }
 
+        let k0 = block * bc;
+        // A causal diagonal block hides some of its keys from some rows: a non-finite V there
+        // would reach them as 0 · NaN through P·V. Such a block (rare) runs P·V on V with its
+        // non-finite elements zeroed and adds the allowed keys' non-finite part back exactly.
+        let poisoned = causal
+            && k0 + bc > unmasked_end
+            // SAFETY: the stage's V tile is filled (barrier above); every thread calls it.
+            && unsafe {
+                sanitize_and_vote::<T>(
+                    kv_base + stage * 2 * kv_bytes + kv_bytes,
+                    kv_bytes,
+                    tid,
+                    threads,
+                    false,
+                )
+            };
         let mut sc = [FragC::default(); NK];
         for (kk, qf) in q_frag.iter().enumerate() {
             for np in 0..NP {
@@ -133,7 +150,6 @@ unsafe fn forward<
                 T::mma(&mut sc[2 * np + 1], qf, &b1);
             }
         }
-        let k0 = block * bc;
         for t in sc.iter_mut() {
             for e in 0..4 {
                 t.0[e] *= p.scale_log2;
@@ -164,6 +180,14 @@ unsafe fn forward<
                 T::mma(&mut o[2 * dp], pa, &b0);
                 T::mma(&mut o[2 * dp + 1], pa, &b1);
             }
+        }
+        if poisoned {
+            let v = Operand {
+                base: v_rows.base,
+                stride: kv_stride,
+            };
+            // SAFETY: allowed keys are below n_k, rows of V.
+            unsafe { add_non_finite::<T, _, _, ND>(&sc, [end_lo, end_hi], k0, v, lane, &mut o) };
         }
         block += 1;
     }
