@@ -56,7 +56,7 @@ pub trait Exponent {
     fn widen(h: u32) -> f32;
     /// The two elements of a packed word (low half first), widened exactly.
     #[inline(always)]
-    fn unpack(word: u32) -> [f32; 2] {
+    fn widen_pair(word: u32) -> [f32; 2] {
         [Self::widen(word & 0xffff), Self::widen(word >> 16)]
     }
 }
@@ -137,13 +137,12 @@ impl Poison {
     #[inline(always)]
     pub fn apply<Q: Quad>(&self, acc: &mut [Q]) {
         for (n, t) in acc.iter_mut().enumerate() {
-            let t = t.quad();
-            for e in 0..4 {
+            for (e, y) in t.quad().iter_mut().enumerate() {
                 let (r, bit) = (e / 2, 2 * n as u32 + (e % 2) as u32);
                 let has = |m: [u32; 2]| (m[r] >> bit) & 1 != 0;
                 let (nan, pos, neg) = (has(self.nan), has(self.pos), has(self.neg));
-                let x = t[e];
-                t[e] = if nan || (pos && neg) {
+                let x = *y;
+                *y = if nan || (pos && neg) {
                     f32::NAN
                 } else if pos {
                     x + f32::INFINITY
@@ -163,7 +162,7 @@ pub use device::*;
 #[cfg(target_arch = "nvptx64")]
 mod device {
     use super::{Exponent, Poison, Quad, sanitize_pair};
-    use crate::device::{shfl_idx, sync_threads_or};
+    use crate::device::{opaque, shfl_idx, sync_threads_or};
     use crate::tile::mem::{load_shared_16, store_shared_u32};
 
     /// Replaces every non-finite element of the shared tile `[base, base + bytes)` (16-bit
@@ -214,6 +213,61 @@ mod device {
         sync_threads_or(any)
     }
 
+    /// Lane `t` of a quad's part of one shared row (chunks `t, t + 4, …` of `chunks` 16-byte
+    /// chunks at `addr(chunk)`): non-finite elements become 0; returns whether there was one.
+    /// Combine the quad with [`quad_any`].
+    ///
+    /// # Safety
+    /// Every `addr(chunk)` is a 16-byte chunk inside the shared window that no other thread
+    /// accesses until the caller's next barrier.
+    #[inline(always)]
+    pub unsafe fn sanitize_row_part<T: Exponent>(
+        addr: impl Fn(u32) -> u32,
+        chunks: u32,
+        t: u32,
+    ) -> bool {
+        let mut any = false;
+        let mut c = t;
+        while c < chunks {
+            let at = addr(c);
+            // SAFETY: forwarded to the caller.
+            unsafe {
+                let w = load_shared_16(at);
+                let mut bad = false;
+                let mut out = [0u32; 4];
+                for i in 0..4 {
+                    let (x, b) = sanitize_pair::<T>(w[i]);
+                    out[i] = x;
+                    bad |= b;
+                }
+                if bad {
+                    for (i, &x) in out.iter().enumerate() {
+                        store_shared_u32(at + 4 * i as u32, x);
+                    }
+                }
+                any |= bad;
+            }
+            c += 4;
+        }
+        any
+    }
+
+    /// Bits of the four lanes of a quad, or-ed; every lane of the warp must call it.
+    #[inline(always)]
+    pub fn quad_any(bits: u32) -> u32 {
+        let b = bits | crate::device::shfl_xor(f32::from_bits(bits), 1).to_bits();
+        b | crate::device::shfl_xor(f32::from_bits(b), 2).to_bits()
+    }
+
+    /// A weight of key `key`'s column or row in a product whose K row was non-finite and has been
+    /// zeroed: such a key's score is non-finite for every query, so a row that allows it either
+    /// has a NaN LSE (the weight is NaN, as the reference's) or scored it `−∞`, which takes it out
+    /// of the row's support ([`MASKED`](super::MASKED)). `lse_nan`: the row's LSE is NaN.
+    #[inline(always)]
+    pub fn poisoned_key_weight(lse_nan: bool) -> f32 {
+        if lse_nan { f32::NAN } else { super::MASKED }
+    }
+
     /// Where the lane's accumulator rows take their non-finite contributions from: global rows
     /// `base + key · stride` (bytes) holding the unsanitized operand, 16-bit elements.
     #[derive(Clone, Copy)]
@@ -243,21 +297,35 @@ mod device {
         const { assert!(ND <= 16) };
         let t = lane % 4;
         let mut poison = Poison::default();
-        for (jt, wt) in w.iter().enumerate() {
-            let wt = wt.get();
-            for jj in 0..8u32 {
-                let src = (lane & !3) | (jj / 2);
-                let c = (jj % 2) as usize;
-                let w_lo = shfl_idx(wt[c], src);
-                let w_hi = shfl_idx(wt[2 + c], src);
-                let key = k0 + 8 * jt as u32 + jj;
-                let (lo, hi) = (key < ends[0], key < ends[1]);
-                if !(lo || hi) {
-                    continue;
-                }
+        // Run-time loops (bounds through `opaque`, so they are not unrolled): this is the slow
+        // path, and an unrolled copy per key would cost the fast path registers. The weight of
+        // key j is picked out of the lane's fragments with selects (constant indices only).
+        let keys = opaque(8 * w.len() as u32);
+        let mut j = 0;
+        while j < keys {
+            let (jt, jj) = (j / 8, j % 8);
+            let (mut wl, mut wh) = (0.0f32, 0.0f32);
+            for (n, wt) in w.iter().enumerate() {
+                let q = wt.get();
+                let here = n as u32 == jt;
+                let (l, h) = if jj % 2 == 0 {
+                    (q[0], q[2])
+                } else {
+                    (q[1], q[3])
+                };
+                wl = if here { l } else { wl };
+                wh = if here { h } else { wh };
+            }
+            let src = (lane & !3) | (jj / 2);
+            let w_lo = shfl_idx(wl, src);
+            let w_hi = shfl_idx(wh, src);
+            let key = k0 + j;
+            let (lo, hi) = (key < ends[0], key < ends[1]);
+            if lo || hi {
                 let row = op.base + key as u64 * op.stride;
+                let cols = opaque(2 * ND as u32);
                 let mut bit = 0;
-                while bit < 2 * ND as u32 {
+                while bit < cols {
                     let col = 8 * (bit / 2) + 2 * t + bit % 2;
                     // SAFETY: an allowed key is a readable row (caller).
                     let x = T::widen(unsafe { *((row + 2 * col as u64) as *const u16) } as u32);
@@ -272,6 +340,7 @@ mod device {
                     bit += 1;
                 }
             }
+            j += 1;
         }
         poison.apply(acc);
     }
@@ -305,8 +374,8 @@ mod tests {
 
     #[test]
     fn widen_is_exact() {
-        assert_eq!(Bf16::unpack(0x4000_3f80), [1.0, 2.0]);
-        assert_eq!(F16::unpack(0xc000_3c00), [1.0, -2.0]);
+        assert_eq!(Bf16::widen_pair(0x4000_3f80), [1.0, 2.0]);
+        assert_eq!(F16::widen_pair(0xc000_3c00), [1.0, -2.0]);
         assert!(Bf16::widen(0x7fc0).is_nan() && F16::widen(0x7c00) == f32::INFINITY);
     }
 

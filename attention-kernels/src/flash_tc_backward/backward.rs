@@ -14,10 +14,15 @@
 //! `red.global.add`: one atomic per dQ element per visited K/V block, so 128-key blocks (8 warps)
 //! send half as many as 64-key ones.
 
+use crate::device::sync_threads_or;
 use crate::device::{
     block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
 };
 use crate::flash_tc_backward::{Pair, TcBackwardConfig, hidden};
+use crate::mask::{
+    Exponent, MASKED, is_masked, poisoned_key_weight, quad_any, sanitize_and_vote,
+    sanitize_row_part,
+};
 use crate::params::TensorCoreBackwardParams;
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
@@ -50,7 +55,7 @@ unsafe fn store_quad(tile: SwizzledTile, row0: u32, c: u32, g: u32, t: u32, a: [
 /// one unrolls.
 #[inline(always)]
 unsafe fn backward<
-    T: Pair,
+    T: Pair + Exponent,
     const KD: usize,
     const ND: usize,
     const NQ: usize,
@@ -147,6 +152,27 @@ unsafe fn backward<
     }
 
     let key_row = 16 * warp;
+    // A key whose K row holds a non-finite value scores non-finite against every query: rows
+    // that allow it have a NaN LSE or leave it out of their support (a −∞ score). Its K row is
+    // zeroed once here (so dQ = dS·K cannot turn a masked 0 into NaN), and its P is set from the
+    // row's LSE (`poisoned_key_weight`) where it is computed. Bit 0: key g of the warp, bit 1:
+    // key g + 8; `k_poisoned`: any key of the block (block-uniform).
+    let mut k_poison = 0u32;
+    let mut k_poisoned = false;
+    if iters > 0 {
+        wait_all();
+        sync_threads();
+        for (bit, row) in [(0, key_row + g), (1, key_row + g + 8)] {
+            // SAFETY: the lane's quarter of its own key rows of the K tile, which only this
+            // quad touches before the barrier below.
+            let bad = unsafe {
+                sanitize_row_part::<T>(|c| k_tile.chunk_addr(row, c), k_tile.chunks(), t)
+            };
+            k_poison |= (bad as u32) << bit;
+        }
+        k_poison = quad_any(k_poison);
+        k_poisoned = sync_threads_or(k_poison != 0);
+    }
     let mut dk = [FragC::default(); ND];
     let mut dv = [FragC::default(); ND];
     let mut i = 0;
@@ -166,13 +192,23 @@ unsafe fn backward<
         let g = lane / 4;
         let (h, q0) = (head_of(i), row0_of(i));
         let (qt, dot) = (q_tile(st), do_tile(st));
+        let masked = cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal);
+        // On a causal diagonal block a non-finite Q row would reach dK of keys it does not see
+        // as 0 · NaN through dSᵀ·Q. Such a row's LSE is NaN or −∞ (every score it has is
+        // non-finite), so zeroing its non-finite elements changes neither P nor any gradient of
+        // the row's allowed keys: its P and dS are NaN (or 0) from the LSE alone.
+        if causal && masked {
+            // SAFETY: the stage's Q tile has landed (barrier above); every thread calls it.
+            unsafe {
+                sanitize_and_vote::<T>(stage_base + st * 2 * q_bytes, q_bytes, tid, threads, false)
+            };
+        }
 
         // Sᵀ = K·Qᵀ for the warp's 16 keys and Pᵀ from it, half the Q block (`NQP` n-tiles) at a
         // time so that only 16 score registers live beside dK and dV. Pᵀ, rounded, goes to the
         // warp's own rows of the dSᵀ tile: read back as A operands for dV and by element for dS
         // (which overwrites it in place).
         let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
-        let masked = cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal);
         for half in 0..2 {
             let lane = opaque(lane);
             let t = lane % 4;
@@ -206,7 +242,16 @@ unsafe fn backward<
                         let key = if e < 2 { key_lo } else { key_hi };
                         let row = q0 + col + (e % 2) as u32;
                         let hidden = hidden(row, key, s.n_q, s.n_k, causal);
-                        f.0[e] = if hidden { 0.0 } else { f.0[e] };
+                        // MASKED (−0, which 2^x never is): dS below is 0 there, whatever dPᵀ.
+                        f.0[e] = if hidden { MASKED } else { f.0[e] };
+                    }
+                }
+                if k_poisoned {
+                    for e in 0..4 {
+                        let poisoned = (k_poison >> (e / 2)) & 1 != 0;
+                        let w = poisoned_key_weight(lse[e % 2].is_nan());
+                        let x = f.0[e];
+                        f.0[e] = if poisoned && !is_masked(x) { w } else { x };
                     }
                 }
             }
@@ -271,8 +316,12 @@ unsafe fn backward<
                         T::unpack(load_shared_u32(hi_at)),
                     );
                     let p_row = [lo[0], lo[1], hi[0], hi[1]];
+                    // A masked Pᵀ gives dS = 0 even where dPᵀ (a masked V) or D (a NaN row)
+                    // is not finite.
+                    let skip = masked || k_poisoned;
                     for e in 0..4 {
-                        f.0[e] = p_row[e] * (f.0[e] - d_row[e % 2]);
+                        let ds = p_row[e] * (f.0[e] - d_row[e % 2]);
+                        f.0[e] = if skip && is_masked(p_row[e]) { 0.0 } else { ds };
                     }
                     store_shared_u32(lo_at, T::pack(f.0[0], f.0[1]));
                     store_shared_u32(hi_at, T::pack(f.0[2], f.0[3]));

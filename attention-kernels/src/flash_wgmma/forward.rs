@@ -253,11 +253,11 @@ unsafe fn forward<
     let add_back = |block: u32, pf: &[FragA; NP], o: &mut [FragC; ND]| {
         let mut w = [[0.0f32; 4]; NK];
         for (k, a) in pf.iter().enumerate() {
-            let [l0, l1] = T::unpack(a.0[0]);
-            let [h0, h1] = T::unpack(a.0[1]);
+            let [l0, l1] = T::widen_pair(a.0[0]);
+            let [h0, h1] = T::widen_pair(a.0[1]);
             w[2 * k] = [l0, l1, h0, h1];
-            let [l0, l1] = T::unpack(a.0[2]);
-            let [h0, h1] = T::unpack(a.0[3]);
+            let [l0, l1] = T::widen_pair(a.0[2]);
+            let [h0, h1] = T::widen_pair(a.0[3]);
             w[2 * k + 1] = [l0, l1, h0, h1];
         }
         let v = Operand {
