@@ -276,46 +276,56 @@ mod device {
         pub stride: u64,
     }
 
-    /// The non-finite contributions of one key block to the lane's output elements `acc`
-    /// (`m16n8` layout, `2·ND ≤ 32` owned columns): for key `k0 + j` (`j < 8·w.len()`) allowed for row
-    /// g (g + 8) when below `ends[0]` (`ends[1]`), `w` the weight of (row, key) in the same
-    /// layout (key columns `8jt + 2t + c`), and each non-finite operand element `(k0 + j, col)`,
-    /// adds `w · x`. Slow (every key and owned column is read back from global memory), for
-    /// the rare diagonal tile whose operand holds a non-finite value.
+    /// The non-finite contributions of one key block to the lane's output elements (`m16n8`
+    /// layout, `2·ND ≤ 32` owned columns), for [`Poison::apply`]: for key `k0 + j` (`j < 16·NP`)
+    /// allowed for row g (g + 8) when below `ends[0]` (`ends[1]`), `w` its weight in `p` (the
+    /// A fragments of the product, `MmaElem::pack_a` of the weights), and each non-finite operand
+    /// element `(k0 + j, col)`, `w · x`. The sum is NaN or ±∞: it may be added to the
+    /// accumulators before or after the block's finite part and survives any positive rescaling. Slow (every key and owned column is read back from global
+    /// memory), for the rare diagonal tile whose operand holds a non-finite value; a call, with
+    /// its arguments by value, so that the fast path's register allocation does not see it.
     ///
     /// # Safety
     /// Every key below `max(ends)` is a readable row of `op` with `8·ND` elements.
-    #[inline(always)]
-    pub unsafe fn add_non_finite<T: Exponent, W: Quad, Q: Quad, const ND: usize>(
-        w: &[W],
+    #[inline(never)]
+    pub unsafe fn non_finite_part<T: Exponent, const NP: usize, const ND: usize>(
+        p: [[u32; 4]; NP],
         ends: [u32; 2],
         k0: u32,
         op: Operand,
         lane: u32,
-        acc: &mut [Q; ND],
-    ) {
+    ) -> Poison {
         const { assert!(ND <= 16) };
         let t = lane % 4;
         let mut poison = Poison::default();
         // Run-time loops (bounds through `opaque`, so they are not unrolled): this is the slow
         // path, and an unrolled copy per key would cost the fast path registers. The weight of
         // key j is picked out of the lane's fragments with selects (constant indices only).
-        let keys = opaque(8 * w.len() as u32);
+        let keys = opaque(16 * NP as u32);
         let mut j = 0;
         while j < keys {
-            let (jt, jj) = (j / 8, j % 8);
-            let (mut wl, mut wh) = (0.0f32, 0.0f32);
-            for (n, wt) in w.iter().enumerate() {
-                let q = wt.get();
-                let here = n as u32 == jt;
-                let (l, h) = if jj % 2 == 0 {
-                    (q[0], q[2])
+            // A fragment k holds keys 16k .. 16k + 8 in words 0 (row g) and 1 (row g + 8), keys
+            // 16k + 8 .. 16k + 16 in words 2 and 3; lane t of a quad keys 2t, 2t + 1 of each 8.
+            let (k, half, jj) = (j / 16, (j / 8) % 2, j % 8);
+            let (mut wl, mut wh) = (0u32, 0u32);
+            for (n, a) in p.iter().enumerate() {
+                let here = n as u32 == k;
+                let (l, h) = if half == 0 {
+                    (a[0], a[1])
                 } else {
-                    (q[1], q[3])
+                    (a[2], a[3])
                 };
                 wl = if here { l } else { wl };
                 wh = if here { h } else { wh };
             }
+            let pick = |word: u32| {
+                T::widen(if jj % 2 == 0 {
+                    word & 0xffff
+                } else {
+                    word >> 16
+                })
+            };
+            let (wl, wh) = (pick(wl), pick(wh));
             let src = (lane & !3) | (jj / 2);
             let w_lo = shfl_idx(wl, src);
             let w_hi = shfl_idx(wh, src);
@@ -342,7 +352,7 @@ mod device {
             }
             j += 1;
         }
-        poison.apply(acc);
+        poison
     }
 }
 

@@ -13,7 +13,7 @@ use crate::device::{
 };
 use crate::flash_tc::TcConfig;
 use crate::flash_tc::softmax::RowState;
-use crate::mask::{Exponent, Operand, add_non_finite, sanitize_and_vote};
+use crate::mask::{Exponent, Operand, non_finite_part, sanitize_and_vote};
 use crate::params::{TensorCoreForwardParams, causal_key_end};
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
@@ -171,6 +171,17 @@ unsafe fn forward<
             }
         }
         let pf: [FragA; NP] = state.update::<T, NK, NP, ND>(&mut sc, &mut o);
+        if poisoned {
+            let v = Operand {
+                base: v_rows.base,
+                stride: kv_stride,
+            };
+            // SAFETY: allowed keys are below n_k, rows of V.
+            let poison = unsafe {
+                non_finite_part::<T, NP, ND>(pf.map(|a| a.0), [end_lo, end_hi], k0, v, lane)
+            };
+            poison.apply(&mut o);
+        }
 
         for (kk, pa) in pf.iter().enumerate() {
             for dp in 0..KD {
@@ -180,14 +191,6 @@ unsafe fn forward<
                 T::mma(&mut o[2 * dp], pa, &b0);
                 T::mma(&mut o[2 * dp + 1], pa, &b1);
             }
-        }
-        if poisoned {
-            let v = Operand {
-                base: v_rows.base,
-                stride: kv_stride,
-            };
-            // SAFETY: allowed keys are below n_k, rows of V.
-            unsafe { add_non_finite::<T, _, _, ND>(&sc, [end_lo, end_hi], k0, v, lane, &mut o) };
         }
         block += 1;
     }

@@ -27,7 +27,7 @@ use crate::device::{
 use crate::flash::sequence::Sequence;
 use crate::flash_tc::softmax::{RowState, pack, rescale};
 use crate::flash_wgmma::WgConfig;
-use crate::mask::{Exponent, Operand, add_non_finite, sanitize_and_vote};
+use crate::mask::{Exponent, Operand, non_finite_part, sanitize_and_vote};
 use crate::params::TensorCoreForwardParams;
 use crate::philox::DropoutRng;
 use crate::storage::{Bf16, F16};
@@ -234,8 +234,8 @@ unsafe fn forward<
     // A causal diagonal block hides some of its keys from some rows: a non-finite V there would
     // reach them as 0 · NaN through P·V. Such a block (rare) runs P·V on V with its non-finite
     // elements zeroed (`guard_v`, after the step barrier that made V_j visible, before the
-    // product) and adds the allowed keys' non-finite part back exactly (`add_back`, before O is
-    // rescaled). Both are block-uniform.
+    // product) and adds the allowed keys' non-finite part to O (`add_back`, right away: ±∞ and
+    // NaN survive the product and every rescaling). Both are block-uniform.
     let guard_v = |block: u32| {
         causal
             && block * bc + bc > unmasked_end
@@ -250,22 +250,17 @@ unsafe fn forward<
                 )
             }
     };
+    // O's accumulators are not in flight here (every product was waited for).
     let add_back = |block: u32, pf: &[FragA; NP], o: &mut [FragC; ND]| {
-        let mut w = [[0.0f32; 4]; NK];
-        for (k, a) in pf.iter().enumerate() {
-            let [l0, l1] = T::widen_pair(a.0[0]);
-            let [h0, h1] = T::widen_pair(a.0[1]);
-            w[2 * k] = [l0, l1, h0, h1];
-            let [l0, l1] = T::widen_pair(a.0[2]);
-            let [h0, h1] = T::widen_pair(a.0[3]);
-            w[2 * k + 1] = [l0, l1, h0, h1];
-        }
         let v = Operand {
             base: v_rows.base,
             stride: kv_stride,
         };
         // SAFETY: allowed keys are below the sequence's key length, rows of V.
-        unsafe { add_non_finite::<T, _, _, ND>(&w, [end_lo, end_hi], block * bc, v, lane, o) };
+        let poison = unsafe {
+            non_finite_part::<T, NP, ND>(pf.map(|a| a.0), [end_lo, end_hi], block * bc, v, lane)
+        };
+        poison.apply(o);
     };
 
     if n_blocks > 0 {
@@ -300,7 +295,9 @@ unsafe fn forward<
                 fill_k(block + 1);
             }
             fill_v(block);
-            let poisoned = guard_v(block - 1);
+            if guard_v(block - 1) {
+                add_back(block - 1, &pf, &mut o);
+            }
             let mut sc = [FragC::default(); NK];
             wgmma::fence();
             scores(block, &mut sc);
@@ -321,21 +318,17 @@ unsafe fn forward<
             }
             wgmma::wait::<0>();
             o.pin();
-            if poisoned {
-                add_back(block - 1, &pf, &mut o);
-            }
             rescale(&mut o, alpha);
             pf = pack::<T, NK, NP>(&sc);
         }
         step_barrier();
-        let poisoned = guard_v(n_blocks - 1);
+        if guard_v(n_blocks - 1) {
+            add_back(n_blocks - 1, &pf, &mut o);
+        }
         wgmma::fence();
         accumulate(n_blocks - 1, &pf, &mut o);
         wgmma::wait::<0>();
         o.pin();
-        if poisoned {
-            add_back(n_blocks - 1, &pf, &mut o);
-        }
     }
 
     let lse = state.finish(&mut o);
