@@ -161,8 +161,8 @@ pub use device::*;
 
 #[cfg(target_arch = "nvptx64")]
 mod device {
-    use super::{Exponent, Poison, Quad, sanitize_pair};
-    use crate::device::{opaque, shfl_idx, sync_threads_or};
+    use super::{Exponent, Poison, sanitize_pair};
+    use crate::device::{opaque, sync_threads_or};
     use crate::tile::mem::{load_shared_16, store_shared_u32};
 
     /// Replaces every non-finite element of the shared tile `[base, base + bytes)` (16-bit
@@ -174,7 +174,8 @@ mod device {
     /// # Safety
     /// The tile lies inside the shared window, `bytes` is a multiple of 16, and nobody else
     /// accesses it until the barrier.
-    #[inline(never)]
+    #[inline(always)]
+
     pub unsafe fn sanitize_and_vote<T: Exponent>(
         base: u32,
         bytes: u32,
@@ -276,81 +277,52 @@ mod device {
         pub stride: u64,
     }
 
-    /// The non-finite contributions of one key block to the lane's output elements (`m16n8`
-    /// layout, `2·ND ≤ 32` owned columns), for [`Poison::apply`]: for key `k0 + j` (`j < 16·NP`)
-    /// allowed for row g (g + 8) when below `ends[0]` (`ends[1]`), `w` its weight in `p` (the
-    /// A fragments of the product, `MmaElem::pack_a` of the weights), and each non-finite operand
-    /// element `(k0 + j, col)`, `w · x`. The sum is NaN or ±∞: it may be added to the
-    /// accumulators before or after the block's finite part and survives any positive rescaling. Slow (every key and owned column is read back from global
-    /// memory), for the rare diagonal tile whose operand holds a non-finite value; a call, with
-    /// its arguments by value, so that the fast path's register allocation does not see it.
+    /// The non-finite part of `Σ_j w_j · x_j` over keys `keys.0 .. keys.1` for the lane's
+    /// output elements (`m16n8` layout, `2·ND ≤ 32` owned columns), for [`Poison::apply`]: key
+    /// `j` counts for row g (g + 8) when below `ends[0]` (`ends[1]`), and each non-finite operand
+    /// element `x = (j, col)` adds `w · x`, where the weight `w` of an allowed key is positive
+    /// (the reference's `exp` does not underflow for scores that differ by less than ~745) unless
+    /// `dropped(row, j)` (dropout's 0: `0 · ∞ = NaN`); a NaN row is NaN already. So the sum needs
+    /// no weights: NaN, `+∞` or `−∞` per element, added to O at any point (it survives every
+    /// positive rescaling). Slow (every key and owned column is read back from global memory),
+    /// for the rare causal diagonal tiles whose operand held a non-finite value; a call, so that
+    /// the fast path's register allocation does not see it.
     ///
     /// # Safety
     /// Every key below `max(ends)` is a readable row of `op` with `8·ND` elements.
     #[inline(never)]
-    pub unsafe fn non_finite_part<T: Exponent, const NP: usize, const ND: usize>(
-        p: [[u32; 4]; NP],
+    pub unsafe fn non_finite_part<T: Exponent, const ND: usize>(
+        keys: (u32, u32),
         ends: [u32; 2],
-        k0: u32,
         op: Operand,
         lane: u32,
+        dropped: impl Fn(usize, u32) -> bool,
     ) -> Poison {
         const { assert!(ND <= 16) };
         let t = lane % 4;
         let mut poison = Poison::default();
-        // Run-time loops (bounds through `opaque`, so they are not unrolled): this is the slow
-        // path, and an unrolled copy per key would cost the fast path registers. The weight of
-        // key j is picked out of the lane's fragments with selects (constant indices only).
-        let keys = opaque(16 * NP as u32);
-        let mut j = 0;
-        while j < keys {
-            // A fragment k holds keys 16k .. 16k + 8 in words 0 (row g) and 1 (row g + 8), keys
-            // 16k + 8 .. 16k + 16 in words 2 and 3; lane t of a quad keys 2t, 2t + 1 of each 8.
-            let (k, half, jj) = (j / 16, (j / 8) % 2, j % 8);
-            let (mut wl, mut wh) = (0u32, 0u32);
-            for (n, a) in p.iter().enumerate() {
-                let here = n as u32 == k;
-                let (l, h) = if half == 0 {
-                    (a[0], a[1])
-                } else {
-                    (a[2], a[3])
-                };
-                wl = if here { l } else { wl };
-                wh = if here { h } else { wh };
-            }
-            let pick = |word: u32| {
-                T::widen(if jj % 2 == 0 {
-                    word & 0xffff
-                } else {
-                    word >> 16
-                })
-            };
-            let (wl, wh) = (pick(wl), pick(wh));
-            let src = (lane & !3) | (jj / 2);
-            let w_lo = shfl_idx(wl, src);
-            let w_hi = shfl_idx(wh, src);
-            let key = k0 + j;
+        let end = keys.1.min(ends[0].max(ends[1]));
+        let mut key = keys.0;
+        while key < end {
             let (lo, hi) = (key < ends[0], key < ends[1]);
-            if lo || hi {
-                let row = op.base + key as u64 * op.stride;
-                let cols = opaque(2 * ND as u32);
-                let mut bit = 0;
-                while bit < cols {
-                    let col = 8 * (bit / 2) + 2 * t + bit % 2;
-                    // SAFETY: an allowed key is a readable row (caller).
-                    let x = T::widen(unsafe { *((row + 2 * col as u64) as *const u16) } as u32);
-                    if !x.is_finite() {
-                        if lo {
-                            poison.add(0, bit, w_lo * x);
-                        }
-                        if hi {
-                            poison.add(1, bit, w_hi * x);
+            let row = op.base + key as u64 * op.stride;
+            // A run-time loop (bound through `opaque`): this is the slow path.
+            let cols = opaque(2 * ND as u32);
+            let mut bit = 0;
+            while bit < cols {
+                let col = 8 * (bit / 2) + 2 * t + bit % 2;
+                // SAFETY: an allowed key is a readable row (caller).
+                let x = T::widen(unsafe { *((row + 2 * col as u64) as *const u16) } as u32);
+                if !x.is_finite() {
+                    for (r, allowed) in [(0, lo), (1, hi)] {
+                        if allowed {
+                            poison.add(r, bit, if dropped(r, key) { f32::NAN } else { x });
                         }
                     }
-                    bit += 1;
                 }
+                bit += 1;
             }
-            j += 1;
+            key += 1;
         }
         poison
     }

@@ -111,6 +111,8 @@ unsafe fn forward<
     let (end_lo, end_hi) = (key_end(row_lo), key_end(row_hi));
     let mut o = [FragC::default(); ND];
     let mut state = RowState::new();
+    // Whether a causal diagonal block's V held a non-finite value (zeroed for P·V).
+    let mut poisoned = false;
     let mut block = 0;
     while block < n_blocks {
         if block > 0 {
@@ -127,8 +129,8 @@ unsafe fn forward<
         let k0 = block * bc;
         // A causal diagonal block hides some of its keys from some rows: a non-finite V there
         // would reach them as 0 · NaN through P·V. Such a block (rare) runs P·V on V with its
-        // non-finite elements zeroed and adds the allowed keys' non-finite part back exactly.
-        let poisoned = causal
+        // non-finite elements zeroed; the allowed keys' non-finite part is added after the loop.
+        poisoned |= causal
             && k0 + bc > unmasked_end
             // SAFETY: the stage's V tile is filled (barrier above); every thread calls it.
             && unsafe {
@@ -171,17 +173,6 @@ unsafe fn forward<
             }
         }
         let pf: [FragA; NP] = state.update::<T, NK, NP, ND>(&mut sc, &mut o);
-        if poisoned {
-            let v = Operand {
-                base: v_rows.base,
-                stride: kv_stride,
-            };
-            // SAFETY: allowed keys are below n_k, rows of V.
-            let poison = unsafe {
-                non_finite_part::<T, NP, ND>(pf.map(|a| a.0), [end_lo, end_hi], k0, v, lane)
-            };
-            poison.apply(&mut o);
-        }
 
         for (kk, pa) in pf.iter().enumerate() {
             for dp in 0..KD {
@@ -196,6 +187,20 @@ unsafe fn forward<
     }
 
     let lse = state.finish(&mut o);
+    if poisoned {
+        let v = Operand {
+            base: v_rows.base,
+            stride: kv_stride,
+        };
+        let from = unmasked_end / bc * bc;
+        // SAFETY: allowed keys are below n_k, rows of V.
+        let poison = unsafe {
+            non_finite_part::<T, ND>((from, n_blocks * bc), [end_lo, end_hi], v, lane, |_, _| {
+                false
+            })
+        };
+        poison.apply(&mut o);
+    }
     // Stage O through the warp's own Q rows (only this warp ever read them) so that the global
     // stores are 16 bytes wide and coalesced. The warp barrier orders the lanes' `ldmatrix` reads
     // of those rows before the other lanes' stores: with fewer than two K/V blocks no block-wide

@@ -27,6 +27,7 @@ use crate::device::{
 use crate::flash::sequence::Sequence;
 use crate::flash_tc::softmax::{RowState, pack, rescale};
 use crate::flash_wgmma::WgConfig;
+use crate::flash::tile::dropout_multiplier;
 use crate::mask::{Exponent, Operand, non_finite_part, sanitize_and_vote};
 use crate::params::TensorCoreForwardParams;
 use crate::philox::DropoutRng;
@@ -234,8 +235,8 @@ unsafe fn forward<
     // A causal diagonal block hides some of its keys from some rows: a non-finite V there would
     // reach them as 0 · NaN through P·V. Such a block (rare) runs P·V on V with its non-finite
     // elements zeroed (`guard_v`, after the step barrier that made V_j visible, before the
-    // product) and adds the allowed keys' non-finite part to O (`add_back`, right away: ±∞ and
-    // NaN survive the product and every rescaling). Both are block-uniform.
+    // product); the allowed keys' non-finite part is added to O after the loop (±∞ and NaN
+    // survive every rescaling). Block-uniform.
     let guard_v = |block: u32| {
         causal
             && block * bc + bc > unmasked_end
@@ -250,18 +251,7 @@ unsafe fn forward<
                 )
             }
     };
-    // O's accumulators are not in flight here (every product was waited for).
-    let add_back = |block: u32, pf: &[FragA; NP], o: &mut [FragC; ND]| {
-        let v = Operand {
-            base: v_rows.base,
-            stride: kv_stride,
-        };
-        // SAFETY: allowed keys are below the sequence's key length, rows of V.
-        let poison = unsafe {
-            non_finite_part::<T, NP, ND>(pf.map(|a| a.0), [end_lo, end_hi], block * bc, v, lane)
-        };
-        poison.apply(o);
-    };
+    let mut poisoned = false;
 
     if n_blocks > 0 {
         step_barrier();
@@ -295,9 +285,7 @@ unsafe fn forward<
                 fill_k(block + 1);
             }
             fill_v(block);
-            if guard_v(block - 1) {
-                add_back(block - 1, &pf, &mut o);
-            }
+            poisoned |= guard_v(block - 1);
             let mut sc = [FragC::default(); NK];
             wgmma::fence();
             scores(block, &mut sc);
@@ -322,9 +310,7 @@ unsafe fn forward<
             pf = pack::<T, NK, NP>(&sc);
         }
         step_barrier();
-        if guard_v(n_blocks - 1) {
-            add_back(n_blocks - 1, &pf, &mut o);
-        }
+        poisoned |= guard_v(n_blocks - 1);
         wgmma::fence();
         accumulate(n_blocks - 1, &pf, &mut o);
         wgmma::wait::<0>();
@@ -332,6 +318,24 @@ unsafe fn forward<
     }
 
     let lse = state.finish(&mut o);
+    if poisoned {
+        let v = Operand {
+            base: v_rows.base,
+            stride: kv_stride,
+        };
+        let from = unmasked_end / bc * bc;
+        let dropping = GENERAL && p.dropout.enabled();
+        let key = p.dropout.key();
+        let rows = [row_lo, row_hi];
+        let dropped = |r: usize, col: u32| {
+            dropping && dropout_multiplier(&p.dropout, key, seq.index, h, rows[r], col) == 0.0
+        };
+        // SAFETY: allowed keys are below the sequence's key length, rows of V.
+        let poison = unsafe {
+            non_finite_part::<T, ND>((from, n_blocks * bc), [end_lo, end_hi], v, lane, dropped)
+        };
+        poison.apply(&mut o);
+    }
     // Stage O through the first K stage (row-major, 16-byte chunks swizzled) once every warpgroup
     // is done reading it, so that the global stores are 16 bytes wide and coalesced.
     sync_threads();
