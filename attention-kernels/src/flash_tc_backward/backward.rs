@@ -19,17 +19,20 @@ use crate::device::{
     block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
 };
 use crate::flash_tc_backward::{Pair, TcBackwardConfig, hidden};
-use crate::mask::{
-    Exponent, MASKED, is_masked, poisoned_key_weight, quad_any, sanitize_and_vote,
-    sanitize_row_part,
-};
+use crate::mask::{Exponent, MASKED, is_masked, sanitize_and_vote, sanitize_pair};
 use crate::params::TensorCoreBackwardParams;
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, load_shared_u32, red_add_f32};
-use crate::tile::mma::FragC;
+use crate::tile::mma::{FragB, FragC};
+
+/// `b` with its non-finite elements replaced by 0.
+#[inline(always)]
+fn sanitize_frag<T: Exponent>(b: FragB) -> FragB {
+    FragB([sanitize_pair::<T>(b.0[0]).0, sanitize_pair::<T>(b.0[1]).0])
+}
 
 /// Stores an A operand built from accumulators (`MmaElem::pack_a`) row-major into rows
 /// `row0 .. row0 + 16`, chunks `c`, `c + 1` of `tile` (`SwizzledTile::quad_addrs`).
@@ -152,27 +155,27 @@ unsafe fn backward<
     }
 
     let key_row = 16 * warp;
-    // A key whose K row holds a non-finite value scores non-finite against every query: rows
-    // that allow it have a NaN LSE or leave it out of their support (a −∞ score). Its K row is
-    // zeroed once here (so dQ = dS·K cannot turn a masked 0 into NaN), and its P is set from the
-    // row's LSE (`poisoned_key_weight`) where it is computed. Bit 0: key g of the warp, bit 1:
-    // key g + 8; `k_poisoned`: any key of the block (block-uniform).
-    let mut k_poison = 0u32;
-    let mut k_poisoned = false;
-    if iters > 0 {
+    // A non-finite K row must not reach dQ = dS·K through a masked dS of 0 (0 · NaN). Its key
+    // scores non-finite against every query: a row that allows it has a NaN LSE (its dS is NaN
+    // whatever K holds) or scored it −∞ (P = 0, outside the row's support, contributing
+    // nothing). So dQ may read K with non-finite elements as 0, while Sᵀ keeps the real K.
+    // `k_poisoned` (block-uniform): the block's K tile holds a non-finite element; dQ then
+    // sanitizes its K fragments (a rare, separate copy of the dQ product).
+    let k_poisoned = iters > 0 && {
         wait_all();
         sync_threads();
-        for (bit, row) in [(0, key_row + g), (1, key_row + g + 8)] {
-            // SAFETY: the lane's quarter of its own key rows of the K tile, which only this
-            // quad touches before the barrier below.
-            let bad = unsafe {
-                sanitize_row_part::<T>(|c| k_tile.chunk_addr(row, c), k_tile.chunks(), t)
-            };
-            k_poison |= (bad as u32) << bit;
+        let mut bad = false;
+        let mut at = 16 * tid;
+        while at < kv_bytes {
+            // SAFETY: inside the K tile.
+            let w = unsafe { load_shared_16(smem + at) };
+            for x in w {
+                bad |= sanitize_pair::<T>(x).1;
+            }
+            at += 16 * threads;
         }
-        k_poison = quad_any(k_poison);
-        k_poisoned = sync_threads_or(k_poison != 0);
-    }
+        sync_threads_or(bad)
+    };
     let mut dk = [FragC::default(); ND];
     let mut dv = [FragC::default(); ND];
     let mut i = 0;
@@ -236,22 +239,15 @@ unsafe fn backward<
                 for e in 0..4 {
                     f.0[e] = exp2(f.0[e] * p.scale_log2 - lse[e % 2]);
                 }
-                if masked {
+                if masked || k_poisoned {
                     // Selects, not branches, so the loop unrolls and `pt` stays in registers.
+                    // Rows past n_q too: their zero Q against a non-finite K scores NaN.
                     for e in 0..4 {
                         let key = if e < 2 { key_lo } else { key_hi };
                         let row = q0 + col + (e % 2) as u32;
-                        let hidden = hidden(row, key, s.n_q, s.n_k, causal);
+                        let hidden = row >= s.n_q || hidden(row, key, s.n_q, s.n_k, causal);
                         // MASKED (−0, which 2^x never is): dS below is 0 there, whatever dPᵀ.
                         f.0[e] = if hidden { MASKED } else { f.0[e] };
-                    }
-                }
-                if k_poisoned {
-                    for e in 0..4 {
-                        let poisoned = (k_poison >> (e / 2)) & 1 != 0;
-                        let w = poisoned_key_weight(lse[e % 2].is_nan());
-                        let x = f.0[e];
-                        f.0[e] = if poisoned && !is_masked(x) { w } else { x };
                     }
                 }
             }
@@ -367,7 +363,11 @@ unsafe fn backward<
                     let a = ds_tile.load_a_trans(16 * kk, 2 * row_group, lane);
                     for dp in 0..DQ / 2 {
                         let chunk = (first + 2 * dp) as u32;
-                        let [b0, b1] = k_tile.load_b_pair_trans(16 * kk, chunk, lane);
+                        let [mut b0, mut b1] = k_tile.load_b_pair_trans(16 * kk, chunk, lane);
+                        if k_poisoned {
+                            b0 = sanitize_frag::<T>(b0);
+                            b1 = sanitize_frag::<T>(b1);
+                        }
                         T::mma(&mut dq[2 * dp], &a, &b0);
                         T::mma(&mut dq[2 * dp + 1], &a, &b1);
                     }

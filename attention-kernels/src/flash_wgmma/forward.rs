@@ -25,9 +25,9 @@ use crate::device::{
     block_x, block_y, block_z, grid_dim_x, opaque, shared_window, sync_threads, thread_x,
 };
 use crate::flash::sequence::Sequence;
+use crate::flash::tile::dropout_multiplier;
 use crate::flash_tc::softmax::{RowState, pack, rescale};
 use crate::flash_wgmma::WgConfig;
-use crate::flash::tile::dropout_multiplier;
 use crate::mask::{Exponent, Operand, non_finite_part, sanitize_and_vote};
 use crate::params::TensorCoreForwardParams;
 use crate::philox::DropoutRng;
