@@ -52,6 +52,8 @@ pub fn row_is_empty(l: f32) -> bool {
 pub trait Exponent {
     /// The exponent field: all ones means ±∞ or NaN.
     const EXPONENT: u32;
+    /// A quiet NaN.
+    const QNAN: u32;
     /// The element with bits `h`, widened exactly.
     fn widen(h: u32) -> f32;
     /// The two elements of a packed word (low half first), widened exactly.
@@ -63,6 +65,7 @@ pub trait Exponent {
 
 impl Exponent for crate::storage::Bf16 {
     const EXPONENT: u32 = 0x7f80;
+    const QNAN: u32 = 0x7fc0;
     #[inline(always)]
     fn widen(h: u32) -> f32 {
         f32::from_bits(h << 16)
@@ -71,6 +74,7 @@ impl Exponent for crate::storage::Bf16 {
 
 impl Exponent for crate::storage::F16 {
     const EXPONENT: u32 = 0x7c00;
+    const QNAN: u32 = 0x7e00;
     #[inline(always)]
     fn widen(h: u32) -> f32 {
         use crate::storage::Storage;
@@ -133,6 +137,35 @@ impl Poison {
         }
     }
 
+    /// The sum for row `r`, owned column `bit`: NaN, `±∞`, or `None` where nothing was added.
+    #[inline(always)]
+    pub fn get(&self, r: usize, bit: u32) -> Option<f32> {
+        let has = |m: [u32; 2]| (m[r] >> bit) & 1 != 0;
+        let (nan, pos, neg) = (has(self.nan), has(self.pos), has(self.neg));
+        if nan || (pos && neg) {
+            Some(f32::NAN)
+        } else if pos {
+            Some(f32::INFINITY)
+        } else if neg {
+            Some(f32::NEG_INFINITY)
+        } else {
+            None
+        }
+    }
+
+    /// `word` (the owned columns `2n`, `2n + 1` of row `r`, 16-bit elements of `T`) with the
+    /// non-finite sums put in: a finite value plus NaN or `±∞` is that NaN or `±∞`.
+    #[inline(always)]
+    pub fn patch_pair<T: Exponent>(&self, r: usize, n: u32, word: u32) -> u32 {
+        let half = |x: Option<f32>, old: u32| match x {
+            Some(x) if x.is_nan() => T::QNAN,
+            Some(x) if x > 0.0 => T::EXPONENT,
+            Some(_) => 0x8000 | T::EXPONENT,
+            None => old,
+        };
+        half(self.get(r, 2 * n), word & 0xffff) | (half(self.get(r, 2 * n + 1), word >> 16) << 16)
+    }
+
     /// `acc += Σ x` per owned element (unchanged where nothing was added).
     #[inline(always)]
     pub fn apply<Q: Quad>(&self, acc: &mut [Q]) {
@@ -163,6 +196,7 @@ pub use device::*;
 mod device {
     use super::{Exponent, Poison, sanitize_pair};
     use crate::device::{opaque, sync_threads_or};
+    use crate::tile::cp_async::ChunkedTile;
     use crate::tile::mem::{load_shared_16, store_shared_u32};
 
     /// Replaces every non-finite element of the shared tile `[base, base + bytes)` (16-bit
@@ -212,6 +246,51 @@ mod device {
         #[cfg(not(flash_attn_sm90a))]
         let _ = async_readers;
         sync_threads_or(any)
+    }
+
+    /// The 16-byte chunks this thread itself copied into `tile` with
+    /// `fill_async(_, _, rows, tid, threads)` (the same mapping): non-finite elements become 0;
+    /// returns whether there was one. No barrier of its own: after the thread's `wait_all` its
+    /// copies are complete, and the caller's next barrier (a `sync_threads_or` of the result, or
+    /// a plain one) publishes the writes, so a block pays nothing but this scan, and the
+    /// kernel's barriers stay unconditional (a barrier on a data-dependent path makes ptxas
+    /// serialize `wgmma`). For `wgmma` readers, fence the async proxy before that barrier.
+    ///
+    /// # Safety
+    /// The thread's copies into `tile` are complete, and nobody else reads them before the
+    /// caller's next barrier.
+    #[inline(always)]
+    pub unsafe fn sanitize_own_chunks<T: Exponent, C: ChunkedTile>(
+        tile: &C,
+        rows: u32,
+        tid: u32,
+        threads: u32,
+    ) -> bool {
+        let chunks = tile.chunks();
+        let mut any = false;
+        let mut i = tid;
+        while i < rows * chunks {
+            let at = tile.chunk_addr(i / chunks, i % chunks);
+            // SAFETY: the thread's own chunk of the tile (caller).
+            unsafe {
+                let w = load_shared_16(at);
+                let mut bad = false;
+                let mut out = [0u32; 4];
+                for k in 0..4 {
+                    let (x, b) = sanitize_pair::<T>(w[k]);
+                    out[k] = x;
+                    bad |= b;
+                }
+                if bad {
+                    for (k, &x) in out.iter().enumerate() {
+                        store_shared_u32(at + 4 * k as u32, x);
+                    }
+                }
+                any |= bad;
+            }
+            i += threads;
+        }
+        any
     }
 
     /// Lane `t` of a quad's part of one shared row (chunks `t, t + 4, …` of `chunks` 16-byte
@@ -285,12 +364,11 @@ mod device {
     /// `dropped(row, j)` (dropout's 0: `0 · ∞ = NaN`); a NaN row is NaN already. So the sum needs
     /// no weights: NaN, `+∞` or `−∞` per element, added to O at any point (it survives every
     /// positive rescaling). Slow (every key and owned column is read back from global memory),
-    /// for the rare causal diagonal tiles whose operand held a non-finite value; a call, so that
-    /// the fast path's register allocation does not see it.
+    /// for the rare causal diagonal tiles whose operand held a non-finite value.
     ///
     /// # Safety
     /// Every key below `max(ends)` is a readable row of `op` with `8·ND` elements.
-    #[inline(never)]
+    #[inline(always)]
     pub unsafe fn non_finite_part<T: Exponent, const ND: usize>(
         keys: (u32, u32),
         ends: [u32; 2],
@@ -352,6 +430,17 @@ mod tests {
         // f16: 1.0 = 0x3c00, +∞ = 0x7c00; 0x7f80 is a finite f16.
         assert_eq!(sanitize_pair::<F16>(0x7c00_3c00), (0x0000_3c00, true));
         assert_eq!(sanitize_pair::<F16>(0x3c00_7b80), (0x3c00_7b80, false));
+    }
+
+    #[test]
+    fn patched_pairs_hold_the_sums() {
+        let mut p = Poison::default();
+        p.add(1, 2, f32::NAN);
+        p.add(1, 3, f32::NEG_INFINITY);
+        p.add(0, 3, f32::INFINITY);
+        assert_eq!(p.patch_pair::<Bf16>(1, 1, 0x3f80_3f80), 0xff80_7fc0);
+        assert_eq!(p.patch_pair::<F16>(0, 1, 0x3c00_3c00), 0x7c00_3c00);
+        assert_eq!(p.patch_pair::<Bf16>(0, 0, 0x1234_5678), 0x1234_5678);
     }
 
     #[test]

@@ -9,11 +9,11 @@
 //! compile-time size and every loop over one unrolls.
 
 use crate::device::{
-    block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads, sync_warp, thread_x,
+    block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads_or, sync_warp, thread_x,
 };
 use crate::flash_tc::TcConfig;
 use crate::flash_tc::softmax::RowState;
-use crate::mask::{Exponent, Operand, non_finite_part, sanitize_and_vote};
+use crate::mask::{Exponent, Operand, non_finite_part, sanitize_own_chunks};
 use crate::params::{TensorCoreForwardParams, causal_key_end};
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
@@ -98,8 +98,17 @@ unsafe fn forward<
     if n_blocks > 0 {
         fill_kv(0, 0);
     }
+    // A causal diagonal block hides some of its keys from some rows: a non-finite V there would
+    // reach them as 0 · NaN through P·V. Its V is sanitized as it lands (each thread its own
+    // chunks, before the barrier that publishes them; the barrier votes whether any was
+    // non-finite), and the allowed keys' non-finite part is added after the loop.
+    let diagonal = |block: u32| causal && block < n_blocks && block * bc + bc > unmasked_end;
+    let sanitize_v = |block: u32, stage: u32| {
+        // SAFETY: the thread's own copies of the stage's V have landed (`wait_all` before).
+        diagonal(block) && unsafe { sanitize_own_chunks::<T, _>(&v_tile(stage), bc, tid, threads) }
+    };
     wait_all();
-    sync_threads();
+    let mut poisoned = sync_threads_or(sanitize_v(0, 0));
     let warp_row = 16 * warp;
     let mut q_frag = [FragA::default(); KD];
     for (kk, f) in q_frag.iter_mut().enumerate() {
@@ -111,15 +120,13 @@ unsafe fn forward<
     let (end_lo, end_hi) = (key_end(row_lo), key_end(row_hi));
     let mut o = [FragC::default(); ND];
     let mut state = RowState::new();
-    // Whether a causal diagonal block's V held a non-finite value (zeroed for P·V).
-    let mut poisoned = false;
     let mut block = 0;
     while block < n_blocks {
         if block > 0 {
             // This block has landed, and every warp is done with the previous one, whose stage
             // the next fill overwrites.
             wait_all();
-            sync_threads();
+            poisoned |= sync_threads_or(sanitize_v(block, block & 1));
         }
         let stage = block & 1;
         if block + 1 < n_blocks {
@@ -127,21 +134,6 @@ unsafe fn forward<
         }
 
         let k0 = block * bc;
-        // A causal diagonal block hides some of its keys from some rows: a non-finite V there
-        // would reach them as 0 · NaN through P·V. Such a block (rare) runs P·V on V with its
-        // non-finite elements zeroed; the allowed keys' non-finite part is added after the loop.
-        poisoned |= causal
-            && k0 + bc > unmasked_end
-            // SAFETY: the stage's V tile is filled (barrier above); every thread calls it.
-            && unsafe {
-                sanitize_and_vote::<T>(
-                    kv_base + stage * 2 * kv_bytes + kv_bytes,
-                    kv_bytes,
-                    tid,
-                    threads,
-                    false,
-                )
-            };
         let mut sc = [FragC::default(); NK];
         for (kk, qf) in q_frag.iter().enumerate() {
             for np in 0..NP {

@@ -19,7 +19,7 @@ use crate::device::{
     block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
 };
 use crate::flash_tc_backward::{Pair, TcBackwardConfig, hidden};
-use crate::mask::{Exponent, MASKED, is_masked, sanitize_and_vote, sanitize_pair};
+use crate::mask::{Exponent, MASKED, is_masked, sanitize_own_chunks, sanitize_pair};
 use crate::params::TensorCoreBackwardParams;
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
@@ -183,8 +183,19 @@ unsafe fn backward<
         // Block i has landed, and every warp is done with block i − 1 (its stage is refilled
         // next) and with the previous dSᵀ.
         wait_all();
-        sync_threads();
         let st = i & 1;
+        let (h, q0) = (head_of(i), row0_of(i));
+        let masked = cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal);
+        // On a block with masked pairs a non-finite Q row would reach dK of keys it does not
+        // see as 0 · NaN through dSᵀ·Q. Such a row's LSE is NaN or −∞ (every score it has is
+        // non-finite), so zeroing its non-finite elements changes neither P nor any gradient of
+        // the row's allowed keys: its P and dS are NaN (or 0) from the LSE alone. Each thread
+        // sanitizes the chunks it copied, before the barrier that publishes them.
+        if masked {
+            // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`).
+            unsafe { sanitize_own_chunks::<T, _>(&q_tile(st), br, tid, threads) };
+        }
+        sync_threads();
         if i + 1 < iters {
             fill(i + 1, st ^ 1);
         }
@@ -193,19 +204,7 @@ unsafe fn backward<
         // d = 128 otherwise).
         let lane = opaque(lane);
         let g = lane / 4;
-        let (h, q0) = (head_of(i), row0_of(i));
         let (qt, dot) = (q_tile(st), do_tile(st));
-        let masked = cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal);
-        // On a causal diagonal block a non-finite Q row would reach dK of keys it does not see
-        // as 0 · NaN through dSᵀ·Q. Such a row's LSE is NaN or −∞ (every score it has is
-        // non-finite), so zeroing its non-finite elements changes neither P nor any gradient of
-        // the row's allowed keys: its P and dS are NaN (or 0) from the LSE alone.
-        if causal && masked {
-            // SAFETY: the stage's Q tile has landed (barrier above); every thread calls it.
-            unsafe {
-                sanitize_and_vote::<T>(stage_base + st * 2 * q_bytes, q_bytes, tid, threads, false)
-            };
-        }
 
         // Sᵀ = K·Qᵀ for the warp's 16 keys and Pᵀ from it, half the Q block (`NQP` n-tiles) at a
         // time so that only 16 score registers live beside dK and dV. Pᵀ, rounded, goes to the

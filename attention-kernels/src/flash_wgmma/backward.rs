@@ -32,7 +32,7 @@ use crate::flash::sequence::Sequence;
 use crate::flash_tc_backward::hidden;
 use crate::flash_wgmma::WgBackwardConfig;
 use crate::mask::{
-    Exponent, MASKED, is_masked, poisoned_key_weight, quad_any, sanitize_and_vote,
+    Exponent, MASKED, is_masked, poisoned_key_weight, quad_any, sanitize_own_chunks,
     sanitize_row_part,
 };
 use crate::params::TensorCoreBackwardParams;
@@ -274,21 +274,22 @@ unsafe fn backward<
         // Block i has landed and is visible to the tensor cores; every warpgroup is done with
         // block i − 1 (its stage is refilled next) and with the previous dSᵀ.
         wait_all();
-        wgmma::fence_proxy_async();
-        sync_threads();
         let st = stage_of(i);
-        if i + 1 < iters {
-            fill(i + 1, stage_of(i + 1));
-        }
         let (h, q0) = (head_of(i), row0_of(i));
         let masked = tiles.needs_mask(q0, k0, n_q, n_k, causal);
-        // On a causal diagonal block a non-finite Q row would reach dK of keys it does not see
-        // as 0 · NaN through dSᵀ·Q. Such a row's LSE is NaN or −∞ (every score it has is
+        // On a block with masked pairs a non-finite Q row would reach dK of keys it does not
+        // see as 0 · NaN through dSᵀ·Q. Such a row's LSE is NaN or −∞ (every score it has is
         // non-finite), so zeroing its non-finite elements changes neither P nor any gradient of
-        // the row's allowed keys.
-        if causal && masked {
-            // SAFETY: the stage's Q tile has landed (barrier above); every thread calls it.
-            unsafe { sanitize_and_vote::<T>(stage(smem, st), q_bytes, tid, threads, true) };
+        // the row's allowed keys. Each thread sanitizes the chunks it copied, before the barrier
+        // that publishes them to the tensor cores.
+        if masked {
+            // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`).
+            unsafe { sanitize_own_chunks::<T, _>(&q_tile(smem, st), br, tid, threads) };
+        }
+        wgmma::fence_proxy_async();
+        sync_threads();
+        if i + 1 < iters {
+            fill(i + 1, stage_of(i + 1));
         }
         let base = opaque(smem);
         let (kt, vt, qt, dot, dst) = (
