@@ -368,7 +368,7 @@ mod device {
     ///
     /// # Safety
     /// Every key below `max(ends)` is a readable row of `op` with `8·ND` elements.
-    #[inline(always)]
+    #[inline(never)]
     pub unsafe fn non_finite_part<T: Exponent, const ND: usize>(
         keys: (u32, u32),
         ends: [u32; 2],
