@@ -153,14 +153,22 @@ impl Poison {
         }
     }
 
-    /// `word` (the owned columns `2n`, `2n + 1` of row `r`, 16-bit elements of `T`) with the
-    /// non-finite sums put in: a finite value plus NaN or `±∞` is that NaN or `±∞`.
+    /// `word` (the owned columns `2n`, `2n + 1` of row `r`, 16-bit elements of `T`) plus the
+    /// non-finite sums: a finite value plus NaN or `±∞` is that NaN or `±∞`; a NaN stays NaN,
+    /// and `+∞ + −∞` is NaN.
     #[inline(always)]
     pub fn patch_pair<T: Exponent>(&self, r: usize, n: u32, word: u32) -> u32 {
         let half = |x: Option<f32>, old: u32| match x {
-            Some(x) if x.is_nan() => T::QNAN,
-            Some(x) if x > 0.0 => T::EXPONENT,
-            Some(_) => 0x8000 | T::EXPONENT,
+            Some(x) => {
+                let sum = T::widen(old) + x;
+                if sum.is_nan() {
+                    T::QNAN
+                } else if sum > 0.0 {
+                    T::EXPONENT
+                } else {
+                    0x8000 | T::EXPONENT
+                }
+            }
             None => old,
         };
         half(self.get(r, 2 * n), word & 0xffff) | (half(self.get(r, 2 * n + 1), word >> 16) << 16)
@@ -441,6 +449,10 @@ mod tests {
         assert_eq!(p.patch_pair::<Bf16>(1, 1, 0x3f80_3f80), 0xff80_7fc0);
         assert_eq!(p.patch_pair::<F16>(0, 1, 0x3c00_3c00), 0x7c00_3c00);
         assert_eq!(p.patch_pair::<Bf16>(0, 0, 0x1234_5678), 0x1234_5678);
+        // A NaN row stays NaN; −∞ + +∞ is NaN.
+        assert_eq!(p.patch_pair::<Bf16>(0, 1, 0x7fc0_3f80), 0x7fc0_3f80);
+        assert_eq!(p.patch_pair::<Bf16>(0, 1, 0xffc0_3f80), 0x7fc0_3f80);
+        assert_eq!(p.patch_pair::<Bf16>(0, 1, 0xff80_3f80), 0x7fc0_3f80);
     }
 
     #[test]
