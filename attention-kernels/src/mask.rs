@@ -11,9 +11,10 @@
 //! Keys masked for every row of a tile are never loaded (zero-filled), so the products see only
 //! zeros there. Keys masked for some rows only (the causal diagonal) are where `0 · NaN` could
 //! leak a masked key into an allowed row through a matrix product; the kernels then take a slow
-//! path, only on diagonal tiles whose operand holds a non-finite value ([`sanitize_and_vote`]):
-//! the product runs on the tile with non-finite values replaced by 0, and [`Poison`] adds the
-//! non-finite contributions of the allowed positions back exactly.
+//! path, only on diagonal tiles whose operand holds a non-finite value (`sanitize_own_chunks`,
+//! each thread on the chunks it copied, before the barrier that publishes them): the product
+//! runs on the tile with non-finite values replaced by 0, and [`Poison`] adds the non-finite
+//! contributions of the allowed positions back.
 //!
 //! The exact (SIMT) kernels mark masked weights with the sentinel [`MASKED`] (`−0`, which `exp`
 //! and products of non-negative factors never give) and skip them in their products
@@ -203,58 +204,9 @@ pub use device::*;
 #[cfg(target_arch = "nvptx64")]
 mod device {
     use super::{Exponent, Poison, sanitize_pair};
-    use crate::device::{opaque, sync_threads_or};
+    use crate::device::opaque;
     use crate::tile::cp_async::ChunkedTile;
     use crate::tile::mem::{load_shared_16, store_shared_u32};
-
-    /// Replaces every non-finite element of the shared tile `[base, base + bytes)` (16-bit
-    /// elements, any swizzle) by 0 and returns, to every thread, whether there was one. A block
-    /// barrier: every thread must call it, and afterwards the tile is sanitized for all of them.
-    /// `async_readers`: the tile is next read by `wgmma` (the async proxy), so the writes are
-    /// fenced for it before the barrier.
-    ///
-    /// # Safety
-    /// The tile lies inside the shared window, `bytes` is a multiple of 16, and nobody else
-    /// accesses it until the barrier.
-    #[inline(always)]
-
-    pub unsafe fn sanitize_and_vote<T: Exponent>(
-        base: u32,
-        bytes: u32,
-        tid: u32,
-        threads: u32,
-        async_readers: bool,
-    ) -> bool {
-        let mut any = false;
-        let mut at = 16 * tid;
-        while at < bytes {
-            // SAFETY: inside the tile (caller).
-            unsafe {
-                let w = load_shared_16(base + at);
-                let mut bad = false;
-                let mut out = [0u32; 4];
-                for i in 0..4 {
-                    let (x, b) = sanitize_pair::<T>(w[i]);
-                    out[i] = x;
-                    bad |= b;
-                }
-                if bad {
-                    for (i, &x) in out.iter().enumerate() {
-                        store_shared_u32(base + at + 4 * i as u32, x);
-                    }
-                }
-                any |= bad;
-            }
-            at += 16 * threads;
-        }
-        #[cfg(flash_attn_sm90a)]
-        if async_readers && any {
-            crate::tile::wgmma::fence_proxy_async();
-        }
-        #[cfg(not(flash_attn_sm90a))]
-        let _ = async_readers;
-        sync_threads_or(any)
-    }
 
     /// The 16-byte chunks this thread itself copied into `tile` with
     /// `fill_async(_, _, rows, tid, threads)` (the same mapping): non-finite elements become 0;
