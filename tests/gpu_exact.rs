@@ -7,7 +7,7 @@
 //! Where no CUDA device answers, each test prints `SKIP <test>: ...` to stderr and returns.
 
 use approx::relative_eq;
-use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip, rel_err};
+use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip, rel_err, worst as worst_of};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -195,7 +195,7 @@ fn backward_matches_finite_differences_of_the_gpu_forward() {
             let fd = (up_loss - down_loss) / (2.0 * eps as f64);
             let a = analytic[which][idx] as f64;
             // f32 forward noise over ~500 terms / 2ε (absolute) plus O(ε²) truncation (relative).
-            worst = worst.max((fd - a).abs());
+            worst = worst_of(worst, (fd - a).abs());
             assert!(
                 relative_eq!(fd, a, epsilon = 2e-3, max_relative = 1e-2),
                 "d{name}[{idx}]: finite difference {fd}, backward {a}"

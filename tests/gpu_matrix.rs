@@ -24,10 +24,10 @@
 use flash_attn::reference::{backward_f32, forward_f32};
 use flash_attn::{
     AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor, Direction,
-    Family, FlashOptions, Gpu, GradientBuffers, KernelChoice, Schedule, Workspace,
+    FlashOptions, Gpu, GradientBuffers, KernelChoice, Schedule, Workspace,
 };
 use flash_attn_testkit::testing::{
-    LengthMode, MATRIX_SIZES, fresh_seed, gpu_or_skip, lse_err, rel_err, skip,
+    LengthMode, MATRIX_SIZES, families, fresh_seed, gpu_or_skip, lse_err, rel_err, skip,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -125,20 +125,6 @@ fn bound(dtype: DType) -> f64 {
         DType::F32 => 2e-5,
         DType::F16 => 2e-3,
         DType::Bf16 => 1e-2,
-    }
-}
-
-/// The families this run covers: every one, or those `FLASH_ATTN_FAMILIES` names.
-fn families() -> Vec<Family> {
-    match std::env::var("FLASH_ATTN_FAMILIES") {
-        Err(_) => Family::ALL.to_vec(),
-        Ok(list) => list
-            .split(',')
-            .map(|name| match name.parse() {
-                Ok(KernelChoice::Only(f)) => f,
-                _ => panic!("FLASH_ATTN_FAMILIES: unknown family {name:?}"),
-            })
-            .collect(),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod flash;
 pub mod flash_tc;
 pub mod flash_tc_backward;
 pub mod flash_wgmma;
+pub mod mask;
 pub mod online_state;
 pub mod params;
 pub mod philox;

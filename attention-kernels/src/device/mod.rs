@@ -81,6 +81,32 @@ pub fn shfl_xor(x: f32, mask: u32) -> f32 {
     r
 }
 
+/// Indexed shuffle within a full warp: every lane receives `x` of lane `src`.
+#[inline(always)]
+pub fn shfl_idx(x: f32, src: u32) -> f32 {
+    let r: f32;
+    // SAFETY: all 32 lanes of the warp execute this with the full member mask.
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {x}, {s}, 0x1f, 0xffffffff;",
+             r = out(reg32) r, x = in(reg32) x, s = in(reg32) src,
+             options(nomem, nostack));
+    }
+    r
+}
+
+/// Barrier over the thread block that also returns whether `pred` held on any thread; every
+/// thread of the block must reach it. Orders shared-memory accesses like `sync_threads`.
+#[inline(always)]
+pub fn sync_threads_or(pred: bool) -> bool {
+    let r: u32;
+    // SAFETY: kernels call this from block-uniform control flow.
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; bar.red.or.pred q, 0, p; selp.u32 {r}, 1, 0, q; }}",
+             r = out(reg32) r, x = in(reg32) pred as u32, options(nostack));
+    }
+    r != 0
+}
+
 #[inline(always)]
 pub fn warp_max(mut x: f32) -> f32 {
     let mut m = 16;

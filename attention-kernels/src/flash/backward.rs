@@ -19,6 +19,7 @@ use crate::flash::smem::padded;
 use crate::flash::tile::{
     Arena, Tile, dot, dropout_multiplier, fill, for_each, load_rows, mul_acc, mul_t_acc, store_rows,
 };
+use crate::mask::{MASKED, allowed_weight, contribution};
 use crate::storage::{Bf16, F16, Storage};
 
 /// D = rowsum(dO ∘ O) for every (batch, head, row), in LSE's layout. One warp per row.
@@ -128,7 +129,7 @@ unsafe fn load_kv_block<T: Storage>(
 }
 
 /// Rebuilds one tile: for `r < rows`, `c < cols` writes dS into `ds` and, when given, P ∘ Z into
-/// `p_drop`. Masked entries are 0 in both (P = 0 there), so they add nothing to any gradient.
+/// `p_drop`. Masked entries are `MASKED` in both, so they add nothing to any gradient.
 #[allow(clippy::too_many_arguments)]
 unsafe fn recompute_tile(
     p: &FlashBackwardParams,
@@ -152,14 +153,21 @@ unsafe fn recompute_tile(
         let (i, j) = (i0 + r, j0 + c);
         // SAFETY: r < B_r, c < B_c, rows of d elements.
         unsafe {
-            // An allowed entry implies a non-empty row, so LSE is finite here.
-            let (pr_drop, d_s) = if j < seq.key_end(i, causal) {
-                let pr = exp(p.scale * dot(qt.q.row(r), k.row(c), d) - qt.lse.get(0, r));
+            // Masked entries, and allowed ones scored −∞ (outside the row's support, as in the
+            // reference), are MASKED in both tiles: the products skip them whatever K, V, Q or
+            // dO hold. Any other entry has a non-empty row (LSE finite or NaN).
+            let score = if j < seq.key_end(i, causal) {
+                p.scale * dot(qt.q.row(r), k.row(c), d)
+            } else {
+                f32::NEG_INFINITY
+            };
+            let (pr_drop, d_s) = if score != f32::NEG_INFINITY {
+                let pr = exp(score - qt.lse.get(0, r));
                 let z = dropout_multiplier(&p.dropout, key, seq.index, h, i, j);
                 let dp = dot(qt.d_o.row(r), v.row(c), d) * z;
-                (pr * z, pr * (dp - qt.delta.get(0, r)))
+                (pr * z, allowed_weight(pr * (dp - qt.delta.get(0, r))))
             } else {
-                (0.0, 0.0)
+                (MASKED, MASKED)
             };
             ds.set(r, c, d_s);
             if let Some(pd) = p_drop {
@@ -236,7 +244,7 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
                             let (r, x) = (e / d, e % d);
                             let mut sum = 0.0f32;
                             for c in 0..cols {
-                                sum += ds.get(r, c) * k.get(c, x);
+                                sum += contribution(ds.get(r, c), k.get(c, x));
                             }
                             atomic_add_global(
                                 dq.add(r as usize * stride + x as usize),

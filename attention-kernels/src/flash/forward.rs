@@ -16,6 +16,7 @@ use crate::flash::smem::padded;
 use crate::flash::tile::{
     Arena, Tile, dot, dropout_multiplier, fill, for_each, load_rows, mul_acc,
 };
+use crate::mask::{MASKED, row_is_empty};
 use crate::storage::{Bf16, F16, Storage};
 
 /// The query block a thread block owns: rows `i0 .. i0 + rows` (local) of head `h` of `seq`.
@@ -162,16 +163,16 @@ unsafe fn merge_kv_block<T: Storage>(
             let mut tile_sum = 0.0f32;
             c = lane;
             while c < cols {
-                // Identity branch: with m_new = −∞ every score is −∞ and P̃ is 0, never exp(NaN).
-                let pr = if m_new == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    exp(t.s.get(r, c) - m_new)
-                };
+                // A −∞ score (masked, or −∞ at an allowed key) leaves the row's support: P̃ is the
+                // MASKED sentinel, which the product with V skips whatever V holds. With
+                // m_new = −∞ every score is −∞, so exp(−∞ − −∞) is never evaluated.
+                let sc = t.s.get(r, c);
+                let masked = sc == f32::NEG_INFINITY;
+                let pr = if masked { MASKED } else { exp(sc - m_new) };
                 tile_sum += pr;
                 // ℓ sums the undropped P̃; only the product with V sees the dropout multiplier.
                 let z = dropout_multiplier(&p.dropout, key, qb.seq.index, qb.h, qb.i0 + r, j0 + c);
-                t.s.set(r, c, pr * z);
+                t.s.set(r, c, if masked { MASKED } else { pr * z });
                 c += 32;
             }
             let tile_sum = warp_sum(tile_sum);
@@ -196,7 +197,7 @@ unsafe fn merge_kv_block<T: Storage>(
 }
 
 /// Writes O_i = acc / ℓ_i in the storage type and LSE_i = m_i + log ℓ_i; a row with no allowed
-/// key (ℓ = 0) gets O = 0 and LSE = −∞.
+/// key (ℓ = 0) gets O = 0 and LSE = −∞, a NaN row (ℓ NaN) NaN in both.
 unsafe fn write_output<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &Tiles) {
     let s = &p.shape;
     let d = s.head_dim;
@@ -208,7 +209,11 @@ unsafe fn write_output<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &
         // SAFETY: r < rows of the block, x < d.
         unsafe {
             let l = t.row_sum.get(0, r);
-            let out = if l > 0.0 { t.acc.get(r, x) / l } else { 0.0 };
+            let out = if row_is_empty(l) {
+                0.0
+            } else {
+                t.acc.get(r, x) / l
+            };
             *o.add(r as usize * stride + x as usize) = T::from_f32(out);
         }
     });
@@ -216,10 +221,10 @@ unsafe fn write_output<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &
         // SAFETY: r < rows of the block; LSE holds every row.
         unsafe {
             let l = t.row_sum.get(0, r);
-            let lse = if l > 0.0 {
-                t.row_max.get(0, r) + ln(l)
-            } else {
+            let lse = if row_is_empty(l) {
                 f32::NEG_INFINITY
+            } else {
+                t.row_max.get(0, r) + ln(l)
             };
             *(p.lse as *mut f32).add(qb.seq.row_index(s, qb.i0 + r, qb.h)) = lse;
         }
@@ -300,8 +305,11 @@ unsafe fn paper<T: Storage>(p: &FlashForwardParams) {
         for_each(qb.rows * d, |e| {
             let (r, x) = (e / d, e % d);
             let l = t.row_sum.get(0, r);
-            *o_state.add(r as usize * stride + x as usize) =
-                if l > 0.0 { t.acc.get(r, x) / l } else { 0.0 };
+            *o_state.add(r as usize * stride + x as usize) = if row_is_empty(l) {
+                0.0
+            } else {
+                t.acc.get(r, x) / l
+            };
         });
         for_each(qb.rows, |r| {
             *(p.row_max as *mut f32).add(row(r)) = t.row_max.get(0, r);

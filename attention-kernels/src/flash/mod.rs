@@ -15,4 +15,4 @@ mod forward;
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod sequence;
 #[cfg(target_arch = "nvptx64")]
-mod tile;
+pub(crate) mod tile;

@@ -5,6 +5,7 @@
 //! callers separate phases with `sync_threads`. Arithmetic is f32 whatever the storage type.
 
 use crate::device::{block_dim_x, shared_base, thread_x};
+use crate::mask::contribution;
 use crate::philox::DropoutRng;
 use crate::storage::Storage;
 
@@ -144,7 +145,8 @@ pub unsafe fn dot(a: *const f32, b: *const f32, d: u32) -> f32 {
 }
 
 /// `acc[r][x] = rescale[r]·acc[r][x] + Σ_{c<k} a[r][c]·b[c][x]` for `r < m`, `x < n`, with
-/// `rescale` absent meaning 1 (the `P̃V` and `dS·K` products).
+/// `rescale` absent meaning 1 (the `P̃V` and `dS·K` products). Entries of `a` that are
+/// [`MASKED`](crate::mask::MASKED) add nothing, whatever `b` holds.
 ///
 /// # Safety
 /// Every tile holds the extents it is indexed with.
@@ -160,7 +162,7 @@ pub unsafe fn mul_acc(acc: Tile, rescale: Option<Tile>, a: Tile, b: Tile, m: u32
             };
             let a_row = a.row(r);
             for c in 0..k {
-                sum += *a_row.add(c as usize) * b.get(c, x);
+                sum += contribution(*a_row.add(c as usize), b.get(c, x));
             }
             acc.set(r, x, sum);
         }
@@ -168,7 +170,7 @@ pub unsafe fn mul_acc(acc: Tile, rescale: Option<Tile>, a: Tile, b: Tile, m: u32
 }
 
 /// `acc[c][x] += Σ_{r<k} a[r][c]·b[r][x]` for `c < m`, `x < n` (the `P_dropᵀdO` and `dSᵀQ`
-/// products).
+/// products); [`MASKED`](crate::mask::MASKED) entries of `a` add nothing.
 ///
 /// # Safety
 /// Every tile holds the extents it is indexed with.
@@ -180,7 +182,7 @@ pub unsafe fn mul_t_acc(acc: Tile, a: Tile, b: Tile, m: u32, n: u32, k: u32) {
         unsafe {
             let mut sum = acc.get(c, x);
             for r in 0..k {
-                sum += a.get(r, c) * b.get(r, x);
+                sum += contribution(a.get(r, c), b.get(r, x));
             }
             acc.set(c, x, sum);
         }

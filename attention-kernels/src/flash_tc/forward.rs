@@ -9,10 +9,11 @@
 //! compile-time size and every loop over one unrolls.
 
 use crate::device::{
-    block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads, sync_warp, thread_x,
+    block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads_or, sync_warp, thread_x,
 };
 use crate::flash_tc::TcConfig;
 use crate::flash_tc::softmax::RowState;
+use crate::mask::{Exponent, Operand, non_finite_part, sanitize_own_chunks};
 use crate::params::{TensorCoreForwardParams, causal_key_end};
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
@@ -21,7 +22,7 @@ use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16};
 use crate::tile::mma::{FragA, FragC, MmaElem};
 
 unsafe fn forward<
-    T: MmaElem,
+    T: MmaElem + Exponent,
     const KD: usize,
     const ND: usize,
     const NK: usize,
@@ -97,8 +98,17 @@ unsafe fn forward<
     if n_blocks > 0 {
         fill_kv(0, 0);
     }
+    // A causal diagonal block hides some of its keys from some rows: a non-finite V there would
+    // reach them as 0 · NaN through P·V. Its V is sanitized as it lands (each thread its own
+    // chunks, before the barrier that publishes them; the barrier votes whether any was
+    // non-finite), and the allowed keys' non-finite part is added after the loop.
+    let diagonal = |block: u32| causal && block < n_blocks && block * bc + bc > unmasked_end;
+    let sanitize_v = |block: u32, stage: u32| {
+        // SAFETY: the thread's own copies of the stage's V have landed (`wait_all` before).
+        diagonal(block) && unsafe { sanitize_own_chunks::<T, _>(&v_tile(stage), bc, tid, threads) }
+    };
     wait_all();
-    sync_threads();
+    let mut poisoned = sync_threads_or(sanitize_v(0, 0));
     let warp_row = 16 * warp;
     let mut q_frag = [FragA::default(); KD];
     for (kk, f) in q_frag.iter_mut().enumerate() {
@@ -116,13 +126,14 @@ unsafe fn forward<
             // This block has landed, and every warp is done with the previous one, whose stage
             // the next fill overwrites.
             wait_all();
-            sync_threads();
+            poisoned |= sync_threads_or(sanitize_v(block, block & 1));
         }
         let stage = block & 1;
         if block + 1 < n_blocks {
             fill_kv(block + 1, stage ^ 1);
         }
 
+        let k0 = block * bc;
         let mut sc = [FragC::default(); NK];
         for (kk, qf) in q_frag.iter().enumerate() {
             for np in 0..NP {
@@ -133,7 +144,6 @@ unsafe fn forward<
                 T::mma(&mut sc[2 * np + 1], qf, &b1);
             }
         }
-        let k0 = block * bc;
         for t in sc.iter_mut() {
             for e in 0..4 {
                 t.0[e] *= p.scale_log2;
@@ -169,6 +179,20 @@ unsafe fn forward<
     }
 
     let lse = state.finish(&mut o);
+    if poisoned {
+        let v = Operand {
+            base: v_rows.base,
+            stride: kv_stride,
+        };
+        let from = unmasked_end / bc * bc;
+        // SAFETY: allowed keys are below n_k, rows of V.
+        let poison = unsafe {
+            non_finite_part::<T, ND>((from, n_blocks * bc), [end_lo, end_hi], v, lane, |_, _| {
+                false
+            })
+        };
+        poison.apply(&mut o);
+    }
     // Stage O through the warp's own Q rows (only this warp ever read them) so that the global
     // stores are 16 bytes wide and coalesced. The warp barrier orders the lanes' `ldmatrix` reads
     // of those rows before the other lanes' stores: with fewer than two K/V blocks no block-wide

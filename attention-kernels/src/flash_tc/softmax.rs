@@ -5,6 +5,7 @@
 //! quad at every block (every lane needs `m`), sums only once at the end.
 
 use crate::device::{exp2, log2, shfl_xor};
+use crate::mask::row_is_empty;
 use crate::tile::mma::{FragA, FragC, MmaElem};
 
 /// Running `(m, l)` of rows g and g + 8: `m` the base-2 row maximum so far, `l` this lane's part of
@@ -90,7 +91,8 @@ impl RowState {
         let mut inv = [0.0f32; 2];
         for r in 0..2 {
             let l = quad_sum(self.l[r]);
-            if l > 0.0 {
+            // ℓ is NaN for a row with a NaN or +∞ score: O and LSE come out NaN, not empty.
+            if !row_is_empty(l) {
                 inv[r] = 1.0 / l;
                 lse[r] = (self.m[r] + log2(l)) * core::f32::consts::LN_2;
             }

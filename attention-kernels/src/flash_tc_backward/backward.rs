@@ -14,17 +14,25 @@
 //! `red.global.add`: one atomic per dQ element per visited K/V block, so 128-key blocks (8 warps)
 //! send half as many as 64-key ones.
 
+use crate::device::sync_threads_or;
 use crate::device::{
     block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
 };
 use crate::flash_tc_backward::{Pair, TcBackwardConfig, hidden};
+use crate::mask::{Exponent, MASKED, is_masked, sanitize_own_chunks, sanitize_pair};
 use crate::params::TensorCoreBackwardParams;
 use crate::storage::{Bf16, F16};
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, load_shared_u32, red_add_f32};
-use crate::tile::mma::FragC;
+use crate::tile::mma::{FragB, FragC};
+
+/// `b` with its non-finite elements replaced by 0.
+#[inline(always)]
+fn sanitize_frag<T: Exponent>(b: FragB) -> FragB {
+    FragB([sanitize_pair::<T>(b.0[0]).0, sanitize_pair::<T>(b.0[1]).0])
+}
 
 /// Stores an A operand built from accumulators (`MmaElem::pack_a`) row-major into rows
 /// `row0 .. row0 + 16`, chunks `c`, `c + 1` of `tile` (`SwizzledTile::quad_addrs`).
@@ -50,7 +58,7 @@ unsafe fn store_quad(tile: SwizzledTile, row0: u32, c: u32, g: u32, t: u32, a: [
 /// one unrolls.
 #[inline(always)]
 unsafe fn backward<
-    T: Pair,
+    T: Pair + Exponent,
     const KD: usize,
     const ND: usize,
     const NQ: usize,
@@ -147,6 +155,27 @@ unsafe fn backward<
     }
 
     let key_row = 16 * warp;
+    // A non-finite K row must not reach dQ = dS·K through a masked dS of 0 (0 · NaN). Its key
+    // scores non-finite against every query: a row that allows it has a NaN LSE (its dS is NaN
+    // whatever K holds) or scored it −∞ (P = 0, outside the row's support, contributing
+    // nothing). So dQ may read K with non-finite elements as 0, while Sᵀ keeps the real K.
+    // `k_poisoned` (block-uniform): the block's K tile holds a non-finite element; dQ then
+    // sanitizes its K fragments (a rare, separate copy of the dQ product).
+    let k_poisoned = iters > 0 && {
+        wait_all();
+        sync_threads();
+        let mut bad = false;
+        let mut at = 16 * tid;
+        while at < kv_bytes {
+            // SAFETY: inside the K tile.
+            let w = unsafe { load_shared_16(smem + at) };
+            for x in w {
+                bad |= sanitize_pair::<T>(x).1;
+            }
+            at += 16 * threads;
+        }
+        sync_threads_or(bad)
+    };
     let mut dk = [FragC::default(); ND];
     let mut dv = [FragC::default(); ND];
     let mut i = 0;
@@ -154,8 +183,19 @@ unsafe fn backward<
         // Block i has landed, and every warp is done with block i − 1 (its stage is refilled
         // next) and with the previous dSᵀ.
         wait_all();
-        sync_threads();
         let st = i & 1;
+        let (h, q0) = (head_of(i), row0_of(i));
+        let masked = cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal);
+        // On a block with masked pairs a non-finite Q row would reach dK of keys it does not
+        // see as 0 · NaN through dSᵀ·Q. Such a row's LSE is NaN or −∞ (every score it has is
+        // non-finite), so zeroing its non-finite elements changes neither P nor any gradient of
+        // the row's allowed keys: its P and dS are NaN (or 0) from the LSE alone. Each thread
+        // sanitizes the chunks it copied, before the barrier that publishes them.
+        if masked {
+            // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`).
+            unsafe { sanitize_own_chunks::<T, _>(&q_tile(st), br, tid, threads) };
+        }
+        sync_threads();
         if i + 1 < iters {
             fill(i + 1, st ^ 1);
         }
@@ -164,7 +204,6 @@ unsafe fn backward<
         // d = 128 otherwise).
         let lane = opaque(lane);
         let g = lane / 4;
-        let (h, q0) = (head_of(i), row0_of(i));
         let (qt, dot) = (q_tile(st), do_tile(st));
 
         // Sᵀ = K·Qᵀ for the warp's 16 keys and Pᵀ from it, half the Q block (`NQP` n-tiles) at a
@@ -172,7 +211,6 @@ unsafe fn backward<
         // warp's own rows of the dSᵀ tile: read back as A operands for dV and by element for dS
         // (which overwrites it in place).
         let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
-        let masked = cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal);
         for half in 0..2 {
             let lane = opaque(lane);
             let t = lane % 4;
@@ -200,13 +238,15 @@ unsafe fn backward<
                 for e in 0..4 {
                     f.0[e] = exp2(f.0[e] * p.scale_log2 - lse[e % 2]);
                 }
-                if masked {
+                if masked || k_poisoned {
                     // Selects, not branches, so the loop unrolls and `pt` stays in registers.
+                    // Rows past n_q too: their zero Q against a non-finite K scores NaN.
                     for e in 0..4 {
                         let key = if e < 2 { key_lo } else { key_hi };
                         let row = q0 + col + (e % 2) as u32;
-                        let hidden = hidden(row, key, s.n_q, s.n_k, causal);
-                        f.0[e] = if hidden { 0.0 } else { f.0[e] };
+                        let hidden = row >= s.n_q || hidden(row, key, s.n_q, s.n_k, causal);
+                        // MASKED (−0, which 2^x never is): dS below is 0 there, whatever dPᵀ.
+                        f.0[e] = if hidden { MASKED } else { f.0[e] };
                     }
                 }
             }
@@ -271,8 +311,12 @@ unsafe fn backward<
                         T::unpack(load_shared_u32(hi_at)),
                     );
                     let p_row = [lo[0], lo[1], hi[0], hi[1]];
+                    // A masked Pᵀ gives dS = 0 even where dPᵀ (a masked V) or D (a NaN row)
+                    // is not finite.
+                    let skip = masked || k_poisoned;
                     for e in 0..4 {
-                        f.0[e] = p_row[e] * (f.0[e] - d_row[e % 2]);
+                        let ds = p_row[e] * (f.0[e] - d_row[e % 2]);
+                        f.0[e] = if skip && is_masked(p_row[e]) { 0.0 } else { ds };
                     }
                     store_shared_u32(lo_at, T::pack(f.0[0], f.0[1]));
                     store_shared_u32(hi_at, T::pack(f.0[2], f.0[3]));
@@ -318,7 +362,11 @@ unsafe fn backward<
                     let a = ds_tile.load_a_trans(16 * kk, 2 * row_group, lane);
                     for dp in 0..DQ / 2 {
                         let chunk = (first + 2 * dp) as u32;
-                        let [b0, b1] = k_tile.load_b_pair_trans(16 * kk, chunk, lane);
+                        let [mut b0, mut b1] = k_tile.load_b_pair_trans(16 * kk, chunk, lane);
+                        if k_poisoned {
+                            b0 = sanitize_frag::<T>(b0);
+                            b1 = sanitize_frag::<T>(b1);
+                        }
                         T::mma(&mut dq[2 * dp], &a, &b0);
                         T::mma(&mut dq[2 * dp + 1], &a, &b1);
                     }

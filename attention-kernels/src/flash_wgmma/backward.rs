@@ -24,12 +24,17 @@
 //! Generic over `KD = d / 16`, `ND = d / 8` (fragments of dK, dV), `WG` and `DQ = ND / WG`
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
+use crate::device::sync_threads_or;
 use crate::device::{
     block_x, block_y, block_z, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x,
 };
 use crate::flash::sequence::Sequence;
 use crate::flash_tc_backward::hidden;
 use crate::flash_wgmma::WgBackwardConfig;
+use crate::mask::{
+    Exponent, MASKED, is_masked, poisoned_key_weight, quad_any, sanitize_own_chunks,
+    sanitize_row_part,
+};
 use crate::params::TensorCoreBackwardParams;
 use crate::philox::DropoutRng;
 use crate::storage::{Bf16, F16};
@@ -71,7 +76,7 @@ const NQP: usize = NQ / 2;
 
 #[inline(always)]
 unsafe fn backward<
-    T: Wgmma,
+    T: Wgmma + Exponent,
     const KD: usize,
     const ND: usize,
     const WG: usize,
@@ -211,6 +216,29 @@ unsafe fn backward<
     let key_row = group_key + 16 * warp;
     let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
     let dq_col0 = group * cfg.dq_cols();
+    // A key whose K row holds a non-finite value scores non-finite against every query: rows
+    // that allow it have a NaN LSE or leave it out of their support (a −∞ score). Its K row is
+    // zeroed once here (so dQ = dS·K cannot turn a masked 0 into NaN), and its P is set from the
+    // row's LSE (`poisoned_key_weight`). Bit 0: key g of the warp, bit 1: key g + 8;
+    // `k_poisoned`: any key of the block (block-uniform).
+    let mut k_poison = 0u32;
+    let mut k_poisoned = false;
+    if iters > 0 {
+        wait_all();
+        sync_threads();
+        let kt = k_tile(smem);
+        for (bit, row) in [(0, key_row + g), (1, key_row + g + 8)] {
+            // SAFETY: the lane's quarter of its own key rows of the K tile, which only this
+            // quad touches before the barrier below.
+            let bad = unsafe { sanitize_row_part::<T>(|c| kt.chunk_addr(row, c), kt.chunks(), t) };
+            k_poison |= (bad as u32) << bit;
+        }
+        k_poison = quad_any(k_poison);
+        if k_poison != 0 {
+            wgmma::fence_proxy_async();
+        }
+        k_poisoned = sync_threads_or(k_poison != 0);
+    }
     let mut dk = [FragC::default(); ND];
     let mut dv = [FragC::default(); ND];
     // dQ of the previous step: in flight until this step's first wait, then reduced.
@@ -246,13 +274,23 @@ unsafe fn backward<
         // Block i has landed and is visible to the tensor cores; every warpgroup is done with
         // block i − 1 (its stage is refilled next) and with the previous dSᵀ.
         wait_all();
+        let st = stage_of(i);
+        let (h, q0) = (head_of(i), row0_of(i));
+        let masked = tiles.needs_mask(q0, k0, n_q, n_k, causal);
+        // On a block with masked pairs a non-finite Q row would reach dK of keys it does not
+        // see as 0 · NaN through dSᵀ·Q. Such a row's LSE is NaN or −∞ (every score it has is
+        // non-finite), so zeroing its non-finite elements changes neither P nor any gradient of
+        // the row's allowed keys. Each thread sanitizes the chunks it copied, before the barrier
+        // that publishes them to the tensor cores.
+        if masked {
+            // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`).
+            unsafe { sanitize_own_chunks::<T, _>(&q_tile(smem, st), br, tid, threads) };
+        }
         wgmma::fence_proxy_async();
         sync_threads();
-        let st = stage_of(i);
         if i + 1 < iters {
             fill(i + 1, stage_of(i + 1));
         }
-        let (h, q0) = (head_of(i), row0_of(i));
         let base = opaque(smem);
         let (kt, vt, qt, dot, dst) = (
             k_tile(base),
@@ -309,18 +347,33 @@ unsafe fn backward<
         // Most blocks of a long sequence hide no pair: the mask is a second pass over the few
         // that do, not a test per score everywhere.
         let past_end = GENERAL && q0 + br > n_q;
-        if past_end || tiles.needs_mask(q0, k0, n_q, n_k, causal) {
+        let skip = past_end || masked || k_poisoned;
+        if past_end || masked {
             for (j, f) in s_t.iter_mut().enumerate() {
                 let col = 8 * j as u32 + 2 * t;
                 for e in 0..4 {
                     // A select, not a branch, so the loop unrolls and stays in registers.
                     let key = if e < 2 { key_lo } else { key_hi };
                     let row = q0 + col + (e % 2) as u32;
+                    // MASKED (−0, which 2^x never is): dS below is 0 there, whatever dPᵀ.
                     f.0[e] = if row >= n_q || hidden(row, key, n_q, n_k, causal) {
-                        0.0
+                        MASKED
                     } else {
                         f.0[e]
                     };
+                }
+            }
+        }
+        if k_poisoned {
+            for j in 0..NQ {
+                let col = 8 * j as u32 + 2 * t;
+                // SAFETY: columns col, col + 1 are inside the stage's statistics.
+                let lse = unsafe { load_shared_f32x2(stats(base, st) + col * 4) };
+                for e in 0..4 {
+                    let poisoned = (k_poison >> (e / 2)) & 1 != 0;
+                    let w = poisoned_key_weight(lse[e % 2].is_nan());
+                    let x = s_t[j].0[e];
+                    s_t[j].0[e] = if poisoned && !is_masked(x) { w } else { x };
                 }
             }
         }
@@ -368,7 +421,14 @@ unsafe fn backward<
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
             let d_row = unsafe { load_shared_f32x2(stats(base, st) + br * 4 + col * 4) };
             for e in 0..4 {
-                dp_t[j].0[e] = s_t[j].0[e] * (dp_t[j].0[e] * z(j, e) - d_row[e % 2]);
+                // A masked Pᵀ gives dS = 0 even where dPᵀ (a masked V) or D (a NaN row) is not
+                // finite.
+                let ds = s_t[j].0[e] * (dp_t[j].0[e] * z(j, e) - d_row[e % 2]);
+                dp_t[j].0[e] = if skip && is_masked(s_t[j].0[e]) {
+                    0.0
+                } else {
+                    ds
+                };
             }
         }
         let mut ds_a = [FragA::default(); NQP];

@@ -22,16 +22,20 @@
 //! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
 
 use crate::device::{
-    block_x, block_y, block_z, grid_dim_x, opaque, shared_window, sync_threads, thread_x,
+    block_x, block_y, block_z, grid_dim_x, opaque, shared_window, sync_threads, sync_threads_or,
+    thread_x,
 };
 use crate::flash::sequence::Sequence;
+use crate::flash::tile::dropout_multiplier;
 use crate::flash_tc::softmax::{RowState, pack, rescale};
 use crate::flash_wgmma::WgConfig;
+use crate::mask::{Exponent, Operand, Poison, non_finite_part, sanitize_own_chunks};
 use crate::params::TensorCoreForwardParams;
 use crate::philox::DropoutRng;
 use crate::storage::{Bf16, F16};
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
-use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16};
+use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
+use crate::tile::mem_backward::load_shared_u32;
 use crate::tile::mma::{FragA, FragC};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
@@ -104,7 +108,7 @@ fn apply_dropout<const NK: usize>(
 
 #[inline(always)]
 unsafe fn forward<
-    T: Wgmma,
+    T: Wgmma + Exponent,
     const KD: usize,
     const ND: usize,
     const NK: usize,
@@ -203,10 +207,23 @@ unsafe fn forward<
     let mut state = RowState::new();
     // K_j and V_{j−1} have landed and are visible to the tensor cores, and every warp is done
     // with the products of step j − 1, whose stages the next fills overwrite.
-    let step_barrier = || {
+    // A causal diagonal block hides some of its keys from some rows: a non-finite V there would
+    // reach them as 0 · NaN through P·V. Its V is sanitized as it lands (each thread its own
+    // chunks, before the step barrier that publishes them to the tensor cores; the barrier votes
+    // whether any was non-finite), and the allowed keys' non-finite part is added to O after the
+    // loop (±∞ and NaN survive every rescaling). `v_landed`: the block whose V this barrier
+    // publishes, if any.
+    let step_barrier = |v_landed: Option<u32>| {
         wait_all();
+        let bad = match v_landed {
+            Some(block) if causal && block * bc + bc > unmasked_end => {
+                // SAFETY: the thread's own copies of V_block have landed (`wait_all`).
+                unsafe { sanitize_own_chunks::<T, _>(&v_tile(block), bc, tid, threads) }
+            }
+            _ => false,
+        };
         wgmma::fence_proxy_async();
-        sync_threads();
+        sync_threads_or(bad)
     };
     let scores = |block: u32, sc: &mut [FragC; NK]| {
         for kk in 0..KD as u32 {
@@ -230,8 +247,10 @@ unsafe fn forward<
         wgmma::commit();
     };
 
+    let mut poisoned = false;
+
     if n_blocks > 0 {
-        step_barrier();
+        step_barrier(None);
         if n_blocks > 1 {
             fill_k(1);
         }
@@ -257,7 +276,7 @@ unsafe fn forward<
         // P of the previous step, waiting for its V.
         let mut pf = pack::<T, NK, NP>(&sc);
         for block in 1..n_blocks {
-            step_barrier();
+            poisoned |= step_barrier(Some(block - 1));
             if block + 1 < n_blocks {
                 fill_k(block + 1);
             }
@@ -285,7 +304,7 @@ unsafe fn forward<
             rescale(&mut o, alpha);
             pf = pack::<T, NK, NP>(&sc);
         }
-        step_barrier();
+        poisoned |= step_barrier(Some(n_blocks - 1));
         wgmma::fence();
         accumulate(n_blocks - 1, &pf, &mut o);
         wgmma::wait::<0>();
@@ -293,12 +312,47 @@ unsafe fn forward<
     }
 
     let lse = state.finish(&mut o);
+    // The allowed diagonal keys' non-finite part, if any V there was: computed without touching
+    // O's accumulators (ptxas serializes the wgmma pipeline otherwise) and put into the staged
+    // O below.
+    let mut poison = Poison::default();
+    if poisoned {
+        let v = Operand {
+            base: v_rows.base,
+            stride: kv_stride,
+        };
+        let from = unmasked_end / bc * bc;
+        let dropping = GENERAL && p.dropout.enabled();
+        let key = p.dropout.key();
+        let rows = [row_lo, row_hi];
+        let dropped = |r: usize, col: u32| {
+            dropping && dropout_multiplier(&p.dropout, key, seq.index, h, rows[r], col) == 0.0
+        };
+        // SAFETY: allowed keys are below the sequence's key length, rows of V.
+        poison = unsafe {
+            non_finite_part::<T, ND>((from, n_blocks * bc), [end_lo, end_hi], v, lane, dropped)
+        };
+    }
     // Stage O through the first K stage (row-major, 16-byte chunks swizzled) once every warpgroup
     // is done reading it, so that the global stores are 16 bytes wide and coalesced.
     sync_threads();
     let staging = SwizzledTile::new(kv_base, d);
     // SAFETY: the warp's 16 rows and all ND chunks are inside the staging tile.
     unsafe { stage_fragments::<T, ND>(staging, group_row + 16 * warp, &o, 1.0, lane) };
+    if poisoned {
+        // The lane's own elements of the staged rows (columns 8n + 2t, + 1 of rows g, g + 8).
+        for n in 0..ND as u32 {
+            for r in 0..2 {
+                let row = group_row + 16 * warp + g + 8 * r as u32;
+                let at = staging.chunk_addr(row, n) + 4 * t;
+                // SAFETY: this lane staged the word just above; inside the staging tile.
+                unsafe {
+                    let word = load_shared_u32(at);
+                    store_shared_u32(at, poison.patch_pair::<T>(r, n, word));
+                }
+            }
+        }
+    }
     sync_threads();
     // The sequence again: read anew rather than kept in registers across the loop.
     let seq = locate();

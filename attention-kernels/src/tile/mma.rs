@@ -22,6 +22,17 @@ pub struct FragB(pub [u32; 2]);
 #[derive(Clone, Copy, Default)]
 pub struct FragC(pub [f32; 4]);
 
+impl crate::mask::Quad for FragC {
+    #[inline(always)]
+    fn quad(&mut self) -> &mut [f32; 4] {
+        &mut self.0
+    }
+    #[inline(always)]
+    fn get(&self) -> [f32; 4] {
+        self.0
+    }
+}
+
 /// A 16-bit element type the tensor cores multiply.
 pub trait MmaElem: Storage {
     /// `acc += a · b`.

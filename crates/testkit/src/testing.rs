@@ -4,7 +4,7 @@ use std::io::Write;
 
 use rand::Rng;
 
-use flash_attn::{AttentionError, AttentionOptions, Gpu};
+use flash_attn::{AttentionError, AttentionOptions, Family, Gpu, KernelChoice};
 
 /// The GPU, or `None` after printing a `SKIP` line naming `test` when no CUDA device answers.
 /// Any other failure (a module that does not load, a driver error) panics: that is a failure, not
@@ -17,6 +17,21 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
             None
         }
         Err(e) => panic!("{test}: the GPU runtime failed to start: {e}"),
+    }
+}
+
+/// The kernel families a GPU test covers: every one, or those `FLASH_ATTN_FAMILIES` names
+/// (comma separated; sanitizer runs take one family at a time).
+pub fn families() -> Vec<Family> {
+    match std::env::var("FLASH_ATTN_FAMILIES") {
+        Err(_) => Family::ALL.to_vec(),
+        Ok(list) => list
+            .split(',')
+            .map(|name| match name.parse() {
+                Ok(KernelChoice::Only(f)) => f,
+                _ => panic!("FLASH_ATTN_FAMILIES: unknown family {name:?}"),
+            })
+            .collect(),
     }
 }
 
@@ -37,7 +52,21 @@ pub fn skip(test: &str, why: &str) {
     let _ = writeln!(std::io::stderr(), "SKIP {test}: {why}");
 }
 
-/// `‖out − ref‖ / ‖ref‖`; a non-finite element of `out` gives infinity. Where the exact result is
+/// Whether `out` is the same non-finite value as `reference` (NaN for NaN, the same infinity):
+/// the reference's policy for non-finite inputs is exact, so its non-finite positions must be
+/// reproduced exactly, and a non-finite `out` where the reference is finite is a failure.
+pub fn same_non_finite(out: f32, reference: f64) -> bool {
+    if reference.is_nan() {
+        out.is_nan()
+    } else {
+        out as f64 == reference
+    }
+}
+
+/// `‖out − ref‖ / ‖ref‖` over the positions where the reference is finite; infinity when a
+/// position the reference gives non-finite is not the same NaN or infinity in `out`
+/// ([`same_non_finite`]), or when `out` is non-finite where the reference is finite. Never NaN,
+/// so it can be compared against a bound and combined with [`worst`]. Where the exact result is
 /// zero (the reference's RMS below 1e-10, i.e. f64 rounding of an exact 0), the RMS of `out`
 /// itself.
 ///
@@ -47,15 +76,25 @@ pub fn skip(test: &str, why: &str) {
 /// and a wrong kernel leaves errors of the inputs' order.
 pub fn rel_err(out: &[f32], reference: &[f64]) -> f64 {
     assert_eq!(out.len(), reference.len());
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    let (mut diff, mut norm, mut finite) = (0.0f64, 0.0f64, 0usize);
     for (&o, &r) in out.iter().zip(reference) {
+        if !r.is_finite() {
+            if !same_non_finite(o, r) {
+                return f64::INFINITY;
+            }
+            continue;
+        }
         if !o.is_finite() {
             return f64::INFINITY;
         }
         diff += (o as f64 - r).powi(2);
         norm += r * r;
+        finite += 1;
     }
-    let len = reference.len() as f64;
+    if finite == 0 {
+        return 0.0;
+    }
+    let len = finite as f64;
     if norm / len < 1e-20 {
         (diff / len).sqrt()
     } else {
@@ -63,22 +102,34 @@ pub fn rel_err(out: &[f32], reference: &[f64]) -> f64 {
     }
 }
 
-/// Worst absolute LSE error; a row the reference gives `−∞` (no allowed key) must be `−∞` too,
-/// and anything else non-finite gives infinity.
+/// Worst absolute LSE error; a row the reference gives non-finite (`−∞`: no allowed key; NaN: a
+/// NaN or `+∞` score) must be the same in `out` ([`same_non_finite`]), and anything else
+/// non-finite gives infinity. Never NaN.
 pub fn lse_err(out: &[f32], reference: &[f64]) -> f64 {
-    let mut worst = 0.0f64;
+    assert_eq!(out.len(), reference.len());
+    let mut acc = 0.0f64;
     for (&o, &r) in out.iter().zip(reference) {
-        if r == f64::NEG_INFINITY {
-            if o != f32::NEG_INFINITY {
+        if !r.is_finite() {
+            if !same_non_finite(o, r) {
                 return f64::INFINITY;
             }
         } else if !o.is_finite() {
             return f64::INFINITY;
         } else {
-            worst = worst.max((o as f64 - r).abs());
+            acc = worst(acc, (o as f64 - r).abs());
         }
     }
-    worst
+    acc
+}
+
+/// The larger of two errors, NaN if either is (`f64::max` returns the other operand and would
+/// let a NaN error pass a bound).
+pub fn worst(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
 }
 
 /// The (N_q, N_k) axis of the GPU test matrices: one token, tails on either side, N_q ≠ N_k, an
@@ -138,4 +189,48 @@ fn three_sequences(rng: &mut impl Rng, n: u32) -> Vec<u32> {
     let mut cuts = [rng.gen_range(0..=n), rng.gen_range(0..=n)];
     cuts.sort();
     vec![0, cuts[0], cuts[1], n]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nan_output_fails_against_a_finite_reference() {
+        let reference = [1.0, 2.0, 3.0];
+        assert_eq!(rel_err(&[1.0, f32::NAN, 3.0], &reference), f64::INFINITY);
+        assert_eq!(lse_err(&[1.0, f32::NAN, 3.0], &reference), f64::INFINITY);
+        assert_eq!(
+            rel_err(&[1.0, f32::INFINITY, 3.0], &reference),
+            f64::INFINITY
+        );
+        assert!(rel_err(&[1.0, 2.0, 3.0], &reference) < 1e-12);
+    }
+
+    #[test]
+    fn non_finite_positions_must_match_exactly() {
+        let reference = [1.0, f64::NAN, f64::NEG_INFINITY, f64::INFINITY];
+        let same = [1.0, f32::NAN, f32::NEG_INFINITY, f32::INFINITY];
+        assert!(rel_err(&same, &reference) < 1e-12);
+        assert_eq!(lse_err(&same, &reference), 0.0);
+        // A finite value, or the wrong non-finite one, where the reference is NaN or infinite.
+        for bad in [
+            [1.0, 0.0, f32::NEG_INFINITY, f32::INFINITY],
+            [1.0, f32::NAN, f32::NAN, f32::INFINITY],
+            [1.0, f32::NAN, f32::NEG_INFINITY, f32::NAN],
+            [1.0, f32::NAN, 0.0, f32::INFINITY],
+        ] {
+            assert_eq!(rel_err(&bad, &reference), f64::INFINITY, "{bad:?}");
+            assert_eq!(lse_err(&bad, &reference), f64::INFINITY, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn worst_keeps_nan() {
+        assert!(worst(f64::NAN, 1.0).is_nan());
+        assert!(worst(1.0, f64::NAN).is_nan());
+        assert_eq!(worst(1.0, 2.0), 2.0);
+        // What it replaces: f64::max drops the NaN.
+        assert_eq!(f64::NAN.max(1.0), 1.0);
+    }
 }

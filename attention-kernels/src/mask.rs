@@ -1,0 +1,434 @@
+//! What masked keys and non-finite inputs do, in one place for every kernel family (the
+//! reference's policy, `attention_host::reference`):
+//! - a masked key (causal, key length, another packed sequence, a tile's tail past the keys)
+//!   never contributes, whatever K and V hold there;
+//! - a NaN or `+∞` score at an allowed key makes its row's O and LSE NaN; a row's sum `ℓ` is 0
+//!   only for a row with nothing allowed ([`row_is_empty`]): testing `ℓ > 0` instead would turn a
+//!   NaN row into an empty one;
+//! - a non-finite V (or K, Q in the backward products) at an allowed position reaches the output
+//!   by IEEE arithmetic (`0 · ∞ = NaN` even where the weight underflows to 0).
+//!
+//! Keys masked for every row of a tile are never loaded (zero-filled), so the products see only
+//! zeros there. Keys masked for some rows only (the causal diagonal) are where `0 · NaN` could
+//! leak a masked key into an allowed row through a matrix product; the kernels then take a slow
+//! path, only on diagonal tiles whose operand holds a non-finite value (`sanitize_own_chunks`,
+//! each thread on the chunks it copied, before the barrier that publishes them): the product
+//! runs on the tile with non-finite values replaced by 0, and [`Poison`] adds the non-finite
+//! contributions of the allowed positions back.
+//!
+//! The exact (SIMT) kernels mark masked weights with the sentinel [`MASKED`] (`−0`, which `exp`
+//! and products of non-negative factors never give) and skip them in their products
+//! ([`contribution`]).
+
+/// The weight of a masked position in the exact kernels' P, P∘Z and dS tiles: `−0.0`.
+pub const MASKED: f32 = -0.0;
+
+/// Whether `w` is the [`MASKED`] sentinel (bitwise: `+0.0` is an allowed weight that underflowed).
+#[inline(always)]
+pub fn is_masked(w: f32) -> bool {
+    w.to_bits() == MASKED.to_bits()
+}
+
+/// An allowed weight as stored beside [`MASKED`] ones: a `−0` result becomes `+0`, so that it is
+/// not taken for a masked position (the value is the same).
+#[inline(always)]
+pub fn allowed_weight(w: f32) -> f32 {
+    if w == 0.0 { 0.0 } else { w }
+}
+
+/// `w · x`, or 0 for a masked `w` whatever `x` holds.
+#[inline(always)]
+pub fn contribution(w: f32, x: f32) -> f32 {
+    if is_masked(w) { 0.0 } else { w * x }
+}
+
+/// Whether a row's softmax sum `ℓ` means "no allowed key". NaN (a NaN or `+∞` score) is not
+/// empty: the row's O and LSE come out NaN.
+#[inline(always)]
+pub fn row_is_empty(l: f32) -> bool {
+    l == 0.0
+}
+
+/// Exponent bits of one 16-bit element (both halves of a word hold one each).
+pub trait Exponent {
+    /// The exponent field: all ones means ±∞ or NaN.
+    const EXPONENT: u32;
+    /// A quiet NaN.
+    const QNAN: u32;
+    /// The element with bits `h`, widened exactly.
+    fn widen(h: u32) -> f32;
+    /// The two elements of a packed word (low half first), widened exactly.
+    #[inline(always)]
+    fn widen_pair(word: u32) -> [f32; 2] {
+        [Self::widen(word & 0xffff), Self::widen(word >> 16)]
+    }
+}
+
+impl Exponent for crate::storage::Bf16 {
+    const EXPONENT: u32 = 0x7f80;
+    const QNAN: u32 = 0x7fc0;
+    #[inline(always)]
+    fn widen(h: u32) -> f32 {
+        f32::from_bits(h << 16)
+    }
+}
+
+impl Exponent for crate::storage::F16 {
+    const EXPONENT: u32 = 0x7c00;
+    const QNAN: u32 = 0x7e00;
+    #[inline(always)]
+    fn widen(h: u32) -> f32 {
+        use crate::storage::Storage;
+        crate::storage::F16(h as u16).to_f32()
+    }
+}
+
+/// `word` (two 16-bit elements) with each non-finite element replaced by 0, and whether it had one.
+#[inline(always)]
+pub fn sanitize_pair<T: Exponent>(word: u32) -> (u32, bool) {
+    let (lo, hi) = (word & 0xffff, word >> 16);
+    let bad_lo = lo & T::EXPONENT == T::EXPONENT;
+    let bad_hi = hi & T::EXPONENT == T::EXPONENT;
+    let lo = if bad_lo { 0 } else { lo };
+    let hi = if bad_hi { 0 } else { hi };
+    (lo | (hi << 16), bad_lo || bad_hi)
+}
+
+/// Four accumulator or weight values of one lane in an `m16n8` fragment (elements 0, 1: row g;
+/// 2, 3: row g + 8).
+pub trait Quad {
+    fn quad(&mut self) -> &mut [f32; 4];
+    fn get(&self) -> [f32; 4];
+}
+
+impl Quad for [f32; 4] {
+    #[inline(always)]
+    fn quad(&mut self) -> &mut [f32; 4] {
+        self
+    }
+    #[inline(always)]
+    fn get(&self) -> [f32; 4] {
+        *self
+    }
+}
+
+/// Non-finite contributions `w · v` of allowed positions to the output elements one lane owns in
+/// an `m16n8` accumulator layout (rows `g`, `g + 8`; columns `8n + 2t + {0, 1}`, `n < 16`),
+/// kept as bit masks by kind so that no register array is indexed at run time. Their IEEE sum is
+/// NaN, `+∞` or `−∞`; [`Poison::apply`] adds it to the accumulators (the finite part came from
+/// the product over the sanitized tile).
+#[derive(Clone, Copy, Default)]
+pub struct Poison {
+    nan: [u32; 2],
+    pos: [u32; 2],
+    neg: [u32; 2],
+}
+
+impl Poison {
+    /// Adds `x = w · v` (non-finite) to row `r` (0: g, 1: g + 8), owned column `bit = 2n + c`.
+    #[inline(always)]
+    pub fn add(&mut self, r: usize, bit: u32, x: f32) {
+        let m = 1u32 << bit;
+        if x.is_nan() {
+            self.nan[r] |= m;
+        } else if x == f32::INFINITY {
+            self.pos[r] |= m;
+        } else if x == f32::NEG_INFINITY {
+            self.neg[r] |= m;
+        }
+    }
+
+    /// The sum for row `r`, owned column `bit`: NaN, `±∞`, or `None` where nothing was added.
+    #[inline(always)]
+    pub fn get(&self, r: usize, bit: u32) -> Option<f32> {
+        let has = |m: [u32; 2]| (m[r] >> bit) & 1 != 0;
+        let (nan, pos, neg) = (has(self.nan), has(self.pos), has(self.neg));
+        if nan || (pos && neg) {
+            Some(f32::NAN)
+        } else if pos {
+            Some(f32::INFINITY)
+        } else if neg {
+            Some(f32::NEG_INFINITY)
+        } else {
+            None
+        }
+    }
+
+    /// `word` (the owned columns `2n`, `2n + 1` of row `r`, 16-bit elements of `T`) plus the
+    /// non-finite sums: a finite value plus NaN or `±∞` is that NaN or `±∞`; a NaN stays NaN,
+    /// and `+∞ + −∞` is NaN.
+    #[inline(always)]
+    pub fn patch_pair<T: Exponent>(&self, r: usize, n: u32, word: u32) -> u32 {
+        let half = |x: Option<f32>, old: u32| match x {
+            Some(x) => {
+                let sum = T::widen(old) + x;
+                if sum.is_nan() {
+                    T::QNAN
+                } else if sum > 0.0 {
+                    T::EXPONENT
+                } else {
+                    0x8000 | T::EXPONENT
+                }
+            }
+            None => old,
+        };
+        half(self.get(r, 2 * n), word & 0xffff) | (half(self.get(r, 2 * n + 1), word >> 16) << 16)
+    }
+
+    /// `acc += Σ x` per owned element (unchanged where nothing was added).
+    #[inline(always)]
+    pub fn apply<Q: Quad>(&self, acc: &mut [Q]) {
+        for (n, t) in acc.iter_mut().enumerate() {
+            for (e, y) in t.quad().iter_mut().enumerate() {
+                let (r, bit) = (e / 2, 2 * n as u32 + (e % 2) as u32);
+                let has = |m: [u32; 2]| (m[r] >> bit) & 1 != 0;
+                let (nan, pos, neg) = (has(self.nan), has(self.pos), has(self.neg));
+                let x = *y;
+                *y = if nan || (pos && neg) {
+                    f32::NAN
+                } else if pos {
+                    x + f32::INFINITY
+                } else if neg {
+                    x + f32::NEG_INFINITY
+                } else {
+                    x
+                };
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+pub use device::*;
+
+#[cfg(target_arch = "nvptx64")]
+mod device {
+    use super::{Exponent, Poison, sanitize_pair};
+    use crate::device::opaque;
+    use crate::tile::cp_async::ChunkedTile;
+    use crate::tile::mem::{load_shared_16, store_shared_u32};
+
+    /// The 16-byte chunks this thread itself copied into `tile` with
+    /// `fill_async(_, _, rows, tid, threads)` (the same mapping): non-finite elements become 0;
+    /// returns whether there was one. No barrier of its own: after the thread's `wait_all` its
+    /// copies are complete, and the caller's next barrier (a `sync_threads_or` of the result, or
+    /// a plain one) publishes the writes, so a block pays nothing but this scan, and the
+    /// kernel's barriers stay unconditional (a barrier on a data-dependent path makes ptxas
+    /// serialize `wgmma`). For `wgmma` readers, fence the async proxy before that barrier.
+    ///
+    /// # Safety
+    /// The thread's copies into `tile` are complete, and nobody else reads them before the
+    /// caller's next barrier.
+    #[inline(always)]
+    pub unsafe fn sanitize_own_chunks<T: Exponent, C: ChunkedTile>(
+        tile: &C,
+        rows: u32,
+        tid: u32,
+        threads: u32,
+    ) -> bool {
+        let chunks = tile.chunks();
+        let mut any = false;
+        let mut i = tid;
+        while i < rows * chunks {
+            let at = tile.chunk_addr(i / chunks, i % chunks);
+            // SAFETY: the thread's own chunk of the tile (caller).
+            unsafe {
+                let w = load_shared_16(at);
+                let mut bad = false;
+                let mut out = [0u32; 4];
+                for k in 0..4 {
+                    let (x, b) = sanitize_pair::<T>(w[k]);
+                    out[k] = x;
+                    bad |= b;
+                }
+                if bad {
+                    for (k, &x) in out.iter().enumerate() {
+                        store_shared_u32(at + 4 * k as u32, x);
+                    }
+                }
+                any |= bad;
+            }
+            i += threads;
+        }
+        any
+    }
+
+    /// Lane `t` of a quad's part of one shared row (chunks `t, t + 4, …` of `chunks` 16-byte
+    /// chunks at `addr(chunk)`): non-finite elements become 0; returns whether there was one.
+    /// Combine the quad with [`quad_any`].
+    ///
+    /// # Safety
+    /// Every `addr(chunk)` is a 16-byte chunk inside the shared window that no other thread
+    /// accesses until the caller's next barrier.
+    #[inline(always)]
+    pub unsafe fn sanitize_row_part<T: Exponent>(
+        addr: impl Fn(u32) -> u32,
+        chunks: u32,
+        t: u32,
+    ) -> bool {
+        let mut any = false;
+        let mut c = t;
+        while c < chunks {
+            let at = addr(c);
+            // SAFETY: forwarded to the caller.
+            unsafe {
+                let w = load_shared_16(at);
+                let mut bad = false;
+                let mut out = [0u32; 4];
+                for i in 0..4 {
+                    let (x, b) = sanitize_pair::<T>(w[i]);
+                    out[i] = x;
+                    bad |= b;
+                }
+                if bad {
+                    for (i, &x) in out.iter().enumerate() {
+                        store_shared_u32(at + 4 * i as u32, x);
+                    }
+                }
+                any |= bad;
+            }
+            c += 4;
+        }
+        any
+    }
+
+    /// Bits of the four lanes of a quad, or-ed; every lane of the warp must call it.
+    #[inline(always)]
+    pub fn quad_any(bits: u32) -> u32 {
+        let b = bits | crate::device::shfl_xor(f32::from_bits(bits), 1).to_bits();
+        b | crate::device::shfl_xor(f32::from_bits(b), 2).to_bits()
+    }
+
+    /// A weight of key `key`'s column or row in a product whose K row was non-finite and has been
+    /// zeroed: such a key's score is non-finite for every query, so a row that allows it either
+    /// has a NaN LSE (the weight is NaN, as the reference's) or scored it `−∞`, which takes it out
+    /// of the row's support ([`MASKED`](super::MASKED)). `lse_nan`: the row's LSE is NaN.
+    #[inline(always)]
+    pub fn poisoned_key_weight(lse_nan: bool) -> f32 {
+        if lse_nan { f32::NAN } else { super::MASKED }
+    }
+
+    /// Where the lane's accumulator rows take their non-finite contributions from: global rows
+    /// `base + key · stride` (bytes) holding the unsanitized operand, 16-bit elements.
+    #[derive(Clone, Copy)]
+    pub struct Operand {
+        pub base: u64,
+        pub stride: u64,
+    }
+
+    /// The non-finite part of `Σ_j w_j · x_j` over keys `keys.0 .. keys.1` for the lane's
+    /// output elements (`m16n8` layout, `2·ND ≤ 32` owned columns), for [`Poison::apply`]: key
+    /// `j` counts for row g (g + 8) when below `ends[0]` (`ends[1]`), and each non-finite operand
+    /// element `x = (j, col)` adds `w · x`, where the weight `w` of an allowed key is positive
+    /// (the reference's `exp` does not underflow for scores that differ by less than ~745) unless
+    /// `dropped(row, j)` (dropout's 0: `0 · ∞ = NaN`); a NaN row is NaN already. So the sum needs
+    /// no weights: NaN, `+∞` or `−∞` per element, added to O at any point (it survives every
+    /// positive rescaling). Slow (every key and owned column is read back from global memory),
+    /// for the rare causal diagonal tiles whose operand held a non-finite value.
+    ///
+    /// # Safety
+    /// Every key below `max(ends)` is a readable row of `op` with `8·ND` elements.
+    #[inline(never)]
+    pub unsafe fn non_finite_part<T: Exponent, const ND: usize>(
+        keys: (u32, u32),
+        ends: [u32; 2],
+        op: Operand,
+        lane: u32,
+        dropped: impl Fn(usize, u32) -> bool,
+    ) -> Poison {
+        const { assert!(ND <= 16) };
+        let t = lane % 4;
+        let mut poison = Poison::default();
+        let end = keys.1.min(ends[0].max(ends[1]));
+        let mut key = keys.0;
+        while key < end {
+            let (lo, hi) = (key < ends[0], key < ends[1]);
+            let row = op.base + key as u64 * op.stride;
+            // A run-time loop (bound through `opaque`): this is the slow path.
+            let cols = opaque(2 * ND as u32);
+            let mut bit = 0;
+            while bit < cols {
+                let col = 8 * (bit / 2) + 2 * t + bit % 2;
+                // SAFETY: an allowed key is a readable row (caller).
+                let x = T::widen(unsafe { *((row + 2 * col as u64) as *const u16) } as u32);
+                if !x.is_finite() {
+                    for (r, allowed) in [(0, lo), (1, hi)] {
+                        if allowed {
+                            poison.add(r, bit, if dropped(r, key) { f32::NAN } else { x });
+                        }
+                    }
+                }
+                bit += 1;
+            }
+            key += 1;
+        }
+        poison
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{Bf16, F16};
+
+    #[test]
+    fn sentinel_is_negative_zero_only() {
+        assert!(is_masked(MASKED));
+        assert!(!is_masked(0.0) && !is_masked(allowed_weight(-0.0)));
+        assert_eq!(contribution(MASKED, f32::NAN), 0.0);
+        assert!(contribution(0.0, f32::NAN).is_nan());
+        assert!(contribution(allowed_weight(-0.0), f32::INFINITY).is_nan());
+        assert!(!row_is_empty(f32::NAN) && row_is_empty(0.0));
+    }
+
+    #[test]
+    fn pairs_lose_exactly_their_non_finite_halves() {
+        // bf16: 1.0 = 0x3f80, +∞ = 0x7f80, NaN = 0x7fc0, −∞ = 0xff80.
+        assert_eq!(sanitize_pair::<Bf16>(0x3f80_3f80), (0x3f80_3f80, false));
+        assert_eq!(sanitize_pair::<Bf16>(0x7fc0_3f80), (0x0000_3f80, true));
+        assert_eq!(sanitize_pair::<Bf16>(0x3f80_ff80), (0x3f80_0000, true));
+        // f16: 1.0 = 0x3c00, +∞ = 0x7c00; 0x7f80 is a finite f16.
+        assert_eq!(sanitize_pair::<F16>(0x7c00_3c00), (0x0000_3c00, true));
+        assert_eq!(sanitize_pair::<F16>(0x3c00_7b80), (0x3c00_7b80, false));
+    }
+
+    #[test]
+    fn patched_pairs_hold_the_sums() {
+        let mut p = Poison::default();
+        p.add(1, 2, f32::NAN);
+        p.add(1, 3, f32::NEG_INFINITY);
+        p.add(0, 3, f32::INFINITY);
+        assert_eq!(p.patch_pair::<Bf16>(1, 1, 0x3f80_3f80), 0xff80_7fc0);
+        assert_eq!(p.patch_pair::<F16>(0, 1, 0x3c00_3c00), 0x7c00_3c00);
+        assert_eq!(p.patch_pair::<Bf16>(0, 0, 0x1234_5678), 0x1234_5678);
+        // A NaN row stays NaN; −∞ + +∞ is NaN.
+        assert_eq!(p.patch_pair::<Bf16>(0, 1, 0x7fc0_3f80), 0x7fc0_3f80);
+        assert_eq!(p.patch_pair::<Bf16>(0, 1, 0xffc0_3f80), 0x7fc0_3f80);
+        assert_eq!(p.patch_pair::<Bf16>(0, 1, 0xff80_3f80), 0x7fc0_3f80);
+    }
+
+    #[test]
+    fn widen_is_exact() {
+        assert_eq!(Bf16::widen_pair(0x4000_3f80), [1.0, 2.0]);
+        assert_eq!(F16::widen_pair(0xc000_3c00), [1.0, -2.0]);
+        assert!(Bf16::widen(0x7fc0).is_nan() && F16::widen(0x7c00) == f32::INFINITY);
+    }
+
+    #[test]
+    fn poison_sums_like_ieee() {
+        let mut p = Poison::default();
+        p.add(0, 0, f32::INFINITY);
+        p.add(0, 1, f32::INFINITY);
+        p.add(0, 1, f32::NEG_INFINITY);
+        p.add(1, 2, f32::NEG_INFINITY);
+        p.add(1, 3, f32::NAN);
+        let mut acc = [[1.0f32; 4]; 2];
+        p.apply(&mut acc);
+        assert_eq!(acc[0][0], f32::INFINITY);
+        assert!(acc[0][1].is_nan());
+        assert_eq!(acc[0][2], 1.0);
+        assert_eq!(acc[1][2], f32::NEG_INFINITY);
+        assert!(acc[1][3].is_nan());
+        assert_eq!(acc[1][0], 1.0);
+    }
+}
