@@ -38,11 +38,19 @@ fn every_instance_has_its_entry_point() {
 }
 
 /// A register array the compiler could not keep in registers (a run-time index, a loop that did
-/// not unroll) shows as a local-memory depot in the PTX.
+/// not unroll) shows as a local-memory depot in the PTX. The tensor-core backward main kernels
+/// have none. (The forwards carry a stack frame since the non-finite slow path landed:
+/// `reports/ptxas-*.txt` shows its size, the performance log its cost.)
 #[test]
-fn tensor_core_kernels_use_no_local_memory() {
+fn tensor_core_backward_kernels_use_no_local_memory() {
     let modules = [Some(flash_attn::PTX), flash_attn::PTX_SM90A];
-    for e in entry_points().iter().filter(|e| e.family != Family::Exact) {
+    let backward = |name: &str| {
+        name.starts_with("flash_tc_backward_") || name.starts_with("flash_wgmma_backward_")
+    };
+    for e in entry_points()
+        .iter()
+        .filter(|e| e.family != Family::Exact && backward(&e.name))
+    {
         for ptx in modules.iter().flatten() {
             let Some(start) = ptx.find(&format!(".entry {}(", e.name)) else {
                 continue;
