@@ -7,9 +7,9 @@
 //! tensor-core forward on random inputs (never zeros). Each shape: 5 warm-up calls, then 20
 //! CUDA-event-timed calls; the median is reported. Every B·N·H·d here is the same, so one set of
 //! input buffers serves all shapes of a head dimension. At N = 4096 every compiled configuration
-//! (`flash_tc_backward::VARIANTS`) is timed too.
+//! (`sm80::backward::VARIANTS`) is timed too.
 
-use attention_kernels::{flash_tc_backward, flash_wgmma};
+use attention_kernels::kernels::{sm80, sm90};
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{
     AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor, Direction,
@@ -94,16 +94,12 @@ fn main() -> Result<()> {
         return Ok(());
     };
     println!("device: {} (wgmma: {})", gpu.device_name(), gpu.has_wgmma());
-    let mut kernels: Vec<Tiles> = flash_tc_backward::VARIANTS
+    let mut kernels: Vec<Tiles> = sm80::backward::VARIANTS
         .into_iter()
         .map(Tiles::Sm80Backward)
         .collect();
     if gpu.has_wgmma() {
-        kernels.extend(
-            flash_wgmma::BACKWARD_VARIANTS
-                .into_iter()
-                .map(Tiles::Sm90Backward),
-        );
+        kernels.extend(sm90::BACKWARD_VARIANTS.into_iter().map(Tiles::Sm90Backward));
     }
     let head_dim_of = |t: &Tiles| match t {
         Tiles::Sm80Backward(c) => c.head_dim,

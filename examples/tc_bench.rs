@@ -1,12 +1,12 @@
 //! Times the tensor-core forward on the anchor shapes of `shared/anchors/sdpa_h200_2026-11-29.md`
 //! (PyTorch SDPA on one H200) and prints TFLOP/s next to the peers' numbers, then compares the
-//! compiled tile variants (`flash_tc::VARIANTS`, and `flash_wgmma::VARIANTS` on an H100/H200) on
+//! compiled tile variants (`sm80::forward::VARIANTS`, and `sm90::VARIANTS` on an H100/H200) on
 //! the long-sequence shapes. The main table times this device's default kernel.
 //!
 //! Each measurement: random inputs (never zeros), 5 warm-up launches, then 30 launches each timed
 //! with a pair of CUDA events; the median is reported. FLOPs = 4·B·H·N²·d, halved when causal.
 
-use attention_kernels::{flash_tc, flash_wgmma};
+use attention_kernels::kernels::{sm80, sm90};
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{
     AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, FlashOptions, Gpu, Plan,
@@ -258,14 +258,14 @@ fn main() -> Result<()> {
             fmt(cudnn)
         ));
         if VARIANT_SHAPES.contains(&i) {
-            let mut kernels: Vec<Tiles> = flash_tc::VARIANTS
+            let mut kernels: Vec<Tiles> = sm80::forward::VARIANTS
                 .into_iter()
                 .filter(|c| c.head_dim == head_dim)
                 .map(Tiles::Sm80Forward)
                 .collect();
             if gpu.has_wgmma() {
                 kernels.extend(
-                    flash_wgmma::VARIANTS
+                    sm90::VARIANTS
                         .into_iter()
                         .filter(|c| c.head_dim == head_dim)
                         .map(Tiles::Sm90Forward),

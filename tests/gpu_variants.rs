@@ -1,6 +1,6 @@
 //! Every compiled tensor-core instance — the defaults the plan picks and the tuning candidates
-//! (`flash_tc::VARIANTS`, `flash_tc_backward::VARIANTS`, `flash_wgmma::VARIANTS`,
-//! `flash_wgmma::BACKWARD_VARIANTS`) — against the f64 reference on fresh random inputs, through
+//! (`sm80::forward::VARIANTS`, `sm80::backward::VARIANTS`, `sm90::VARIANTS`,
+//! `sm90::BACKWARD_VARIANTS`) — against the f64 reference on fresh random inputs, through
 //! `forward_variant_into` / `backward_variant_into` into NaN-poisoned outputs. The `wgmma` ones
 //! run where the device loads the sm_90a module; a visible line says when they are not tested.
 //!
@@ -8,7 +8,7 @@
 //! checked on its own. Bounds as in `tests/gpu_matrix.rs`: ‖out − ref‖/‖ref‖ ≤ 1e-2 (bf16),
 //! 2e-3 (f16); LSE within 2e-3.
 
-use attention_kernels::{flash_tc, flash_tc_backward, flash_wgmma};
+use attention_kernels::kernels::{sm80, sm90};
 use flash_attn::reference::{backward_f32, forward_f32};
 use flash_attn::{
     AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor, FlashOptions,
@@ -38,13 +38,11 @@ fn every_tensor_core_instance_matches_the_reference() {
     let Some(gpu) = gpu_or_skip(test) else {
         return;
     };
-    let mut forward: Vec<Tiles> = flash_tc::VARIANTS.map(Tiles::Sm80Forward).to_vec();
-    let mut backward: Vec<Tiles> = flash_tc_backward::VARIANTS
-        .map(Tiles::Sm80Backward)
-        .to_vec();
+    let mut forward: Vec<Tiles> = sm80::forward::VARIANTS.map(Tiles::Sm80Forward).to_vec();
+    let mut backward: Vec<Tiles> = sm80::backward::VARIANTS.map(Tiles::Sm80Backward).to_vec();
     if gpu.has_wgmma() {
-        forward.extend(flash_wgmma::VARIANTS.map(Tiles::Sm90Forward));
-        backward.extend(flash_wgmma::BACKWARD_VARIANTS.map(Tiles::Sm90Backward));
+        forward.extend(sm90::VARIANTS.map(Tiles::Sm90Forward));
+        backward.extend(sm90::BACKWARD_VARIANTS.map(Tiles::Sm90Backward));
     } else {
         skip(
             &format!("wgmma instances in {test}"),

@@ -1,7 +1,7 @@
 //! Every entry point of the table of compiled instances (`flash_attn::instances`) is in the module
 //! the host loads for its family, and the kernels keep their register arrays out of local memory.
 
-use attention_kernels::{flash_tc, flash_wgmma};
+use attention_kernels::kernels::{sm80, sm90};
 use flash_attn::Family;
 use flash_attn::instances::entry_points;
 
@@ -32,8 +32,8 @@ fn every_instance_has_its_entry_point() {
         assert!(has_entry(hopper, &e.name), "{} missing from sm_90a", e.name);
     }
     for d in [64, 128] {
-        assert!(flash_tc::VARIANTS.contains(&flash_tc::config(d).unwrap()));
-        assert!(flash_wgmma::VARIANTS.contains(&flash_wgmma::config(d).unwrap()));
+        assert!(sm80::forward::VARIANTS.contains(&sm80::forward::config(d).unwrap()));
+        assert!(sm90::VARIANTS.contains(&sm90::config(d).unwrap()));
     }
 }
 

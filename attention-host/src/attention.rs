@@ -5,7 +5,7 @@
 //! `forward` / `backward` allocate their outputs and wait; `forward_into` / `backward_into` launch
 //! into buffers the caller owns and return without waiting (timing loops, poisoned test outputs).
 
-use attention_kernels::params::AttentionShape;
+use attention_kernels::abi::shape::AttentionShape;
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};

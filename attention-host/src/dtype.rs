@@ -1,7 +1,7 @@
 //! Storage dtypes on the host side: names, sizes, and conversion of host slices to the bit
 //! patterns the kernels read.
 
-use attention_kernels::storage::{Bf16, F16, Storage};
+use attention_kernels::abi::storage::{Bf16, F16, Storage};
 
 /// Element type a tensor is stored in. Arithmetic inside the kernels is always f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,6 +1,6 @@
 //! Options of one tiled call: the attention semantics plus how the kernels execute them.
 
-use attention_kernels::flash::params::BlockSizes;
+use attention_kernels::abi::layout::BlockSizes;
 
 use crate::options::AttentionOptions;
 use crate::plan::KernelChoice;

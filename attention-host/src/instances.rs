@@ -2,9 +2,10 @@
 //! the same functions the plans and launchers use. `tests/ptx_entries.rs` checks each against the
 //! embedded modules.
 
-use attention_kernels::flash_tc::{self, TcConfig};
-use attention_kernels::flash_tc_backward::{self, TcBackwardConfig};
-use attention_kernels::flash_wgmma::{self, WgBackwardConfig, WgConfig};
+use attention_kernels::kernels::sm80::backward::TcBackwardConfig;
+use attention_kernels::kernels::sm80::forward::TcConfig;
+use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
+use attention_kernels::kernels::{sm80, sm90};
 
 use crate::dtype::DType;
 use crate::plan::Family;
@@ -88,25 +89,25 @@ pub fn entry_points() -> Vec<Entry> {
         }
     }
     for dtype in HALF_DTYPES {
-        for cfg in flash_tc::VARIANTS {
+        for cfg in sm80::forward::VARIANTS {
             push(Family::Sm80, sm80_forward(dtype, &cfg));
         }
-        for cfg in flash_tc_backward::VARIANTS {
+        for cfg in sm80::backward::VARIANTS {
             push(Family::Sm80, sm80_backward(dtype, &cfg));
         }
         for d in [64, 128] {
             push(Family::Sm80, tensor_core_preprocess(dtype, d));
         }
         push(Family::Sm80, tensor_core_convert_dq(dtype));
-        for cfg in flash_wgmma::VARIANTS {
+        for cfg in sm90::VARIANTS {
             push(Family::Sm90, sm90_forward(dtype, &cfg, false));
-            if flash_wgmma::config(cfg.head_dim) == Some(cfg) {
+            if sm90::config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm90, sm90_forward(dtype, &cfg, true));
             }
         }
-        for cfg in flash_wgmma::BACKWARD_VARIANTS {
+        for cfg in sm90::BACKWARD_VARIANTS {
             push(Family::Sm90, sm90_backward(dtype, &cfg, false));
-            if flash_wgmma::backward_config(cfg.head_dim) == Some(cfg) {
+            if sm90::backward_config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm90, sm90_backward(dtype, &cfg, true));
             }
         }

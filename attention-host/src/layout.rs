@@ -3,8 +3,8 @@
 use crate::error::Result;
 use crate::options::Lengths;
 use crate::runtime::buffer::DeviceArray;
-use attention_kernels::flash::params::{LENGTHS_FULL, LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout};
-use attention_kernels::params::AttentionShape;
+use attention_kernels::abi::layout::{LENGTHS_FULL, LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout};
+use attention_kernels::abi::shape::AttentionShape;
 
 /// A `SequenceLayout` with the device arrays it points to (kept alive as long as the layout).
 pub struct DeviceLayout {

@@ -25,8 +25,8 @@ pub use attention::{
     BackwardInputs, ForwardOutput, GradientBuffers, Gradients, Workspace, backward, backward_into,
     backward_variant_into, forward, forward_into, forward_variant_into, plan,
 };
-pub use attention_kernels::flash::params::BlockSizes;
-pub use attention_kernels::params::AttentionShape;
+pub use attention_kernels::abi::layout::BlockSizes;
+pub use attention_kernels::abi::shape::AttentionShape;
 pub use dtype::DType;
 pub use error::{AttentionError, Result};
 pub use flash_options::{FlashOptions, Schedule};

@@ -1,8 +1,9 @@
 //! Host side of the article's materialized baseline (0x02B): three launches, `S` and `P` stored.
 
-use attention_kernels::params::{
-    AttentionShape, MaterializedOutputParams, MaterializedScoresParams, MaterializedSoftmaxParams,
+use attention_kernels::abi::params::{
+    MaterializedOutputParams, MaterializedScoresParams, MaterializedSoftmaxParams,
 };
+use attention_kernels::abi::shape::AttentionShape;
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};

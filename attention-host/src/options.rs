@@ -3,8 +3,8 @@
 //! Semantics (the article's 0x02A): `S = τ·QKᵀ`, mask before the row max, softmax, dropout on the
 //! normalised probabilities with inverted scaling, `O = P_use·V`, saved `LSE = m + log ℓ` (f32).
 
-use attention_kernels::params::AttentionShape;
-use attention_kernels::philox::DropoutRng;
+use attention_kernels::abi::philox::DropoutRng;
+use attention_kernels::abi::shape::AttentionShape;
 
 use crate::error::{Result, invalid};
 
@@ -27,7 +27,7 @@ pub enum Lengths {
 }
 
 /// Dropout on the normalised probabilities: drop probability `p` in `[0, 1)`; the mask is a pure
-/// function of `(seed, offset, sequence, head, row, col)` (see `attention_kernels::philox`).
+/// function of `(seed, offset, sequence, head, row, col)` (see `attention_kernels::abi::philox`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Dropout {
     pub p: f32,
@@ -42,9 +42,9 @@ pub struct AttentionOptions {
     /// `τ`; `None` means `1/√head_dim`.
     pub scale: Option<f32>,
     /// Causal mask, bottom-right aligned: row `i` of a sequence with `n_q` rows and `n_k` keys sees
-    /// keys `j <= i + n_k - n_q` (see `attention_kernels::params::causal_key_end`). With
+    /// keys `j <= i + n_k - n_q` (see `attention_kernels::abi::shape::causal_key_end`). With
     /// `KeyLengths` the item's `n_k` is its key length; with `Packed`, `n_q`/`n_k` are the
-    /// sequence's own counts (`attention_kernels::params::allowed_key_end`).
+    /// sequence's own counts (`attention_kernels::abi::shape::allowed_key_end`).
     pub causal: bool,
     pub lengths: Lengths,
     pub dropout: Option<Dropout>,

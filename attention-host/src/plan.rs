@@ -10,10 +10,11 @@
 
 use std::fmt;
 
-use attention_kernels::flash::params::BlockSizes;
-use attention_kernels::flash_tc::{self, TcConfig};
-use attention_kernels::flash_tc_backward::{self, TcBackwardConfig};
-use attention_kernels::flash_wgmma::{self, WgBackwardConfig, WgConfig};
+use attention_kernels::abi::layout::BlockSizes;
+use attention_kernels::kernels::sm80::backward::TcBackwardConfig;
+use attention_kernels::kernels::sm80::forward::TcConfig;
+use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
+use attention_kernels::kernels::{sm80, sm90};
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
@@ -234,23 +235,23 @@ fn plan_family(
             Tiles::Exact(b)
         }
         (Family::Sm90, Direction::Forward) => {
-            Tiles::Sm90Forward(flash_wgmma::config(d).ok_or_else(|| head_dims(d))?)
+            Tiles::Sm90Forward(sm90::config(d).ok_or_else(|| head_dims(d))?)
         }
         (Family::Sm80, Direction::Forward) => {
-            Tiles::Sm80Forward(flash_tc::config(d).ok_or_else(|| head_dims(d))?)
+            Tiles::Sm80Forward(sm80::forward::config(d).ok_or_else(|| head_dims(d))?)
         }
         (Family::Sm90, Direction::Backward) => {
-            Tiles::Sm90Backward(flash_wgmma::backward_config(d).ok_or_else(|| head_dims(d))?)
+            Tiles::Sm90Backward(sm90::backward_config(d).ok_or_else(|| head_dims(d))?)
         }
         (Family::Sm80, Direction::Backward) => {
-            Tiles::Sm80Backward(flash_tc_backward::config(d).ok_or_else(|| head_dims(d))?)
+            Tiles::Sm80Backward(sm80::backward::config(d).ok_or_else(|| head_dims(d))?)
         }
     };
     plan_tiles(device, problem, direction, family, tiles)
 }
 
 /// The plan of one of the compiled tensor-core instances other than the default (the tuning
-/// candidates of `flash_tc::VARIANTS`, `flash_wgmma::VARIANTS`, …), for comparing them. Length
+/// candidates of `sm80::forward::VARIANTS`, `sm90::VARIANTS`, …), for comparing them. Length
 /// masks and dropout run on the defaults only.
 pub fn with_tiles(
     device: &DeviceCaps,
@@ -262,27 +263,27 @@ pub fn with_tiles(
     let (family, compiled, head_dim, default) = match tiles {
         Tiles::Sm90Forward(c) => (
             Family::Sm90,
-            flash_wgmma::VARIANTS.contains(&c),
+            sm90::VARIANTS.contains(&c),
             c.head_dim,
-            flash_wgmma::config(d) == Some(c),
+            sm90::config(d) == Some(c),
         ),
         Tiles::Sm80Forward(c) => (
             Family::Sm80,
-            flash_tc::VARIANTS.contains(&c),
+            sm80::forward::VARIANTS.contains(&c),
             c.head_dim,
-            flash_tc::config(d) == Some(c),
+            sm80::forward::config(d) == Some(c),
         ),
         Tiles::Sm90Backward(c) => (
             Family::Sm90,
-            flash_wgmma::BACKWARD_VARIANTS.contains(&c),
+            sm90::BACKWARD_VARIANTS.contains(&c),
             c.head_dim,
-            flash_wgmma::backward_config(d) == Some(c),
+            sm90::backward_config(d) == Some(c),
         ),
         Tiles::Sm80Backward(c) => (
             Family::Sm80,
-            flash_tc_backward::VARIANTS.contains(&c),
+            sm80::backward::VARIANTS.contains(&c),
             c.head_dim,
-            flash_tc_backward::config(d) == Some(c),
+            sm80::backward::config(d) == Some(c),
         ),
         Tiles::Exact(_) => {
             return Err(invalid!(
@@ -564,7 +565,7 @@ impl fmt::Display for Plan {
 
 #[cfg(test)]
 mod tests {
-    use attention_kernels::params::AttentionShape;
+    use attention_kernels::abi::shape::AttentionShape;
 
     use super::*;
     use crate::flash_options::FlashOptions;

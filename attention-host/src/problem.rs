@@ -1,7 +1,7 @@
 //! The one validation of a call: shape, dtype and options checked once, before any plan, allocation
 //! or launch, and the extents every family's grid derives from.
 
-use attention_kernels::params::AttentionShape;
+use attention_kernels::abi::shape::AttentionShape;
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};

@@ -14,18 +14,9 @@
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
 
-pub mod flash;
-pub mod flash_tc;
-pub mod flash_tc_backward;
-pub mod flash_wgmma;
-pub mod mask;
-pub mod online_state;
-pub mod params;
-pub mod philox;
-pub mod storage;
+pub mod abi;
+#[cfg(target_arch = "nvptx64")]
+mod arch;
+pub mod attn;
+pub mod kernels;
 pub mod tile;
-
-#[cfg(target_arch = "nvptx64")]
-mod device;
-#[cfg(target_arch = "nvptx64")]
-mod materialized;

@@ -1,6 +1,6 @@
 //! Byte ledgers: the materialized three-stage baseline (0x02E) and the saved row state (0x09F).
 
-use attention_kernels::params::AttentionShape;
+use attention_kernels::abi::shape::AttentionShape;
 
 /// Stored widths in bytes of each role (0x02D): `b_qkv`, `b_score`, `b_prob`, `b_out`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

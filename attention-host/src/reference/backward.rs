@@ -1,6 +1,6 @@
 //! Reference backward: `dQ`, `dK`, `dV` with `D = rowsum(dO ∘ O)` and the forward's dropout replayed.
 
-use attention_kernels::params::AttentionShape;
+use attention_kernels::abi::shape::AttentionShape;
 
 use super::row::{Problem, dot};
 use super::validate::check;

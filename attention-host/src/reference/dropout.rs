@@ -1,6 +1,6 @@
 //! The inverted-dropout multiplier `Z` the reference applies, drawn from the kernels' Philox RNG.
 
-use attention_kernels::philox::DropoutRng;
+use attention_kernels::abi::philox::DropoutRng;
 
 use crate::options::AttentionOptions;
 

@@ -1,6 +1,6 @@
 //! Reference forward: `O` and `LSE`.
 
-use attention_kernels::params::AttentionShape;
+use attention_kernels::abi::shape::AttentionShape;
 
 use super::row::{Problem, Row};
 use super::validate::check;

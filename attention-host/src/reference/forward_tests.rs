@@ -1,4 +1,4 @@
-use attention_kernels::online_state::OnlineState;
+use attention_kernels::attn::online_state::OnlineState;
 
 use super::*;
 use crate::error::AttentionError;

@@ -22,7 +22,7 @@
 //! - a NaN or infinite `V` at an allowed key reaches `O` by ordinary arithmetic (`0 · ∞ = NaN`
 //!   even where `P` underflows to 0); masked keys never contribute, whatever they hold.
 //!
-//! [`DropoutRng`]: attention_kernels::philox::DropoutRng
+//! [`DropoutRng`]: attention_kernels::abi::philox::DropoutRng
 
 mod backward;
 mod dropout;

@@ -1,7 +1,7 @@
 //! One query row of the reference: its allowed keys, scores and softmax, and where its tensors live.
 
-use attention_kernels::online_state::Real;
-use attention_kernels::params::{AttentionShape, allowed_key_end};
+use attention_kernels::abi::shape::{AttentionShape, allowed_key_end};
+use attention_kernels::attn::online_state::Real;
 
 use super::dropout::DropoutMask;
 use super::sequences::{Sequence, sequences};

@@ -1,6 +1,6 @@
 //! How a call's batch splits into independent sequences (padded items or packed segments).
 
-use attention_kernels::params::AttentionShape;
+use attention_kernels::abi::shape::AttentionShape;
 
 use crate::options::Lengths;
 

@@ -1,6 +1,6 @@
 //! Random inputs and comparisons for the reference's tests.
 
-use attention_kernels::params::AttentionShape;
+use attention_kernels::abi::shape::AttentionShape;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -1,6 +1,6 @@
 //! Input checks shared by the forward and backward reference.
 
-use attention_kernels::params::AttentionShape;
+use attention_kernels::abi::shape::AttentionShape;
 
 use crate::error::{Result, invalid};
 use crate::options::AttentionOptions;

@@ -1,6 +1,6 @@
 //! f32 entry points: the inputs the kernels read, widened exactly to f64.
 
-use attention_kernels::params::AttentionShape;
+use attention_kernels::abi::shape::AttentionShape;
 
 use super::backward::{Gradients, backward};
 use super::forward::{Forward, forward, forward_rows};

@@ -130,13 +130,13 @@ macro_rules! kernel_params {
 }
 
 kernel_params!(
-    attention_kernels::flash::params::FlashForwardParams,
-    attention_kernels::flash::params::FlashBackwardParams,
-    attention_kernels::params::MaterializedScoresParams,
-    attention_kernels::params::MaterializedSoftmaxParams,
-    attention_kernels::params::MaterializedOutputParams,
-    attention_kernels::params::TensorCoreForwardParams,
-    attention_kernels::params::TensorCoreBackwardParams,
+    attention_kernels::abi::params::FlashForwardParams,
+    attention_kernels::abi::params::FlashBackwardParams,
+    attention_kernels::abi::params::MaterializedScoresParams,
+    attention_kernels::abi::params::MaterializedSoftmaxParams,
+    attention_kernels::abi::params::MaterializedOutputParams,
+    attention_kernels::abi::params::TensorCoreForwardParams,
+    attention_kernels::abi::params::TensorCoreBackwardParams,
 );
 
 /// Dynamic shared memory every kernel may use without raising its limit.

@@ -8,7 +8,7 @@
 
 use core::arch::asm;
 
-use crate::storage::{Bf16, F16, Storage};
+use crate::abi::storage::{Bf16, F16, Storage};
 
 /// A operand: 16×16, two packed elements per register.
 #[derive(Clone, Copy, Default)]
@@ -22,7 +22,7 @@ pub struct FragB(pub [u32; 2]);
 #[derive(Clone, Copy, Default)]
 pub struct FragC(pub [f32; 4]);
 
-impl crate::mask::Quad for FragC {
+impl crate::attn::mask::Quad for FragC {
     #[inline(always)]
     fn quad(&mut self) -> &mut [f32; 4] {
         &mut self.0

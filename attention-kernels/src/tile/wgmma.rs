@@ -12,7 +12,7 @@
 
 use core::arch::asm;
 
-use crate::storage::{Bf16, F16};
+use crate::abi::storage::{Bf16, F16};
 use crate::tile::mma::{FragA, FragC, MmaElem};
 
 /// A shared-memory matrix descriptor: start address, leading and stride byte offsets (all in

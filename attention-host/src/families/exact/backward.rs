@@ -1,7 +1,8 @@
 //! Launcher of the exact recompute backward: D first, then K/V-outer dK/dV (and dQ by atomics, or
 //! the deterministic row-owned dQ pass).
 
-use attention_kernels::flash::params::{BlockSizes, FlashBackwardParams};
+use attention_kernels::abi::layout::BlockSizes;
+use attention_kernels::abi::params::FlashBackwardParams;
 
 use super::THREADS;
 use crate::attention::{BackwardInputs, GradientBuffers, Workspace};

@@ -6,13 +6,13 @@
 //! `M = (shared memory a block may opt in to) / 4`.
 //!
 //! Rounding: the kernels take any `B_r, B_c ≥ 1` (tails are predicated), but their real footprint
-//! (`attention_kernels::flash::smem`: padded Q/K/V tiles, the score tile, the accumulators) is not
+//! (`attention_kernels::kernels::simt::smem`: padded Q/K/V tiles, the score tile, the accumulators) is not
 //! the paper's idealised `4·B_c·d`. Starting from the paper's sizes, the larger of `B_c` and `B_r`
 //! shrinks in steps of 8 (to 1 at the least) until the footprint fits. The backward uses the
 //! same rule against the larger footprint of its two tile kernels.
 
-use attention_kernels::flash::params::BlockSizes;
-use attention_kernels::flash::smem;
+use attention_kernels::abi::layout::BlockSizes;
+use attention_kernels::kernels::simt::smem;
 
 use crate::error::{Result, invalid};
 

@@ -1,6 +1,7 @@
 //! Launcher of the exact forward, in the schedule the options ask for.
 
-use attention_kernels::flash::params::{BlockSizes, FlashForwardParams};
+use attention_kernels::abi::layout::BlockSizes;
+use attention_kernels::abi::params::FlashForwardParams;
 
 use crate::attention::Workspace;
 use crate::error::Result;

@@ -1,10 +1,10 @@
 //! Launcher of the tensor-core backward, one for both families: preprocess (`D`, `LSE · log2 e`,
-//! zeroed dQ accumulator), the main kernel (`mma.sync` from `attention_kernels::flash_tc_backward`
-//! or `wgmma` from `attention_kernels::flash_wgmma`, as [`crate::plan`] chose), and the dQ
+//! zeroed dQ accumulator), the main kernel (`mma.sync` from `attention_kernels::kernels::sm80::backward`
+//! or `wgmma` from `attention_kernels::kernels::sm90`, as [`crate::plan`] chose), and the dQ
 //! conversion.
 
-use attention_kernels::flash_tc_backward::{CONVERT_THREADS, PREPROCESS_WARPS};
-use attention_kernels::params::TensorCoreBackwardParams;
+use attention_kernels::abi::params::TensorCoreBackwardParams;
+use attention_kernels::kernels::sm80::backward::{CONVERT_THREADS, PREPROCESS_WARPS};
 
 use crate::attention::{BackwardInputs, GradientBuffers, Workspace};
 use crate::error::Result;

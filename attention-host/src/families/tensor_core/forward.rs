@@ -1,8 +1,8 @@
 //! Launcher of the tensor-core forward, one for both families: the `mma.sync` kernels
-//! (`attention_kernels::flash_tc`, any sm_80+ device) and the `wgmma` ones
-//! (`attention_kernels::flash_wgmma`, the `sm_90a` module). [`crate::plan`] chose the instance.
+//! (`attention_kernels::kernels::sm80::forward`, any sm_80+ device) and the `wgmma` ones
+//! (`attention_kernels::kernels::sm90`, the `sm_90a` module). [`crate::plan`] chose the instance.
 
-use attention_kernels::params::TensorCoreForwardParams;
+use attention_kernels::abi::params::TensorCoreForwardParams;
 
 use crate::error::Result;
 use crate::layout::DeviceLayout;

@@ -44,7 +44,7 @@ impl Storage for Bf16 {
     fn from_f32(x: f32) -> Self {
         #[cfg(target_arch = "nvptx64")]
         {
-            Bf16(crate::device::cvt_rn_bf16(x))
+            Bf16(crate::arch::cvt_rn_bf16(x))
         }
         #[cfg(not(target_arch = "nvptx64"))]
         {
@@ -59,7 +59,7 @@ impl Storage for F16 {
     fn to_f32(self) -> f32 {
         #[cfg(target_arch = "nvptx64")]
         {
-            crate::device::cvt_f32_f16(self.0)
+            crate::arch::cvt_f32_f16(self.0)
         }
         #[cfg(not(target_arch = "nvptx64"))]
         {
@@ -70,7 +70,7 @@ impl Storage for F16 {
     fn from_f32(x: f32) -> Self {
         #[cfg(target_arch = "nvptx64")]
         {
-            F16(crate::device::cvt_rn_f16(x))
+            F16(crate::arch::cvt_rn_f16(x))
         }
         #[cfg(not(target_arch = "nvptx64"))]
         {

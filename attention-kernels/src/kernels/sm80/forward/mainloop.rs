@@ -8,14 +8,15 @@
 //! `NK` (n-tiles of S) and `NP = NK / 2` (k-steps of PV), so every register array has a
 //! compile-time size and every loop over one unrolls.
 
-use crate::device::{
+use crate::abi::params::TensorCoreForwardParams;
+use crate::abi::shape::causal_key_end;
+use crate::abi::storage::{Bf16, F16};
+use crate::arch::{
     block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads_or, sync_warp, thread_x,
 };
-use crate::flash_tc::TcConfig;
-use crate::flash_tc::softmax::RowState;
-use crate::mask::{Exponent, Operand, non_finite_part, sanitize_own_chunks};
-use crate::params::{TensorCoreForwardParams, causal_key_end};
-use crate::storage::{Bf16, F16};
+use crate::attn::mask::{Exponent, Operand, non_finite_part, sanitize_own_chunks};
+use crate::attn::softmax::RowState;
+use crate::kernels::sm80::forward::TcConfig;
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16};

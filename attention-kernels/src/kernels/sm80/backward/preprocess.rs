@@ -1,11 +1,11 @@
 //! Kernels 1 and 3 of the backward: per-row statistics before the main kernel, dQ conversion
 //! after it.
 
-use crate::device::{block_dim_x, block_x, thread_x, warp_sum};
-use crate::flash_tc_backward::PREPROCESS_WARPS;
-use crate::flash_tc_backward::Pair;
-use crate::params::TensorCoreBackwardParams;
-use crate::storage::{Bf16, F16};
+use crate::abi::params::TensorCoreBackwardParams;
+use crate::abi::storage::{Bf16, F16};
+use crate::arch::{block_dim_x, block_x, thread_x, warp_sum};
+use crate::kernels::sm80::backward::PREPROCESS_WARPS;
+use crate::kernels::sm80::backward::Pair;
 use crate::tile::mem::store_global_16;
 use crate::tile::mma::MmaElem;
 

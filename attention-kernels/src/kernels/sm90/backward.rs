@@ -24,20 +24,20 @@
 //! Generic over `KD = d / 16`, `ND = d / 8` (fragments of dK, dV), `WG` and `DQ = ND / WG`
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
-use crate::device::sync_threads_or;
-use crate::device::{
+use crate::abi::params::TensorCoreBackwardParams;
+use crate::abi::philox::DropoutRng;
+use crate::abi::storage::{Bf16, F16};
+use crate::arch::sync_threads_or;
+use crate::arch::{
     block_x, block_y, block_z, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x,
 };
-use crate::flash::sequence::Sequence;
-use crate::flash_tc_backward::hidden;
-use crate::flash_wgmma::WgBackwardConfig;
-use crate::mask::{
+use crate::attn::mask::hidden;
+use crate::attn::mask::{
     Exponent, MASKED, is_masked, poisoned_key_weight, quad_any, sanitize_own_chunks,
     sanitize_row_part,
 };
-use crate::params::TensorCoreBackwardParams;
-use crate::philox::DropoutRng;
-use crate::storage::{Bf16, F16};
+use crate::attn::sequence::Sequence;
+use crate::kernels::sm90::WgBackwardConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, red_add_f32x4};

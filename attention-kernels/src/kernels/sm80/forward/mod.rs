@@ -2,9 +2,7 @@
 //! host launcher and the device kernels.
 
 #[cfg(target_arch = "nvptx64")]
-mod forward;
-#[cfg(target_arch = "nvptx64")]
-pub(crate) mod softmax;
+mod mainloop;
 
 /// Tiles of one kernel instance: `warps` warps of 16 query rows each, K/V blocks of `block_keys`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -82,7 +82,7 @@ impl Real for f32 {
     const NEG_INFINITY: f32 = f32::NEG_INFINITY;
     #[inline(always)]
     fn exp(self) -> f32 {
-        crate::device::exp(self)
+        crate::arch::exp(self)
     }
     #[inline(always)]
     fn ln(self) -> f32 {

@@ -81,19 +81,6 @@ pub fn shfl_xor(x: f32, mask: u32) -> f32 {
     r
 }
 
-/// Indexed shuffle within a full warp: every lane receives `x` of lane `src`.
-#[inline(always)]
-pub fn shfl_idx(x: f32, src: u32) -> f32 {
-    let r: f32;
-    // SAFETY: all 32 lanes of the warp execute this with the full member mask.
-    unsafe {
-        asm!("shfl.sync.idx.b32 {r}, {x}, {s}, 0x1f, 0xffffffff;",
-             r = out(reg32) r, x = in(reg32) x, s = in(reg32) src,
-             options(nomem, nostack));
-    }
-    r
-}
-
 /// Barrier over the thread block that also returns whether `pred` held on any thread; every
 /// thread of the block must reach it. Orders shared-memory accesses like `sync_threads`.
 #[inline(always)]

@@ -4,8 +4,8 @@
 //! `ex2`. Each of the four lanes of a quad holds a quarter of a row: maxima are reduced over the
 //! quad at every block (every lane needs `m`), sums only once at the end.
 
-use crate::device::{exp2, log2, shfl_xor};
-use crate::mask::row_is_empty;
+use crate::arch::{exp2, log2, shfl_xor};
+use crate::attn::mask::row_is_empty;
 use crate::tile::mma::{FragA, FragC, MmaElem};
 
 /// Running `(m, l)` of rows g and g + 8: `m` the base-2 row maximum so far, `l` this lane's part of

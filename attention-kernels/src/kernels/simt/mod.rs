@@ -1,11 +1,10 @@
 //! Exact tiled attention (FlashAttention-1): Algorithm 1 forward in two schedules and the
 //! Algorithm 4 recompute backward, SIMT f32 arithmetic over tiles held in shared memory.
 //!
-//! `params` and `smem` are shared with the host (launch parameters, and the shared-memory footprint
-//! that the block-size rule needs); the mask is `params::allowed_key_end`, the same function the
+//! `smem` is shared with the host (the shared-memory footprint that the block-size rule needs);
+//! the mask is `abi::shape::allowed_key_end`, the same function the
 //! CPU reference uses. The kernels themselves exist only in the device build.
 
-pub mod params;
 pub mod smem;
 
 #[cfg(target_arch = "nvptx64")]
@@ -13,6 +12,4 @@ mod backward;
 #[cfg(target_arch = "nvptx64")]
 mod forward;
 #[cfg(target_arch = "nvptx64")]
-pub(crate) mod sequence;
-#[cfg(target_arch = "nvptx64")]
-pub(crate) mod tile;
+mod tile;

@@ -4,14 +4,15 @@
 //! comparison schedule for the memory and traffic claims, so it deliberately stores `S` and `P`
 //! (`[batch, heads_q, n_q, n_k]`, in the storage type) instead of fusing them away.
 
-use crate::device::{
+use crate::abi::params::{
+    MaterializedOutputParams, MaterializedScoresParams, MaterializedSoftmaxParams,
+};
+use crate::abi::shape::causal_key_end;
+use crate::abi::storage::{Bf16, F16, Storage};
+use crate::arch::{
     block_dim_x, block_x, block_y, block_z, entry_points, exp, shared_base, sync_threads, thread_x,
     thread_y, warp_max, warp_sum,
 };
-use crate::params::{
-    MaterializedOutputParams, MaterializedScoresParams, MaterializedSoftmaxParams, causal_key_end,
-};
-use crate::storage::{Bf16, F16, Storage};
 
 /// Side of the square thread block and of the shared tiles of stages 1 and 3.
 const TILE: u32 = 16;

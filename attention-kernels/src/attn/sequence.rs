@@ -1,8 +1,8 @@
 //! Locating one sequence (a batch item or one packed sequence) and its rows in the tensors.
 
-use crate::flash::params::{LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout};
-use crate::params::AttentionShape;
-use crate::params::allowed_key_end;
+use crate::abi::layout::{LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout};
+use crate::abi::shape::AttentionShape;
+use crate::abi::shape::allowed_key_end;
 
 /// Rows and keys of one sequence. Row and key indices inside it are local (`0 .. q_len`).
 #[derive(Clone, Copy)]
@@ -65,7 +65,9 @@ impl Sequence {
         }
     }
 
-    /// Batch item `b` of a call without length masks: every row sees all `n_k` keys.
+    /// Batch item `b` of a call without length masks: every row sees all `n_k` keys (the `wgmma`
+    /// kernels' instances without length masks).
+    #[cfg(flash_attn_sm90a)]
     #[inline(always)]
     pub fn full(shape: &AttentionShape, b: u32) -> Sequence {
         Sequence {

@@ -115,7 +115,7 @@ impl DropoutRng {
 
     /// Whether columns `col` (bit 0) and `col + 1` (bit 1) of (batch, head, row) are kept
     /// (`col` even), given `key()`: one Philox call for the pair. Kernels gather these bits in a
-    /// loop that need not unroll and apply them in one that must (see `flash_wgmma`).
+    /// loop that need not unroll and apply them in one that must (see `kernels::sm90`).
     #[inline(always)]
     pub const fn pair_keep_bits(
         &self,

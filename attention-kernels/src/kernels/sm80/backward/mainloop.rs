@@ -14,14 +14,15 @@
 //! `red.global.add`: one atomic per dQ element per visited K/V block, so 128-key blocks (8 warps)
 //! send half as many as 64-key ones.
 
-use crate::device::sync_threads_or;
-use crate::device::{
+use crate::abi::params::TensorCoreBackwardParams;
+use crate::abi::storage::{Bf16, F16};
+use crate::arch::sync_threads_or;
+use crate::arch::{
     block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
 };
-use crate::flash_tc_backward::{Pair, TcBackwardConfig, hidden};
-use crate::mask::{Exponent, MASKED, is_masked, sanitize_own_chunks, sanitize_pair};
-use crate::params::TensorCoreBackwardParams;
-use crate::storage::{Bf16, F16};
+use crate::attn::mask::hidden;
+use crate::attn::mask::{Exponent, MASKED, is_masked, sanitize_own_chunks, sanitize_pair};
+use crate::kernels::sm80::backward::{Pair, TcBackwardConfig};
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
@@ -77,7 +78,6 @@ unsafe fn backward<
     let threads = 32 * WARPS as u32;
     let s = p.shape;
     let (tid, warp, lane) = (thread_x(), thread_x() / 32, thread_x() % 32);
-    let (g, t) = (lane / 4, lane % 4);
     let causal = p.causal != 0;
     let (kv_block, hk, b) = (block_x(), block_y(), block_z());
     let k0 = kv_block * bc;

@@ -9,18 +9,19 @@
 //! a separate pass computes it), `dq` (the deterministic dQ pass: Q blocks outer, dQ_i on chip)
 //! and `dq_convert` (f32 atomics buffer to the storage type).
 
-use crate::device::{
+use crate::abi::params::FlashBackwardParams;
+use crate::abi::storage::{Bf16, F16, Storage};
+use crate::arch::{
     atomic_add_global, block_dim_x, block_x, block_y, block_z, entry_points, exp, grid_dim_x,
     sync_threads, thread_x, warp_sum,
 };
-use crate::flash::params::FlashBackwardParams;
-use crate::flash::sequence::Sequence;
-use crate::flash::smem::padded;
-use crate::flash::tile::{
-    Arena, Tile, dot, dropout_multiplier, fill, for_each, load_rows, mul_acc, mul_t_acc, store_rows,
+use crate::attn::dropout::dropout_multiplier;
+use crate::attn::mask::{MASKED, allowed_weight, contribution};
+use crate::attn::sequence::Sequence;
+use crate::kernels::simt::smem::padded;
+use crate::kernels::simt::tile::{
+    Arena, Tile, dot, fill, for_each, load_rows, mul_acc, mul_t_acc, store_rows,
 };
-use crate::mask::{MASKED, allowed_weight, contribution};
-use crate::storage::{Bf16, F16, Storage};
 
 /// D = rowsum(dO ∘ O) for every (batch, head, row), in LSE's layout. One warp per row.
 unsafe fn delta<T: Storage>(p: &FlashBackwardParams) {

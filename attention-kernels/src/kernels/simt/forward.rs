@@ -6,18 +6,17 @@
 //!
 //! Grid `(Q blocks, heads_q, sequences)`, any block size that is a multiple of 32.
 
-use crate::device::{
+use crate::abi::params::FlashForwardParams;
+use crate::abi::storage::{Bf16, F16, Storage};
+use crate::arch::{
     block_dim_x, block_x, block_y, block_z, entry_points, exp, ln, sync_threads, sync_warp,
     thread_x, warp_max, warp_sum,
 };
-use crate::flash::params::FlashForwardParams;
-use crate::flash::sequence::Sequence;
-use crate::flash::smem::padded;
-use crate::flash::tile::{
-    Arena, Tile, dot, dropout_multiplier, fill, for_each, load_rows, mul_acc,
-};
-use crate::mask::{MASKED, row_is_empty};
-use crate::storage::{Bf16, F16, Storage};
+use crate::attn::dropout::dropout_multiplier;
+use crate::attn::mask::{MASKED, row_is_empty};
+use crate::attn::sequence::Sequence;
+use crate::kernels::simt::smem::padded;
+use crate::kernels::simt::tile::{Arena, Tile, dot, fill, for_each, load_rows, mul_acc};
 
 /// The query block a thread block owns: rows `i0 .. i0 + rows` (local) of head `h` of `seq`.
 struct QueryBlock {

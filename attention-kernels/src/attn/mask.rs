@@ -49,6 +49,14 @@ pub fn row_is_empty(l: f32) -> bool {
     l == 0.0
 }
 
+/// `key >= allowed_key_end(row, n_q, n_k, causal)` in plain u32 arithmetic (no clamping, no
+/// 64-bit): the main kernel evaluates it per score of a masked block. Exact for row, key, n_q,
+/// n_k below 2^31 (the host's validation keeps every extent there).
+#[inline(always)]
+pub const fn hidden(row: u32, key: u32, n_q: u32, n_k: u32, causal: bool) -> bool {
+    key >= n_k || (causal && key + n_q > row + n_k)
+}
+
 /// Exponent bits of one 16-bit element (both halves of a word hold one each).
 pub trait Exponent {
     /// The exponent field: all ones means ±∞ or NaN.
@@ -64,7 +72,7 @@ pub trait Exponent {
     }
 }
 
-impl Exponent for crate::storage::Bf16 {
+impl Exponent for crate::abi::storage::Bf16 {
     const EXPONENT: u32 = 0x7f80;
     const QNAN: u32 = 0x7fc0;
     #[inline(always)]
@@ -73,13 +81,13 @@ impl Exponent for crate::storage::Bf16 {
     }
 }
 
-impl Exponent for crate::storage::F16 {
+impl Exponent for crate::abi::storage::F16 {
     const EXPONENT: u32 = 0x7c00;
     const QNAN: u32 = 0x7e00;
     #[inline(always)]
     fn widen(h: u32) -> f32 {
-        use crate::storage::Storage;
-        crate::storage::F16(h as u16).to_f32()
+        use crate::abi::storage::Storage;
+        crate::abi::storage::F16(h as u16).to_f32()
     }
 }
 
@@ -204,7 +212,7 @@ pub use device::*;
 #[cfg(target_arch = "nvptx64")]
 mod device {
     use super::{Exponent, Poison, sanitize_pair};
-    use crate::device::opaque;
+    use crate::arch::opaque;
     use crate::tile::cp_async::ChunkedTile;
     use crate::tile::mem::{load_shared_16, store_shared_u32};
 
@@ -295,8 +303,8 @@ mod device {
     /// Bits of the four lanes of a quad, or-ed; every lane of the warp must call it.
     #[inline(always)]
     pub fn quad_any(bits: u32) -> u32 {
-        let b = bits | crate::device::shfl_xor(f32::from_bits(bits), 1).to_bits();
-        b | crate::device::shfl_xor(f32::from_bits(b), 2).to_bits()
+        let b = bits | crate::arch::shfl_xor(f32::from_bits(bits), 1).to_bits();
+        b | crate::arch::shfl_xor(f32::from_bits(b), 2).to_bits()
     }
 
     /// A weight of key `key`'s column or row in a product whose K row was non-finite and has been
@@ -369,7 +377,26 @@ mod device {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::{Bf16, F16};
+    use crate::abi::shape::allowed_key_end;
+    use crate::abi::storage::{Bf16, F16};
+
+    /// `hidden` is `allowed_key_end`'s complement, without its clamping or 64-bit arithmetic.
+    #[test]
+    fn hidden_is_past_the_allowed_key_end() {
+        for (n_q, n_k) in [(1, 1), (5, 5), (3, 9), (9, 3), (17, 64)] {
+            for causal in [false, true] {
+                for row in 0..n_q {
+                    for key in 0..n_k + 70 {
+                        assert_eq!(
+                            hidden(row, key, n_q, n_k, causal),
+                            key >= allowed_key_end(row, n_q, n_k, causal),
+                            "n_q={n_q} n_k={n_k} causal={causal} row={row} key={key}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn sentinel_is_negative_zero_only() {

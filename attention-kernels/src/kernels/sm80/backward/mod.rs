@@ -9,7 +9,7 @@
 //! This module holds the tile configuration the host and device share.
 
 #[cfg(target_arch = "nvptx64")]
-mod backward;
+mod mainloop;
 #[cfg(target_arch = "nvptx64")]
 mod preprocess;
 
@@ -21,7 +21,7 @@ trait Pair: crate::tile::mma::MmaElem {
 }
 
 #[cfg(target_arch = "nvptx64")]
-impl Pair for crate::storage::Bf16 {
+impl Pair for crate::abi::storage::Bf16 {
     #[inline(always)]
     fn unpack(w: u32) -> [f32; 2] {
         [f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000)]
@@ -29,15 +29,15 @@ impl Pair for crate::storage::Bf16 {
 }
 
 #[cfg(target_arch = "nvptx64")]
-impl Pair for crate::storage::F16 {
+impl Pair for crate::abi::storage::F16 {
     #[inline(always)]
     fn unpack(w: u32) -> [f32; 2] {
-        use crate::storage::{F16, Storage};
+        use crate::abi::storage::{F16, Storage};
         [F16(w as u16).to_f32(), F16((w >> 16) as u16).to_f32()]
     }
 }
 
-use crate::params::allowed_key_end;
+use crate::abi::shape::allowed_key_end;
 
 /// Tiles of the main kernel: `warps` warps (4 or 8), each owning 16 keys of the K/V block (so
 /// `block_keys = 16 · warps`) for S, dP, dK, dV; Q blocks of 64 rows, of which each warp computes
@@ -96,14 +96,6 @@ impl TcBackwardConfig {
     }
 }
 
-/// `key >= allowed_key_end(row, n_q, n_k, causal)` in plain u32 arithmetic (no clamping, no
-/// 64-bit): the main kernel evaluates it per score of a masked block. Exact for row, key, n_q,
-/// n_k below 2^31 (the host's validation keeps every extent there).
-#[inline(always)]
-pub const fn hidden(row: u32, key: u32, n_q: u32, n_k: u32, causal: bool) -> bool {
-    key >= n_k || (causal && key + n_q > row + n_k)
-}
-
 /// Warps per block of the preprocess kernel, one row per warp.
 pub const PREPROCESS_WARPS: u32 = 4;
 /// Threads per block of the dQ conversion, eight elements each.
@@ -147,26 +139,6 @@ pub const fn config(head_dim: u32) -> Option<TcBackwardConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Every allowed (row, key) pair lies in a visited Q block, and every pair of an unmasked
-    /// block pair is allowed: the schedule drops nothing and the mask is skipped only where it
-    /// would change nothing.
-    #[test]
-    fn hidden_is_past_the_allowed_key_end() {
-        for (n_q, n_k) in [(1, 1), (5, 5), (3, 9), (9, 3), (17, 64)] {
-            for causal in [false, true] {
-                for row in 0..n_q {
-                    for key in 0..n_k + 70 {
-                        assert_eq!(
-                            hidden(row, key, n_q, n_k, causal),
-                            key >= allowed_key_end(row, n_q, n_k, causal),
-                            "n_q={n_q} n_k={n_k} causal={causal} row={row} key={key}"
-                        );
-                    }
-                }
-            }
-        }
-    }
 
     #[test]
     fn visited_blocks_cover_every_allowed_pair_and_unmasked_blocks_hide_none() {

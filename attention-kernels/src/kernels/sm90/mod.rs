@@ -1,18 +1,18 @@
 //! FlashAttention forward and backward on Hopper's warpgroup tensor cores (`wgmma`, sm_90a): tile
 //! configurations shared by the host launchers and the device kernels. The backward's main kernel
-//! is the only new one: it runs between `flash_tc_backward`'s preprocess and dQ conversion, on the
+//! is the only new one: it runs between `sm80::backward`'s preprocess and dQ conversion, on the
 //! same workspace.
 //!
 //! These kernels exist only in the second PTX module that `build.rs` compiles for `sm_90a` (with
 //! `--cfg flash_attn_sm90a`); the host loads that module on compute capability 9.0 devices and
-//! uses the `mma.sync` kernels of `flash_tc` everywhere else.
+//! uses the `mma.sync` kernels of `sm80` everywhere else.
 
 #[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
 mod backward;
 #[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
 mod forward;
 
-use crate::flash_tc_backward::TcBackwardConfig;
+use crate::kernels::sm80::backward::TcBackwardConfig;
 
 /// Tiles of one kernel instance: `warpgroups` groups of 4 warps, each owning 64 query rows, and
 /// K/V blocks of `block_keys` keys in two shared stages.

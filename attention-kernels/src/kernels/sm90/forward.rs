@@ -3,7 +3,7 @@
 //! A thread block owns `64 · WG` query rows of one (batch, head); warpgroup `w` owns rows
 //! `64w .. 64w + 64` and reads its Q straight from shared memory for every `S = Q·Kᵀ`. `O += P·V`
 //! takes P from registers (the scores' accumulator layout is the A operand's, see `tile::wgmma`)
-//! and V transposed from shared memory. The online softmax is `flash_tc`'s: each thread holds two
+//! and V transposed from shared memory. The online softmax is `attn::softmax`'s: each thread holds two
 //! rows of its warp's 16.
 //!
 //! Software-pipelined as FlashAttention-3 does within a warpgroup: step `j` issues `S_j = Q·K_jᵀ`
@@ -21,18 +21,18 @@
 //! Generic over `KD = d / 16` (k-steps of `Q·Kᵀ`), `ND = d / 8` (fragments of O), `NK` (fragments
 //! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
 
-use crate::device::{
+use crate::abi::params::TensorCoreForwardParams;
+use crate::abi::philox::DropoutRng;
+use crate::abi::storage::{Bf16, F16};
+use crate::arch::{
     block_x, block_y, block_z, grid_dim_x, opaque, shared_window, sync_threads, sync_threads_or,
     thread_x,
 };
-use crate::flash::sequence::Sequence;
-use crate::flash::tile::dropout_multiplier;
-use crate::flash_tc::softmax::{RowState, pack, rescale};
-use crate::flash_wgmma::WgConfig;
-use crate::mask::{Exponent, Operand, Poison, non_finite_part, sanitize_own_chunks};
-use crate::params::TensorCoreForwardParams;
-use crate::philox::DropoutRng;
-use crate::storage::{Bf16, F16};
+use crate::attn::dropout::dropout_multiplier;
+use crate::attn::mask::{Exponent, Operand, Poison, non_finite_part, sanitize_own_chunks};
+use crate::attn::sequence::Sequence;
+use crate::attn::softmax::{RowState, pack, rescale};
+use crate::kernels::sm90::WgConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::load_shared_u32;

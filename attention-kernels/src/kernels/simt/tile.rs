@@ -4,10 +4,9 @@
 //! thread `e mod blockDim`), so any `B_r`, `B_c` and head dimension work with one launch shape;
 //! callers separate phases with `sync_threads`. Arithmetic is f32 whatever the storage type.
 
-use crate::device::{block_dim_x, shared_base, thread_x};
-use crate::mask::contribution;
-use crate::philox::DropoutRng;
-use crate::storage::Storage;
+use crate::abi::storage::Storage;
+use crate::arch::{block_dim_x, shared_base, thread_x};
+use crate::attn::mask::contribution;
 
 /// A row-major f32 matrix in shared memory.
 #[derive(Clone, Copy)]
@@ -146,7 +145,7 @@ pub unsafe fn dot(a: *const f32, b: *const f32, d: u32) -> f32 {
 
 /// `acc[r][x] = rescale[r]·acc[r][x] + Σ_{c<k} a[r][c]·b[c][x]` for `r < m`, `x < n`, with
 /// `rescale` absent meaning 1 (the `P̃V` and `dS·K` products). Entries of `a` that are
-/// [`MASKED`](crate::mask::MASKED) add nothing, whatever `b` holds.
+/// [`MASKED`](crate::attn::mask::MASKED) add nothing, whatever `b` holds.
 ///
 /// # Safety
 /// Every tile holds the extents it is indexed with.
@@ -170,7 +169,7 @@ pub unsafe fn mul_acc(acc: Tile, rescale: Option<Tile>, a: Tile, b: Tile, m: u32
 }
 
 /// `acc[c][x] += Σ_{r<k} a[r][c]·b[r][x]` for `c < m`, `x < n` (the `P_dropᵀdO` and `dSᵀQ`
-/// products); [`MASKED`](crate::mask::MASKED) entries of `a` add nothing.
+/// products); [`MASKED`](crate::attn::mask::MASKED) entries of `a` add nothing.
 ///
 /// # Safety
 /// Every tile holds the extents it is indexed with.
@@ -187,33 +186,4 @@ pub unsafe fn mul_t_acc(acc: Tile, a: Tile, b: Tile, m: u32, n: u32, k: u32) {
             acc.set(c, x, sum);
         }
     });
-}
-
-/// The inverted-dropout multiplier `Z` of (batch, head, row, col) given the call's Philox `key`:
-/// the same decision as `DropoutRng::keep`, without recomputing the key per element.
-#[inline(always)]
-pub fn dropout_multiplier(
-    rng: &DropoutRng,
-    key: [u32; 2],
-    batch: u32,
-    head: u32,
-    row: u32,
-    col: u32,
-) -> f32 {
-    if !rng.enabled() {
-        return 1.0;
-    }
-    let w = DropoutRng::draws(key, batch, head, row, col / 4);
-    // A match rather than `w[col % 4]`: a dynamic index would put `w` in local memory.
-    let draw = match col % 4 {
-        0 => w[0],
-        1 => w[1],
-        2 => w[2],
-        _ => w[3],
-    };
-    if draw >= rng.threshold {
-        rng.keep_scale
-    } else {
-        0.0
-    }
 }

@@ -1,0 +1,12 @@
+//! The attention layer every kernel family imports and none copies: masks and the policy for
+//! non-finite inputs, the online softmax state, the sequence a block works on, dropout, and the
+//! row softmax of the tensor-core families.
+
+#[cfg(target_arch = "nvptx64")]
+pub(crate) mod dropout;
+pub mod mask;
+pub mod online_state;
+#[cfg(target_arch = "nvptx64")]
+pub(crate) mod sequence;
+#[cfg(target_arch = "nvptx64")]
+pub(crate) mod softmax;
