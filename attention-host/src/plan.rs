@@ -11,6 +11,7 @@
 use std::fmt;
 
 use attention_kernels::abi::layout::BlockSizes;
+use attention_kernels::attn::backward::n_q_pad;
 use attention_kernels::kernels::sm80::backward::TcBackwardConfig;
 use attention_kernels::kernels::sm80::forward::TcConfig;
 use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
@@ -484,14 +485,9 @@ fn workspace(problem: &Problem, direction: Direction, tiles: &Tiles) -> Vec<(&'s
         // dQ comes from atomics into an f32 accumulator unless the deterministic pass writes it.
         (Direction::Backward, Tiles::Exact(_)) if o.deterministic => vec![("delta", rows)],
         (Direction::Backward, Tiles::Exact(_)) => vec![("delta", rows), ("dq_accum", q)],
-        (Direction::Backward, t) => {
-            let tiles = match t {
-                Tiles::Sm80Backward(c) => *c,
-                Tiles::Sm90Backward(c) => c.tiles(),
-                _ => unreachable!("forward tiles in a backward plan"),
-            };
+        (Direction::Backward, _) => {
             // Rows padded to whole Q blocks, so each block's statistics are whole 16-byte chunks.
-            let padded = s.batch as u64 * s.heads_q as u64 * tiles.n_q_pad(s.n_q) as u64;
+            let padded = s.batch as u64 * s.heads_q as u64 * n_q_pad(s.n_q) as u64;
             vec![("dq_accum", q), ("lse_log2", padded), ("d_sum", padded)]
         }
     };

@@ -1,7 +1,8 @@
 //! The attention layer every kernel family imports and none copies: masks and the policy for
 //! non-finite inputs, the online softmax state, the sequence a block works on, dropout, and the
-//! row softmax of the tensor-core families.
+//! row softmax of the tensor-core families, and their backward's pre- and post-processing.
 
+pub mod backward;
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod dropout;
 pub mod mask;

@@ -4,13 +4,13 @@
 //! conversion.
 
 use attention_kernels::abi::params::TensorCoreBackwardParams;
-use attention_kernels::kernels::sm80::backward::{CONVERT_THREADS, PREPROCESS_WARPS};
+use attention_kernels::attn::backward::{CONVERT_THREADS, PREPROCESS_WARPS, n_q_pad};
 
 use crate::attention::{BackwardInputs, GradientBuffers, Workspace};
 use crate::error::Result;
 use crate::instances;
 use crate::layout::DeviceLayout;
-use crate::plan::{Plan, Tiles};
+use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::{Gpu, LaunchConfig};
 
@@ -24,16 +24,11 @@ pub(crate) fn launch_backward(
     out: &GradientBuffers,
     workspace: &Workspace,
 ) -> Result<()> {
-    let tiles = match plan.tiles {
-        Tiles::Sm80Backward(c) => c,
-        Tiles::Sm90Backward(c) => c.tiles(),
-        other => unreachable!("a tensor-core backward plan with {other:?}"),
-    };
     let (shape, options) = (&problem.shape, &problem.options.attention);
     let dtype = problem.dtype;
     let scale = options.scale_for(shape.head_dim);
     let layout = DeviceLayout::upload(shape, &options.lengths)?;
-    let n_q_pad = tiles.n_q_pad(shape.n_q);
+    let n_q_pad = n_q_pad(shape.n_q);
     let params = TensorCoreBackwardParams {
         q: inputs.q.device_ptr(),
         k: inputs.k.device_ptr(),

@@ -31,6 +31,7 @@ use crate::arch::sync_threads_or;
 use crate::arch::{
     block_x, block_y, block_z, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x,
 };
+use crate::attn::backward::{first_q_block, needs_mask};
 use crate::attn::mask::hidden;
 use crate::attn::mask::{
     Exponent, MASKED, is_masked, poisoned_key_weight, quad_any, sanitize_own_chunks,
@@ -95,7 +96,6 @@ unsafe fn backward<
         head_dim: 16 * KD as u32,
         warpgroups: WG as u32,
     };
-    let tiles = cfg.tiles();
     let (d, bc, br) = (cfg.head_dim, cfg.block_keys(), cfg.block_rows());
     let threads = cfg.threads();
     let s = p.shape;
@@ -149,7 +149,7 @@ unsafe fn backward<
     let stage_of = |i: u32| i % 3;
     let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
-    let first_block = tiles.first_q_block(k0, n_q, n_k, causal);
+    let first_block = first_q_block(k0, n_q, n_k, causal);
     let per_head = n_q.div_ceil(br).saturating_sub(first_block);
     let iters = per_head * heads_per_kv;
     let head_of = |i: u32| hk * heads_per_kv + i / per_head;
@@ -276,7 +276,7 @@ unsafe fn backward<
         wait_all();
         let st = stage_of(i);
         let (h, q0) = (head_of(i), row0_of(i));
-        let masked = tiles.needs_mask(q0, k0, n_q, n_k, causal);
+        let masked = needs_mask(q0, k0, bc, n_q, n_k, causal);
         // On a block with masked pairs a non-finite Q row would reach dK of keys it does not
         // see as 0 · NaN through dSᵀ·Q. Such a row's LSE is NaN or −∞ (every score it has is
         // non-finite), so zeroing its non-finite elements changes neither P nor any gradient of

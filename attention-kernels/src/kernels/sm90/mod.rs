@@ -12,7 +12,7 @@ mod backward;
 #[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
 mod forward;
 
-use crate::kernels::sm80::backward::TcBackwardConfig;
+use crate::attn::backward::Q_BLOCK;
 
 /// Tiles of one kernel instance: `warpgroups` groups of 4 warps, each owning 64 query rows, and
 /// K/V blocks of `block_keys` keys in two shared stages.
@@ -98,19 +98,11 @@ pub struct WgBackwardConfig {
 }
 
 impl WgBackwardConfig {
-    /// The `mma.sync` configuration with the same block shape (`16 · warps` keys × 64 rows), whose
-    /// schedule helpers (`first_q_block`, `needs_mask`, `n_q_pad`) hold for this kernel too.
-    pub const fn tiles(&self) -> TcBackwardConfig {
-        TcBackwardConfig {
-            head_dim: self.head_dim,
-            warps: 4 * self.warpgroups,
-        }
-    }
     pub const fn block_keys(&self) -> u32 {
         64 * self.warpgroups
     }
     pub const fn block_rows(&self) -> u32 {
-        64
+        Q_BLOCK
     }
     pub const fn threads(&self) -> u32 {
         128 * self.warpgroups

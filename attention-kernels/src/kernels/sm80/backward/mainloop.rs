@@ -20,9 +20,10 @@ use crate::arch::sync_threads_or;
 use crate::arch::{
     block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
 };
+use crate::attn::backward::Pair;
 use crate::attn::mask::hidden;
 use crate::attn::mask::{Exponent, MASKED, is_masked, sanitize_own_chunks, sanitize_pair};
-use crate::kernels::sm80::backward::{Pair, TcBackwardConfig};
+use crate::kernels::sm80::backward::TcBackwardConfig;
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};

@@ -10,34 +10,8 @@
 
 #[cfg(target_arch = "nvptx64")]
 mod mainloop;
-#[cfg(target_arch = "nvptx64")]
-mod preprocess;
 
-/// Widening of two packed 16-bit elements, the lower one first (the inverse of `MmaElem::pack`
-/// up to its rounding).
-#[cfg(target_arch = "nvptx64")]
-trait Pair: crate::tile::mma::MmaElem {
-    fn unpack(w: u32) -> [f32; 2];
-}
-
-#[cfg(target_arch = "nvptx64")]
-impl Pair for crate::abi::storage::Bf16 {
-    #[inline(always)]
-    fn unpack(w: u32) -> [f32; 2] {
-        [f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000)]
-    }
-}
-
-#[cfg(target_arch = "nvptx64")]
-impl Pair for crate::abi::storage::F16 {
-    #[inline(always)]
-    fn unpack(w: u32) -> [f32; 2] {
-        use crate::abi::storage::{F16, Storage};
-        [F16(w as u16).to_f32(), F16((w >> 16) as u16).to_f32()]
-    }
-}
-
-use crate::abi::shape::allowed_key_end;
+use crate::attn::backward::{Q_BLOCK, first_q_block, n_q_pad, needs_mask};
 
 /// Tiles of the main kernel: `warps` warps (4 or 8), each owning 16 keys of the K/V block (so
 /// `block_keys = 16 · warps`) for S, dP, dK, dV; Q blocks of 64 rows, of which each warp computes
@@ -53,7 +27,7 @@ impl TcBackwardConfig {
         16 * self.warps
     }
     pub const fn block_rows(&self) -> u32 {
-        64
+        Q_BLOCK
     }
     pub const fn threads(&self) -> u32 {
         32 * self.warps
@@ -68,25 +42,15 @@ impl TcBackwardConfig {
     /// `n_q` rounded up to whole Q blocks: the length of each (batch, head) row of the padded
     /// statistics, so every Q block's statistics are whole 16-byte chunks.
     pub const fn n_q_pad(&self, n_q: u32) -> u32 {
-        n_q.div_ceil(self.block_rows()) * self.block_rows()
+        n_q_pad(n_q)
     }
 
-    /// The first Q block the K/V block starting at key `k0` visits (it visits every later one
-    /// too): causally, row i sees key k0 iff i ≥ k0 + n_q − n_k (`causal_key_end`), so earlier
-    /// blocks contribute nothing.
     pub const fn first_q_block(&self, k0: u32, n_q: u32, n_k: u32, causal: bool) -> u32 {
-        if causal {
-            (k0 + n_q).saturating_sub(n_k) / self.block_rows()
-        } else {
-            0
-        }
+        first_q_block(k0, n_q, n_k, causal)
     }
 
-    /// Whether the (Q block at row `q0`, K/V block at key `k0`) pair holds a pair the row may not
-    /// see (a causally hidden key or one past `n_k`); `allowed_key_end` grows with the row, so
-    /// the block's first row decides.
     pub const fn needs_mask(&self, q0: u32, k0: u32, n_q: u32, n_k: u32, causal: bool) -> bool {
-        allowed_key_end(q0, n_q, n_k, causal) < k0 + self.block_keys()
+        needs_mask(q0, k0, self.block_keys(), n_q, n_k, causal)
     }
 
     /// K and V; two stages of Q and dO; `dSᵀ`; two stages of the rows' `LSE · log2 e` and `D`.
@@ -95,11 +59,6 @@ impl TcBackwardConfig {
         2 * bc * d * 2 + 4 * br * d * 2 + bc * br * 2 + 2 * 2 * br * 4
     }
 }
-
-/// Warps per block of the preprocess kernel, one row per warp.
-pub const PREPROCESS_WARPS: u32 = 4;
-/// Threads per block of the dQ conversion, eight elements each.
-pub const CONVERT_THREADS: u32 = 256;
 
 /// d = 64 and d = 128: 4 warps, 64 keys × 64 query rows (the `dSᵀ` tile needs at least 64 query
 /// columns for its swizzle); two blocks per SM. Not yet measured against the 8-warp variants.
@@ -139,6 +98,7 @@ pub const fn config(head_dim: u32) -> Option<TcBackwardConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi::shape::allowed_key_end;
 
     #[test]
     fn visited_blocks_cover_every_allowed_pair_and_unmasked_blocks_hide_none() {

@@ -4,8 +4,7 @@
 use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{block_dim_x, block_x, thread_x, warp_sum};
-use crate::kernels::sm80::backward::PREPROCESS_WARPS;
-use crate::kernels::sm80::backward::Pair;
+use crate::attn::backward::{PREPROCESS_WARPS, Pair};
 use crate::tile::mem::store_global_16;
 use crate::tile::mma::MmaElem;
 

@@ -1,0 +1,71 @@
+//! What the tensor-core backwards (`sm80`, `sm90`) share around their main kernels: the
+//! preprocess (`D = rowsum(dO ∘ O)`, `LSE · log2 e` per row, zeroed f32 dQ accumulator) and the
+//! dQ conversion, and the Q blocks of 64 rows whose padding lays out the row statistics.
+
+#[cfg(target_arch = "nvptx64")]
+mod preprocess;
+
+use crate::abi::shape::allowed_key_end;
+
+/// Query rows per Q block of every tensor-core backward main kernel.
+pub const Q_BLOCK: u32 = 64;
+
+/// `n_q` rounded up to whole Q blocks: the length of each (batch, head) row of the padded
+/// statistics, so every Q block's statistics are whole 16-byte chunks.
+pub const fn n_q_pad(n_q: u32) -> u32 {
+    n_q.div_ceil(Q_BLOCK) * Q_BLOCK
+}
+
+/// The first Q block the K/V block starting at key `k0` visits (it visits every later one
+/// too): causally, row i sees key k0 iff i ≥ k0 + n_q − n_k (`causal_key_end`), so earlier
+/// blocks contribute nothing.
+pub const fn first_q_block(k0: u32, n_q: u32, n_k: u32, causal: bool) -> u32 {
+    if causal {
+        (k0 + n_q).saturating_sub(n_k) / Q_BLOCK
+    } else {
+        0
+    }
+}
+
+/// Whether the (Q block at row `q0`, K/V block at key `k0`) pair holds a pair the row may not
+/// see (a causally hidden key or one past `n_k`); `allowed_key_end` grows with the row, so
+/// the block's first row decides.
+pub const fn needs_mask(
+    q0: u32,
+    k0: u32,
+    block_keys: u32,
+    n_q: u32,
+    n_k: u32,
+    causal: bool,
+) -> bool {
+    allowed_key_end(q0, n_q, n_k, causal) < k0 + block_keys
+}
+
+/// Warps per block of the preprocess kernel, one row per warp.
+pub const PREPROCESS_WARPS: u32 = 4;
+/// Threads per block of the dQ conversion, eight elements each.
+pub const CONVERT_THREADS: u32 = 256;
+
+/// Widening of two packed 16-bit elements, the lower one first (the inverse of `MmaElem::pack`
+/// up to its rounding).
+#[cfg(target_arch = "nvptx64")]
+pub(crate) trait Pair: crate::tile::mma::MmaElem {
+    fn unpack(w: u32) -> [f32; 2];
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl Pair for crate::abi::storage::Bf16 {
+    #[inline(always)]
+    fn unpack(w: u32) -> [f32; 2] {
+        [f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000)]
+    }
+}
+
+#[cfg(target_arch = "nvptx64")]
+impl Pair for crate::abi::storage::F16 {
+    #[inline(always)]
+    fn unpack(w: u32) -> [f32; 2] {
+        use crate::abi::storage::{F16, Storage};
+        [F16(w as u16).to_f32(), F16((w >> 16) as u16).to_f32()]
+    }
+}
