@@ -93,6 +93,8 @@ fn target_root(out_dir: &Path) -> PathBuf {
 /// Compiles the kernel crate for `arch` in `<target-dir>/ptx-build/<arch>`; `wgmma` adds the
 /// `flash_attn_sm90a` cfg.
 fn build_ptx(kernel_dir: &Path, target_root: &Path, arch: &str, wgmma: bool) -> String {
+    // The root package's `tuning` feature compiles the candidate tiles into the PTX too.
+    let tuning = env::var_os("CARGO_FEATURE_TUNING").is_some();
     let child_target = target_root.join("ptx-build").join(arch);
     let mut rustflags = format!("-Ctarget-cpu={arch}\x1f-Cllvm-args=-unroll-threshold=1000");
     if wgmma {
@@ -107,6 +109,12 @@ fn build_ptx(kernel_dir: &Path, target_root: &Path, arch: &str, wgmma: bool) -> 
         .args(["--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
         .args(["--config", "profile.release.panic=\"abort\""])
         .args(["--config", "profile.release.debug=false"])
+        .args(
+            tuning
+                .then_some(["--features", "tuning"])
+                .into_iter()
+                .flatten(),
+        )
         .arg("--target-dir")
         .arg(&child_target)
         .env("RUSTC_BOOTSTRAP", "1")

@@ -95,11 +95,17 @@ fn main() -> Result<()> {
     };
     println!("device: {} (wgmma: {})", gpu.device_name(), gpu.has_wgmma());
     let mut kernels: Vec<Tiles> = sm80::backward::VARIANTS
-        .into_iter()
+        .iter()
+        .copied()
         .map(Tiles::Sm80Backward)
         .collect();
     if gpu.has_wgmma() {
-        kernels.extend(sm90::BACKWARD_VARIANTS.into_iter().map(Tiles::Sm90Backward));
+        kernels.extend(
+            sm90::BACKWARD_VARIANTS
+                .iter()
+                .copied()
+                .map(Tiles::Sm90Backward),
+        );
     }
     let head_dim_of = |t: &Tiles| match t {
         Tiles::Sm80Backward(c) => c.head_dim,

@@ -259,14 +259,16 @@ fn main() -> Result<()> {
         ));
         if VARIANT_SHAPES.contains(&i) {
             let mut kernels: Vec<Tiles> = sm80::forward::VARIANTS
-                .into_iter()
+                .iter()
+                .copied()
                 .filter(|c| c.head_dim == head_dim)
                 .map(Tiles::Sm80Forward)
                 .collect();
             if gpu.has_wgmma() {
                 kernels.extend(
                     sm90::VARIANTS
-                        .into_iter()
+                        .iter()
+                        .copied()
                         .filter(|c| c.head_dim == head_dim)
                         .map(Tiles::Sm90Forward),
                 );

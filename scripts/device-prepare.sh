@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Builds, on this machine, everything a GPU run needs and copies it to .device-run/ (git-ignored):
-# the release `flash-attn` binary, every test binary of the workspace under stable names, and the
-# timing examples (tc_bench, tc_backward_bench) under .device-run/examples/.
+# the release `flash-attn` binary and every test binary of the workspace under stable names. (The
+# timing examples tc_bench and tc_backward_bench compare the tuning candidates: build them with
+# `cargo build --release --features tuning --examples` and carry them yourself.)
 # The GPU machine has no Rust. The binaries (two PTX modules each) outgrow what the device tool
 # carries, so they also go packed into .device-pack/run.tgz (git-ignored): pass `.device-pack` in
 # the device tool's `carry`, then run `scripts/device-unpack.sh` and scripts/device-run.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf .device-run && mkdir -p .device-run/tests .device-run/examples
-cargo build --release --bins --examples --quiet
+rm -rf .device-run && mkdir -p .device-run/tests
+cargo build --release --bins --quiet
 cp target/release/flash-attn .device-run/
-cp target/release/examples/tc_bench target/release/examples/tc_backward_bench .device-run/examples/
 cargo test --workspace --release --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, shutil, sys
@@ -22,7 +22,7 @@ for line in sys.stdin:
         print("prepared", name)
 '
 # Symbols are not needed there and the carried folder is limited in size.
-strip .device-run/flash-attn .device-run/tests/* .device-run/examples/*
+strip .device-run/flash-attn .device-run/tests/*
 cp scripts/device-run.sh scripts/device-sanitize.sh scripts/bench-h200.sh scripts/h200-check.sh .device-run/
 # The GPU machine gets no .git: record which commit (and whether the tree was clean) was built.
 echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!reports' || echo ' +uncommitted changes')" > .device-run/COMMIT

@@ -1,4 +1,5 @@
-//! Every compiled tensor-core instance — the defaults the plan picks and the tuning candidates
+//! Every compiled tensor-core instance — the defaults the plan picks and, with the `tuning`
+//! feature, the candidates
 //! (`sm80::forward::VARIANTS`, `sm80::backward::VARIANTS`, `sm90::VARIANTS`,
 //! `sm90::BACKWARD_VARIANTS`) — against the f64 reference on fresh random inputs, through
 //! `forward_variant_into` / `backward_variant_into` into NaN-poisoned outputs. The `wgmma` ones
@@ -38,11 +39,24 @@ fn every_tensor_core_instance_matches_the_reference() {
     let Some(gpu) = gpu_or_skip(test) else {
         return;
     };
-    let mut forward: Vec<Tiles> = sm80::forward::VARIANTS.map(Tiles::Sm80Forward).to_vec();
-    let mut backward: Vec<Tiles> = sm80::backward::VARIANTS.map(Tiles::Sm80Backward).to_vec();
+    let mut forward: Vec<Tiles> = sm80::forward::VARIANTS
+        .iter()
+        .copied()
+        .map(Tiles::Sm80Forward)
+        .collect();
+    let mut backward: Vec<Tiles> = sm80::backward::VARIANTS
+        .iter()
+        .copied()
+        .map(Tiles::Sm80Backward)
+        .collect();
     if gpu.has_wgmma() {
-        forward.extend(sm90::VARIANTS.map(Tiles::Sm90Forward));
-        backward.extend(sm90::BACKWARD_VARIANTS.map(Tiles::Sm90Backward));
+        forward.extend(sm90::VARIANTS.iter().copied().map(Tiles::Sm90Forward));
+        backward.extend(
+            sm90::BACKWARD_VARIANTS
+                .iter()
+                .copied()
+                .map(Tiles::Sm90Backward),
+        );
     } else {
         skip(
             &format!("wgmma instances in {test}"),

@@ -89,23 +89,23 @@ pub fn entry_points() -> Vec<Entry> {
         }
     }
     for dtype in HALF_DTYPES {
-        for cfg in sm80::forward::VARIANTS {
+        for &cfg in sm80::forward::VARIANTS {
             push(Family::Sm80, sm80_forward(dtype, &cfg));
         }
-        for cfg in sm80::backward::VARIANTS {
+        for &cfg in sm80::backward::VARIANTS {
             push(Family::Sm80, sm80_backward(dtype, &cfg));
         }
         for d in [64, 128] {
             push(Family::Sm80, tensor_core_preprocess(dtype, d));
         }
         push(Family::Sm80, tensor_core_convert_dq(dtype));
-        for cfg in sm90::VARIANTS {
+        for &cfg in sm90::VARIANTS {
             push(Family::Sm90, sm90_forward(dtype, &cfg, false));
             if sm90::config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm90, sm90_forward(dtype, &cfg, true));
             }
         }
-        for cfg in sm90::BACKWARD_VARIANTS {
+        for &cfg in sm90::BACKWARD_VARIANTS {
             push(Family::Sm90, sm90_backward(dtype, &cfg, false));
             if sm90::backward_config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm90, sm90_backward(dtype, &cfg, true));

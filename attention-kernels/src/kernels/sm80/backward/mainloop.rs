@@ -446,6 +446,11 @@ entry_points! {
     flash_tc_backward_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 };
     flash_tc_backward_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 };
     flash_tc_backward_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 };
+}
+
+/// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
+#[cfg(feature = "tuning")]
+entry_points! {
     flash_tc_backward_bf16_d64_w8 => Bf16, TcBackwardConfig { head_dim: 64, warps: 8 };
     flash_tc_backward_f16_d64_w8 => F16, TcBackwardConfig { head_dim: 64, warps: 8 };
     flash_tc_backward_bf16_d128_w8 => Bf16, TcBackwardConfig { head_dim: 128, warps: 8 };

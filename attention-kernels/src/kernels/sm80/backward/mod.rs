@@ -71,20 +71,24 @@ pub const D128: TcBackwardConfig = TcBackwardConfig {
     warps: 4,
 };
 
-/// Every configuration compiled into the PTX: the defaults first, then 8 warps × 128 keys, which
-/// halves the dQ atomics (one per element per visited K/V block), at one block per SM at d = 128.
-pub const VARIANTS: [TcBackwardConfig; 4] = [
-    D64,
-    D128,
-    TcBackwardConfig {
-        head_dim: 64,
-        warps: 8,
-    },
-    TcBackwardConfig {
-        head_dim: 128,
-        warps: 8,
-    },
-];
+/// Every configuration compiled into the PTX: the defaults, and with the `tuning` feature the
+/// candidates they were measured against (compared by the timing examples).
+pub const VARIANTS: &[TcBackwardConfig] = if cfg!(feature = "tuning") {
+    &[
+        D64,
+        D128,
+        TcBackwardConfig {
+            head_dim: 64,
+            warps: 8,
+        },
+        TcBackwardConfig {
+            head_dim: 128,
+            warps: 8,
+        },
+    ]
+} else {
+    &[D64, D128]
+};
 
 /// The configuration for a head dimension, `None` where no tensor-core backward exists.
 pub const fn config(head_dim: u32) -> Option<TcBackwardConfig> {

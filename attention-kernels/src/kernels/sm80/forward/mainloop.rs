@@ -253,12 +253,17 @@ macro_rules! entry_points {
 entry_points! {
     flash_tc_forward_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 };
     flash_tc_forward_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 };
+    flash_tc_forward_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 };
+    flash_tc_forward_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 };
+}
+
+/// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
+#[cfg(feature = "tuning")]
+entry_points! {
     flash_tc_forward_bf16_d64_w4_k128 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 };
     flash_tc_forward_f16_d64_w4_k128 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 };
     flash_tc_forward_bf16_d64_w8_k128 => Bf16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 };
     flash_tc_forward_f16_d64_w8_k128 => F16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 };
     flash_tc_forward_bf16_d128_w4_k64 => Bf16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 };
     flash_tc_forward_f16_d128_w4_k64 => F16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 };
-    flash_tc_forward_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 };
-    flash_tc_forward_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 };
 }

@@ -41,27 +41,31 @@ pub const D128: TcConfig = TcConfig {
     block_keys: 64,
 };
 
-/// Every configuration compiled into the PTX: the defaults first, then the candidates they were
-/// measured against, kept so that the timing example can compare them on other GPUs and shapes.
-pub const VARIANTS: [TcConfig; 5] = [
-    D64,
-    D128,
-    TcConfig {
-        head_dim: 64,
-        warps: 4,
-        block_keys: 128,
-    },
-    TcConfig {
-        head_dim: 64,
-        warps: 8,
-        block_keys: 128,
-    },
-    TcConfig {
-        head_dim: 128,
-        warps: 4,
-        block_keys: 64,
-    },
-];
+/// Every configuration compiled into the PTX: the defaults, and with the `tuning` feature the
+/// candidates they were measured against (compared by the timing examples).
+pub const VARIANTS: &[TcConfig] = if cfg!(feature = "tuning") {
+    &[
+        D64,
+        D128,
+        TcConfig {
+            head_dim: 64,
+            warps: 4,
+            block_keys: 128,
+        },
+        TcConfig {
+            head_dim: 64,
+            warps: 8,
+            block_keys: 128,
+        },
+        TcConfig {
+            head_dim: 128,
+            warps: 4,
+            block_keys: 64,
+        },
+    ]
+} else {
+    &[D64, D128]
+};
 
 /// The default configuration for a head dimension, `None` where no tensor-core kernel exists.
 pub const fn config(head_dim: u32) -> Option<TcConfig> {
