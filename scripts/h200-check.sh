@@ -40,7 +40,7 @@ memcheck|racecheck)
   for family in exact sm80 sm90; do
     for t in gpu_matrix gpu_non_finite; do
       [ -x .device-run/tests/$t ] || continue
-      OUT=$out scripts/device-sanitize.sh $step $([ $step = memcheck ] && echo 40 || echo 55) $t \
+      OUT=$out scripts/device-sanitize.sh $step $([ $step = memcheck ] && echo 50 || echo 80) $t \
         FLASH_ATTN_FAMILIES=$family FLASH_ATTN_MATRIX_MAX_LEN=333 -- --show-output > /dev/null
       log="$out/sanitizer-$step-$t.log"; mv "$log" "$out/sanitizer-$step-$t-$family.log"
       note "$step $t $family: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$step-$t-$family.log" | tail -1) $(tail -1 "$out/sanitizer-$step-$t-$family.log")"
