@@ -42,6 +42,7 @@ memcheck|racecheck)
       [ -x .device-run/tests/$t ] || continue
       OUT=$out scripts/device-sanitize.sh $step $([ $step = memcheck ] && echo 50 || echo 80) $t \
         FLASH_ATTN_FAMILIES=$family FLASH_ATTN_MATRIX_MAX_LEN=333 -- --show-output > /dev/null
+      rc=$?; [ $rc = 0 ] || status=1  # a finding, or a run the time limit cut short
       log="$out/sanitizer-$step-$t.log"; mv "$log" "$out/sanitizer-$step-$t-$family.log"
       note "$step $t $family: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer-$step-$t-$family.log" | tail -1) $(tail -1 "$out/sanitizer-$step-$t-$family.log")"
     done
