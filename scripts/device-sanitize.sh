@@ -18,3 +18,4 @@ env "${vars[@]}" timeout "$limit" /usr/local/cuda/bin/compute-sanitizer --tool "
 status=$?
 echo "compute-sanitizer $tool on $test ${vars[*]} -- $*: exit status $status after $(( $(date +%s) - start )) s (124 = time limit)" | tee -a "$log"
 grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test result|FLASH_ATTN_MATRIX" "$log" | tail -4
+exit $status
