@@ -2,8 +2,8 @@
 
 use attention_kernels::abi::layout::BlockSizes;
 
+use crate::family::KernelChoice;
 use crate::options::AttentionOptions;
-use crate::plan::KernelChoice;
 
 /// Forward loop order (the article's 0x0AA).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
 use attention_kernels::kernels::{sm80, sm90};
 
 use crate::dtype::DType;
-use crate::plan::Family;
+use crate::family::Family;
 
 /// The dtypes of the tensor-core families.
 pub const HALF_DTYPES: [DType; 2] = [DType::F16, DType::Bf16];

@@ -1,7 +1,7 @@
 //! Host side of the attention kernels. A call reads top to bottom:
 //! [`attention`] (the entry points) → [`problem`] (validate once) → [`plan`] (choose the family
 //! and instance) → [`families`] (that family's launcher) → [`runtime`] (context, module, typed
-//! launches, buffers). [`layout`] and [`instances`] are shared by every family; [`reference`] is
+//! launches, buffers). [`tensors`], [`layout`] and [`instances`] are shared by every family; [`reference`] is
 //! the f64 CPU reference the kernels are held to, [`ledger`] and [`schedule`] the article's
 //! models, [`materialized`] the three-stage baseline.
 
@@ -9,6 +9,7 @@ pub mod attention;
 pub mod dtype;
 pub mod error;
 pub mod families;
+pub mod family;
 pub mod flash_options;
 pub mod instances;
 pub mod layout;
@@ -20,20 +21,23 @@ pub mod problem;
 pub mod reference;
 pub mod runtime;
 pub mod schedule;
+pub mod tensors;
 
 pub use attention::{
-    BackwardInputs, ForwardOutput, GradientBuffers, Gradients, Workspace, backward, backward_into,
-    backward_variant_into, forward, forward_into, forward_variant_into, plan,
+    ForwardOutput, Gradients, backward, backward_into, backward_variant_into, forward,
+    forward_into, forward_variant_into, plan,
 };
 pub use attention_kernels::abi::layout::BlockSizes;
 pub use attention_kernels::abi::shape::AttentionShape;
 pub use dtype::DType;
 pub use error::{AttentionError, Result};
+pub use family::{Direction, Family, KernelChoice};
 pub use flash_options::{FlashOptions, Schedule};
 pub use options::{AttentionOptions, CheckedElems, Dropout, Lengths};
-pub use plan::{DeviceCaps, Direction, Family, KernelChoice, Plan, Tiles};
+pub use plan::{DeviceCaps, Plan, Tiles};
 pub use problem::Problem;
 pub use runtime::buffer::{DeviceF32, DeviceTensor};
 pub use runtime::memory;
 pub use runtime::timing;
 pub use runtime::{Gpu, KernelParams, LaunchConfig};
+pub use tensors::{BackwardInputs, GradientBuffers, Workspace};

@@ -20,87 +20,11 @@ use attention_kernels::kernels::{sm80, sm90};
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
 use crate::families::exact::{KernelFamily, THREADS, choose_block_sizes};
+use crate::family::{Direction, Family, KernelChoice};
 use crate::flash_options::Schedule;
 use crate::instances;
 use crate::problem::Problem;
 use crate::runtime::Gpu;
-
-/// A kernel family: kernels that share an architecture's matrix instructions and tile layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Family {
-    /// Hopper warpgroup tensor cores (`wgmma`, `sm_90a` module), bf16/f16, head dims 64 and 128.
-    Sm90,
-    /// Warp tensor cores (`mma.sync`, sm_80+), bf16/f16, head dims 64 and 128, scale and causal.
-    Sm80,
-    /// The exact SIMT kernels: f32 tiles, every dtype, option and head dim up to 256.
-    Exact,
-}
-
-impl Family {
-    /// Every family, in the order `Auto` tries them.
-    pub const ALL: [Family; 3] = [Family::Sm90, Family::Sm80, Family::Exact];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Family::Sm90 => "sm90",
-            Family::Sm80 => "sm80",
-            Family::Exact => "exact",
-        }
-    }
-
-    fn describe(self) -> &'static str {
-        match self {
-            Family::Sm90 => "wgmma tensor cores, sm_90a module",
-            Family::Sm80 => "mma.sync tensor cores",
-            Family::Exact => "exact SIMT kernels, f32 tiles",
-        }
-    }
-}
-
-impl fmt::Display for Family {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Which family a call may use: `Auto` (the fastest that can run it) or one named family.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum KernelChoice {
-    #[default]
-    Auto,
-    Only(Family),
-}
-
-impl std::str::FromStr for KernelChoice {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "auto" => Ok(KernelChoice::Auto),
-            _ => Family::ALL
-                .into_iter()
-                .find(|f| f.name() == s)
-                .map(KernelChoice::Only)
-                .ok_or_else(|| {
-                    format!("unknown kernel {s:?} (expected auto, exact, sm80 or sm90)")
-                }),
-        }
-    }
-}
-
-impl fmt::Display for KernelChoice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            KernelChoice::Auto => f.write_str("auto"),
-            KernelChoice::Only(family) => family.fmt(f),
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Direction {
-    Forward,
-    Backward,
-}
 
 /// What a plan needs to know of the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -20,6 +20,8 @@
 //! and products of non-negative factors never give) and skip them in their products
 //! ([`contribution`]).
 
+use crate::tile::Quad;
+
 /// The weight of a masked position in the exact kernels' P, P∘Z and dS tiles: `−0.0`.
 pub const MASKED: f32 = -0.0;
 
@@ -100,24 +102,6 @@ pub fn sanitize_pair<T: Exponent>(word: u32) -> (u32, bool) {
     let lo = if bad_lo { 0 } else { lo };
     let hi = if bad_hi { 0 } else { hi };
     (lo | (hi << 16), bad_lo || bad_hi)
-}
-
-/// Four accumulator or weight values of one lane in an `m16n8` fragment (elements 0, 1: row g;
-/// 2, 3: row g + 8).
-pub trait Quad {
-    fn quad(&mut self) -> &mut [f32; 4];
-    fn get(&self) -> [f32; 4];
-}
-
-impl Quad for [f32; 4] {
-    #[inline(always)]
-    fn quad(&mut self) -> &mut [f32; 4] {
-        self
-    }
-    #[inline(always)]
-    fn get(&self) -> [f32; 4] {
-        *self
-    }
 }
 
 /// Non-finite contributions `w · v` of allowed positions to the output elements one lane owns in

@@ -22,7 +22,7 @@ pub struct FragB(pub [u32; 2]);
 #[derive(Clone, Copy, Default)]
 pub struct FragC(pub [f32; 4]);
 
-impl crate::attn::mask::Quad for FragC {
+impl super::Quad for FragC {
     #[inline(always)]
     fn quad(&mut self) -> &mut [f32; 4] {
         &mut self.0

@@ -27,3 +27,21 @@ pub mod wgmma;
 
 pub use panel::PanelTile;
 pub use swizzle::SwizzledTile;
+
+/// Four accumulator or weight values of one lane in an `m16n8` fragment (elements 0, 1: row g;
+/// 2, 3: row g + 8).
+pub trait Quad {
+    fn quad(&mut self) -> &mut [f32; 4];
+    fn get(&self) -> [f32; 4];
+}
+
+impl Quad for [f32; 4] {
+    #[inline(always)]
+    fn quad(&mut self) -> &mut [f32; 4] {
+        self
+    }
+    #[inline(always)]
+    fn get(&self) -> [f32; 4] {
+        *self
+    }
+}

@@ -5,13 +5,13 @@ use attention_kernels::abi::layout::BlockSizes;
 use attention_kernels::abi::params::FlashBackwardParams;
 
 use super::THREADS;
-use crate::attention::{BackwardInputs, GradientBuffers, Workspace};
 use crate::error::{Result, driver};
 use crate::instances;
 use crate::layout::DeviceLayout;
 use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::{Gpu, LaunchConfig};
+use crate::tensors::{BackwardInputs, GradientBuffers, Workspace};
 
 /// Rows of D per block of the `delta` kernel (one warp each).
 const DELTA_WARPS: u32 = THREADS / 32;

@@ -3,7 +3,6 @@
 use attention_kernels::abi::layout::BlockSizes;
 use attention_kernels::abi::params::FlashForwardParams;
 
-use crate::attention::Workspace;
 use crate::error::Result;
 use crate::flash_options::Schedule;
 use crate::layout::DeviceLayout;
@@ -11,6 +10,7 @@ use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::Gpu;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
+use crate::tensors::Workspace;
 
 /// Launches `plan` (an exact forward with `blocks`) without waiting: O and LSE of
 /// `softmax(mask(τ·QKᵀ))` with dropout, never materialising an `N_q × N_k` buffer. The caller

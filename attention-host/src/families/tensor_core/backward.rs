@@ -6,13 +6,13 @@
 use attention_kernels::abi::params::TensorCoreBackwardParams;
 use attention_kernels::attn::backward::{CONVERT_THREADS, PREPROCESS_WARPS, n_q_pad};
 
-use crate::attention::{BackwardInputs, GradientBuffers, Workspace};
 use crate::error::Result;
 use crate::instances;
 use crate::layout::DeviceLayout;
 use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::{Gpu, LaunchConfig};
+use crate::tensors::{BackwardInputs, GradientBuffers, Workspace};
 
 /// Launches the three kernels of `plan` (a tensor-core backward) without waiting. The caller
 /// validated the tensors and the workspace against `problem` and `plan`.

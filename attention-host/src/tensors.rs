@@ -1,0 +1,96 @@
+//! What one call reads and writes besides Q, K, V: the backward's saved state and incoming
+//! gradient, the gradient buffers, and the device scratch a plan asks for.
+
+use attention_kernels::abi::shape::AttentionShape;
+
+use crate::dtype::DType;
+use crate::error::{Result, invalid};
+use crate::plan::Plan;
+use crate::runtime::buffer::{DeviceF32, DeviceTensor};
+
+/// The saved forward state and the incoming gradient: `o` and `d_o` in the dtype of `q`, `lse`
+/// f32 `[batch, heads_q, n_q]` in natural log, as the forward with the same options wrote them.
+#[derive(Clone, Copy)]
+pub struct BackwardInputs<'a> {
+    pub q: &'a DeviceTensor,
+    pub k: &'a DeviceTensor,
+    pub v: &'a DeviceTensor,
+    pub o: &'a DeviceTensor,
+    pub d_o: &'a DeviceTensor,
+    pub lse: &'a DeviceF32,
+}
+
+/// Buffers the backward writes: dQ in Q's layout, dK and dV in K/V's, the inputs' dtype.
+pub struct GradientBuffers {
+    pub dq: DeviceTensor,
+    pub dk: DeviceTensor,
+    pub dv: DeviceTensor,
+}
+
+impl GradientBuffers {
+    /// NaN-poisoned buffers for `shape`, so an element the kernels fail to write shows.
+    pub fn poisoned(shape: &AttentionShape, dtype: DType) -> Result<GradientBuffers> {
+        crate::options::validate_shape(shape)?;
+        Ok(GradientBuffers {
+            dq: DeviceTensor::poisoned(dtype, shape.q_elems())?,
+            dk: DeviceTensor::poisoned(dtype, shape.kv_elems())?,
+            dv: DeviceTensor::poisoned(dtype, shape.kv_elems())?,
+        })
+    }
+}
+
+/// The device scratch of one plan (its named f32 pieces, [`Plan::workspace`]), reusable by every
+/// call with the same plan.
+pub struct Workspace {
+    pieces: Vec<(&'static str, u64)>,
+    buffer: Option<DeviceF32>,
+}
+
+impl Workspace {
+    /// Allocates the scratch `plan` needs (none for most forwards). Every call writes the pieces
+    /// it reads before reading them.
+    pub fn new(plan: &Plan) -> Result<Workspace> {
+        let bytes = plan.workspace_bytes();
+        let buffer = match bytes {
+            0 => None,
+            _ => {
+                let floats = usize::try_from(bytes / 4)
+                    .map_err(|_| invalid!("a workspace of {bytes} bytes does not fit in memory"))?;
+                Some(DeviceF32::uninitialized(floats)?)
+            }
+        };
+        Ok(Workspace {
+            pieces: plan.workspace.clone(),
+            buffer,
+        })
+    }
+
+    /// Bytes of device memory the workspace holds.
+    pub fn size_bytes(&self) -> u64 {
+        self.pieces.iter().map(|(_, b)| b).sum()
+    }
+
+    pub(crate) fn check(&self, plan: &Plan) -> Result<()> {
+        if self.pieces != plan.workspace {
+            return Err(invalid!(
+                "the workspace holds {:?}, the plan needs {:?}",
+                self.pieces,
+                plan.workspace
+            ));
+        }
+        Ok(())
+    }
+
+    /// Device address of the piece `name`.
+    pub(crate) fn piece(&self, name: &str) -> Result<u64> {
+        let mut offset = 0;
+        for (piece, bytes) in &self.pieces {
+            if *piece == name {
+                let base = self.buffer.as_ref().map_or(0, |b| b.device_ptr());
+                return Ok(base + offset);
+            }
+            offset += bytes;
+        }
+        Err(invalid!("the workspace has no {name} piece"))
+    }
+}
