@@ -23,9 +23,9 @@
 
 use flash_attn::reference::{backward_f32, forward_f32};
 use flash_attn::{
-    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor, Direction,
-    FlashOptions, Gpu, GradientBuffers, KernelChoice, Schedule, Workspace,
+    AttentionOptions, AttentionShape, DType, FlashOptions, Gpu, KernelChoice, Schedule,
 };
+use flash_attn_testkit::family_run::{HostCase, run_case};
 use flash_attn_testkit::testing::{
     LengthMode, MATRIX_SIZES, families, fresh_seed, gpu_or_skip, lse_err, rel_err, skip,
 };
@@ -192,37 +192,21 @@ fn run_family(
     dt: DType,
     r: &Reference,
 ) -> Option<Vec<(&'static str, f64)>> {
-    let plan_of = |d| flash_attn::plan(gpu, shape, dt, options, d).ok();
-    let (fwd_plan, bwd_plan) = (plan_of(Direction::Forward)?, plan_of(Direction::Backward)?);
-    let up = |x: &[f32]| DeviceTensor::from_f32(dt, x).unwrap();
-    let (q, k, v, d_o) = (up(&r.q), up(&r.k), up(&r.v), up(&r.d_o));
-    let o = DeviceTensor::poisoned(dt, shape.q_elems()).unwrap();
-    let lse = DeviceF32::poisoned(shape.row_elems()).unwrap();
-    let ran = flash_attn::forward_into(gpu, shape, &q, &k, &v, &o, &lse, options).unwrap();
-    assert_eq!(ran, fwd_plan);
-    gpu.synchronize().unwrap();
-
-    let o_ref: Vec<f32> = r.o.iter().map(|&x| dt.round(x as f32)).collect();
-    let lse_ref: Vec<f32> = r.lse.iter().map(|&x| x as f32).collect();
-    let (o_in, lse_in) = (up(&o_ref), DeviceF32::from_slice(&lse_ref).unwrap());
-    let inputs = BackwardInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        o: &o_in,
-        d_o: &d_o,
-        lse: &lse_in,
+    let case = HostCase {
+        q: &r.q,
+        k: &r.k,
+        v: &r.v,
+        d_o: &r.d_o,
+        o: &r.o,
+        lse: &r.lse,
     };
-    let grads = GradientBuffers::poisoned(shape, dt).unwrap();
-    let workspace = Workspace::new(&bwd_plan).unwrap();
-    flash_attn::backward_into(gpu, shape, &inputs, &grads, &workspace, options).unwrap();
-    gpu.synchronize().unwrap();
+    let got = run_case(gpu, shape, options, dt, &case)?;
     Some(vec![
-        ("o", rel_err(&o.to_f32().unwrap(), &r.o)),
-        ("lse", lse_err(&lse.to_vec().unwrap(), &r.lse)),
-        ("dq", rel_err(&grads.dq.to_f32().unwrap(), &r.dq)),
-        ("dk", rel_err(&grads.dk.to_f32().unwrap(), &r.dk)),
-        ("dv", rel_err(&grads.dv.to_f32().unwrap(), &r.dv)),
+        ("o", rel_err(&got.o, &r.o)),
+        ("lse", lse_err(&got.lse, &r.lse)),
+        ("dq", rel_err(&got.dq, &r.dq)),
+        ("dk", rel_err(&got.dk, &r.dk)),
+        ("dv", rel_err(&got.dv, &r.dv)),
     ])
 }
 

@@ -19,9 +19,9 @@
 
 use flash_attn::reference::{backward_f32, forward_f32};
 use flash_attn::{
-    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor, Direction,
-    Family, FlashOptions, Gpu, GradientBuffers, KernelChoice, Workspace,
+    AttentionOptions, AttentionShape, DType, Family, FlashOptions, Gpu, KernelChoice,
 };
+use flash_attn_testkit::family_run::{HostCase, Outputs, run_case};
 use flash_attn_testkit::testing::{families, fresh_seed, gpu_or_skip, lse_err, rel_err, skip};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -167,14 +167,6 @@ fn scenarios(rng: &mut StdRng, dt: DType, d: u32) -> Vec<Scenario> {
     out
 }
 
-struct Outputs {
-    o: Vec<f32>,
-    lse: Vec<f32>,
-    dq: Vec<f32>,
-    dk: Vec<f32>,
-    dv: Vec<f32>,
-}
-
 /// Forward and backward of `c` on `family`, or `None` where the family does not admit it.
 fn run_family(
     gpu: &Gpu,
@@ -183,37 +175,16 @@ fn run_family(
     family: Family,
     reference: &flash_attn::reference::Forward,
 ) -> Option<Outputs> {
-    let s = &c.shape;
     let options = FlashOptions::new(c.options.clone()).kernel(KernelChoice::Only(family));
-    let plan = flash_attn::plan(gpu, s, dt, &options, Direction::Backward).ok()?;
-    let up = |x: &[f32]| DeviceTensor::from_f32(dt, x).unwrap();
-    let (q, k, v, d_o) = (up(&c.q), up(&c.k), up(&c.v), up(&c.d_o));
-    let o = DeviceTensor::poisoned(dt, s.q_elems()).unwrap();
-    let lse = DeviceF32::poisoned(s.row_elems()).unwrap();
-    flash_attn::forward_into(gpu, s, &q, &k, &v, &o, &lse, &options).ok()?;
-    gpu.synchronize().unwrap();
-    let o_ref: Vec<f32> = reference.o.iter().map(|&x| dt.round(x as f32)).collect();
-    let lse_ref: Vec<f32> = reference.lse.iter().map(|&x| x as f32).collect();
-    let (o_in, lse_in) = (up(&o_ref), DeviceF32::from_slice(&lse_ref).unwrap());
-    let inputs = BackwardInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        o: &o_in,
-        d_o: &d_o,
-        lse: &lse_in,
+    let case = HostCase {
+        q: &c.q,
+        k: &c.k,
+        v: &c.v,
+        d_o: &c.d_o,
+        o: &reference.o,
+        lse: &reference.lse,
     };
-    let out = GradientBuffers::poisoned(s, dt).unwrap();
-    let ws = Workspace::new(&plan).unwrap();
-    flash_attn::backward_into(gpu, s, &inputs, &out, &ws, &options).unwrap();
-    gpu.synchronize().unwrap();
-    Some(Outputs {
-        o: o.to_f32().unwrap(),
-        lse: lse.to_vec().unwrap(),
-        dq: out.dq.to_f32().unwrap(),
-        dk: out.dk.to_f32().unwrap(),
-        dv: out.dv.to_f32().unwrap(),
-    })
+    run_case(gpu, &c.shape, &options, dt, &case)
 }
 
 fn bound(dt: DType) -> f64 {

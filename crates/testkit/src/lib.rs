@@ -3,6 +3,7 @@
 //! evidence bundles of timed runs.
 
 pub mod bench;
+pub mod family_run;
 pub mod inputs;
 pub mod sampled_rows;
 pub mod testing;
