@@ -1,6 +1,6 @@
 //! The public attention API: forward (O, LSE) and recompute backward (dQ, dK, dV), on device
 //! tensors or on host slices, each through one entry point that chooses the kernel
-//! ([`attention_host::plan`]).
+//! ([`attention_host::plan::select`]).
 //!
 //! Options are one value, [`FlashOptions`]: the semantics ([`AttentionOptions`]: scale, causal,
 //! key lengths / packed sequences, dropout), the kernel family ([`KernelChoice`], `Auto` by

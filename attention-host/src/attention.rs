@@ -153,7 +153,7 @@ pub fn backward(
     })
 }
 
-/// As [`backward`], into buffers and a workspace (made for [`plan`]'s result) the caller owns,
+/// As [`backward`], into buffers and a workspace (made for [`plan()`]'s result) the caller owns,
 /// without waiting. Returns the plan it ran.
 pub fn backward_into(
     gpu: &Gpu,

@@ -1,7 +1,7 @@
 //! Host side of the attention kernels. A call reads top to bottom:
-//! [`attention`] (the entry points) → [`problem`] (validate once) → [`plan`] (choose the family
+//! [`attention`] (the entry points) → [`problem`] (validate once) → [`plan`](mod@plan) (choose the family
 //! and instance) → [`families`] (that family's launcher) → [`runtime`] (context, module, typed
-//! launches, buffers). [`tensors`], [`layout`] and [`instances`] are shared by every family; [`reference`] is
+//! launches, buffers). [`tensors`], [`layout`] and [`instances`] are shared by every family; [`reference`](mod@reference) is
 //! the f64 CPU reference the kernels are held to, [`ledger`] and [`schedule`] the article's
 //! models, [`materialized`] the three-stage baseline.
 

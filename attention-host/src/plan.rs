@@ -92,7 +92,7 @@ pub struct Plan {
     /// Dynamic shared memory of the main kernel, bytes.
     pub shared_bytes: u32,
     /// Device scratch besides the outputs: named f32 pieces, bytes each (rounded up to
-    /// [`WORKSPACE_ALIGN`]), laid out in this order ([`crate::attention::Workspace`]).
+    /// [`WORKSPACE_ALIGN`]), laid out in this order ([`crate::tensors::Workspace`]).
     pub workspace: Vec<(&'static str, u64)>,
     /// Every other family, with why it was not chosen.
     pub not_chosen: Vec<(Family, String)>,

@@ -1,9 +1,9 @@
 //! Device tensors of f32, f16 or bf16 elements, with upload/download that converts through f32.
 //!
-//! Every device allocation of the library lives in a [`DeviceArray`], which retains device 0's
+//! Every device allocation of the library lives in a `DeviceArray`, which retains device 0's
 //! primary context (see [`crate::runtime`]) and makes it current before each driver call,
 //! including the free: buffers work from any thread and may outlive the `Gpu`. Arrays come from
-//! the library's stream-ordered memory pool ([`crate::runtime::memory_pool`]): allocation and
+//! the library's stream-ordered memory pool (`runtime::memory_pool`): allocation and
 //! free cost microseconds once the pool holds the memory, and the free waits for queued work in
 //! stream order instead of synchronising the device.
 
