@@ -27,7 +27,8 @@ pub const BUILD_COMMIT: &str = env!("FLASH_ATTN_GIT_COMMIT");
 /// Where the build copied [`PTX_SM90A`] for reading (`target/ptx/sm_90a/attention_kernels.ptx`).
 pub const PTX_SM90A_PATH: &str = env!("FLASH_ATTN_PTX_SM90A_PATH");
 
-/// Creates a context on device 0 and loads the embedded kernels ([`PTX_SM90A`] on an H100/H200).
+/// Retains device 0's primary context and loads the embedded kernels ([`PTX_SM90A`] on an
+/// H100/H200).
 pub fn gpu() -> Result<Gpu> {
     Gpu::with_hopper_module(PTX, PTX_SM90A)
 }
