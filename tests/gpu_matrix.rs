@@ -19,7 +19,9 @@
 //! - bf16 `1e-2`: the same with 8 significant bits (2⁻⁸ ≈ 3.9e-3 per element).
 //!
 //! `FLASH_ATTN_FAMILIES=exact,sm80` restricts the families (sanitizer runs one family at a time);
-//! `FLASH_ATTN_MATRIX_MAX_LEN=n` keeps the cases whose sequences are at most `n` long.
+//! `FLASH_ATTN_MATRIX_MAX_LEN=n` keeps the cases whose sequences are at most `n` long and
+//! `FLASH_ATTN_MATRIX_MAX_HEAD_DIM=d` those whose head dim is at most `d` (racecheck of the exact
+//! kernels, whose every shared-memory access it checks).
 
 use flash_attn::reference::{backward_f32, forward_f32};
 use flash_attn::{
@@ -128,12 +130,13 @@ fn bound(dtype: DType) -> f64 {
     }
 }
 
-fn max_len() -> u32 {
-    std::env::var("FLASH_ATTN_MATRIX_MAX_LEN")
+/// The limit `var` sets, or none.
+fn limit(var: &str) -> u32 {
+    std::env::var(var)
         .ok()
         .map(|v| {
             v.parse()
-                .expect("FLASH_ATTN_MATRIX_MAX_LEN must be a length")
+                .unwrap_or_else(|_| panic!("{var} must be a number"))
         })
         .unwrap_or(u32::MAX)
 }
@@ -215,15 +218,16 @@ fn run_matrix(test: &str, list: Vec<Case>) {
         return;
     };
     let mut rng = StdRng::seed_from_u64(fresh_seed(test));
-    let max_len = max_len();
+    let max_len = limit("FLASH_ATTN_MATRIX_MAX_LEN");
+    let max_head_dim = limit("FLASH_ATTN_MATRIX_MAX_HEAD_DIM");
     let all = list.len();
     let list: Vec<Case> = list
         .into_iter()
-        .filter(|c| c.n_q.max(c.n_k) <= max_len)
+        .filter(|c| c.n_q.max(c.n_k) <= max_len && c.head_dim <= max_head_dim)
         .collect();
     if list.len() < all {
         eprintln!(
-            "FLASH_ATTN_MATRIX_MAX_LEN={max_len}: {} of {all} cases",
+            "FLASH_ATTN_MATRIX_MAX_LEN={max_len} FLASH_ATTN_MATRIX_MAX_HEAD_DIM={max_head_dim}: {} of {all} cases",
             list.len()
         );
     }
