@@ -1,6 +1,6 @@
 # Emulates the tensor-core backward's numerics (16-bit operands, P and dS rounded to the dtype, f32
 # accumulation, D from the rounded O), not its layout, against an f64 reference, on the shapes of
-# tests/gpu_tensor_core_backward.rs: sizes the relative-error bounds there. Needs numpy.
+# the tensor-core backward: sizes the relative-error bounds of tests/gpu_matrix.rs. Needs numpy.
 import numpy as np
 rng = np.random.default_rng(1)
 def bf16(x):

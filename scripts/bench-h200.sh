@@ -16,6 +16,6 @@ if [ "$what" != memory ]; then
   python3 scripts/peers/ratio_table.py "$out/sdpa.json" "$out"/bench-auto-*.json | tee "$out/ratio-table.md"
 fi
 if [ "$what" != speed ]; then
-  $fa memory --out "$out"
+  $fa memory --kernel auto,exact --out "$out"
   python3 scripts/peers/sdpa_bench.py --memory
 fi

@@ -17,16 +17,21 @@ def main():
     ours = json.load(open(sys.argv[1]))
     sdpa = json.load(open(sys.argv[2]))
     peers = {(r["N"], r["backend"]): r for r in sdpa["rows"]}
-    series = {
-        "materialized forward (ours, S and P in HBM)": [],
-        "exact forward (ours)": [],
-        "exact backward (ours)": [],
-        "tensor-core forward (ours)": [],
-        "tensor-core backward (ours)": [],
+    # Our families as `flash-attn memory --kernel ...` measured them, in the order they appear.
+    families = []
+    for r in ours["rows"]:
+        for f in r["families"]:
+            if f["family"] not in families:
+                families.append(f["family"])
+    series = {"materialized forward (ours, S and P in HBM)": []}
+    for fam in families:
+        series[f"{fam} forward (ours)"] = []
+        series[f"{fam} backward (ours)"] = []
+    series.update({
         "PyTorch math forward": [],
         "PyTorch math forward+backward": [],
         "PyTorch flash forward+backward": [],
-    }
+    })
     ns = [r["N"] for r in ours["rows"]]
     print(f"# Device memory beyond the inputs, B=1, H={ours['rows'][0]['H']}, d={ours['rows'][0]['d']}, bf16 (MiB)\n")
     print(f"ours: {ours['environment']}; PyTorch: {sdpa['environment']}\n")
@@ -36,9 +41,12 @@ def main():
         n = r["N"]
         math = peers.get((n, "math"), {})
         flash = peers.get((n, "flash"), {})
-        values = [r["materialized_forward"], r["exact_forward"], r["exact_backward"], r.get("tensor_core_forward"),
-                  r.get("tensor_core_backward"),
-                  math.get("fwd_peak_bytes"), math.get("fwd_bwd_peak_bytes"), flash.get("fwd_bwd_peak_bytes")]
+        by_family = {f["family"]: f for f in r["families"]}
+        values = [r["materialized_forward"]]
+        for fam in families:
+            f = by_family.get(fam, {})
+            values += [f.get("forward"), f.get("backward")]
+        values += [math.get("fwd_peak_bytes"), math.get("fwd_bwd_peak_bytes"), flash.get("fwd_bwd_peak_bytes")]
         for (name, pts), v in zip(series.items(), values):
             pts.append(None if v is None else v / MIB)
         print(f"| {n} | " + " | ".join("-" if v is None else f"{v / MIB:.1f}" for v in values) + " |")
