@@ -15,7 +15,7 @@ use crate::plan::{self, DeviceCaps, Plan, Tiles};
 use crate::problem::Problem;
 use crate::runtime::Gpu;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
-use crate::tensors::{BackwardInputs, GradientBuffers, Workspace};
+use crate::tensors::{BackwardInputs, GradientBuffers, Workspace, check_qkv};
 
 /// O (`[batch, n_q, heads_q, head_dim]`, the inputs' dtype), LSE (f32 `[batch, heads_q, n_q]`,
 /// natural log, `−∞` for rows with no allowed key), and the plan that computed them.
@@ -42,8 +42,7 @@ pub fn plan(
     options: &FlashOptions,
     direction: Direction,
 ) -> Result<Plan> {
-    let problem = Problem::new(shape, dtype, options)?;
-    plan::select(&DeviceCaps::of(gpu)?, &problem, direction)
+    choose(gpu, &Problem::new(shape, dtype, options)?, direction, None)
 }
 
 /// O and LSE of `softmax(mask(τ·QKᵀ)) · V` with dropout, on the fastest family that can run the
@@ -56,9 +55,7 @@ pub fn forward(
     v: &DeviceTensor,
     options: &FlashOptions,
 ) -> Result<ForwardOutput> {
-    let problem = Problem::new(shape, q.dtype(), options)?;
-    check_qkv(&problem, q, k, v)?;
-    let plan = plan::select(&DeviceCaps::of(gpu)?, &problem, Direction::Forward)?;
+    let (problem, plan) = prepare_forward(gpu, shape, None, [q, k, v], options)?;
     let out = ForwardOutput {
         o: DeviceTensor::uninitialized(problem.dtype, shape.q_elems())?,
         lse: DeviceF32::uninitialized(shape.row_elems())?,
@@ -116,11 +113,9 @@ fn forward_into_tiles(
     lse: &DeviceF32,
     options: &FlashOptions,
 ) -> Result<Plan> {
-    let problem = Problem::new(shape, q.dtype(), options)?;
-    check_qkv(&problem, q, k, v)?;
+    let (problem, plan) = prepare_forward(gpu, shape, tiles, [q, k, v], options)?;
     check_tensor("o", o, problem.dtype, shape.q_elems())?;
     check_lse(lse, shape)?;
-    let plan = choose(gpu, &problem, Direction::Forward, tiles)?;
     let workspace = Workspace::new(&plan)?;
     launch_forward(gpu, &problem, &plan, q, k, v, o, lse, &workspace)?;
     Ok(plan)
@@ -134,9 +129,7 @@ pub fn backward(
     inputs: &BackwardInputs,
     options: &FlashOptions,
 ) -> Result<Gradients> {
-    let problem = Problem::new(shape, inputs.q.dtype(), options)?;
-    check_backward_inputs(&problem, inputs)?;
-    let plan = plan::select(&DeviceCaps::of(gpu)?, &problem, Direction::Backward)?;
+    let (problem, plan) = prepare_backward(gpu, shape, None, inputs, options)?;
     let out = GradientBuffers {
         dq: DeviceTensor::uninitialized(problem.dtype, shape.q_elems())?,
         dk: DeviceTensor::uninitialized(problem.dtype, shape.kv_elems())?,
@@ -189,15 +182,41 @@ fn backward_into_tiles(
     workspace: &Workspace,
     options: &FlashOptions,
 ) -> Result<Plan> {
-    let problem = Problem::new(shape, inputs.q.dtype(), options)?;
-    check_backward_inputs(&problem, inputs)?;
+    let (problem, plan) = prepare_backward(gpu, shape, tiles, inputs, options)?;
     check_tensor("dq", &out.dq, problem.dtype, shape.q_elems())?;
     check_tensor("dk", &out.dk, problem.dtype, shape.kv_elems())?;
     check_tensor("dv", &out.dv, problem.dtype, shape.kv_elems())?;
-    let plan = choose(gpu, &problem, Direction::Backward, tiles)?;
     workspace.check(&plan)?;
     launch_backward(gpu, &problem, &plan, inputs, out, workspace)?;
     Ok(plan)
+}
+
+/// The validated forward call and its plan, before anything is allocated.
+fn prepare_forward(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    tiles: Option<Tiles>,
+    [q, k, v]: [&DeviceTensor; 3],
+    options: &FlashOptions,
+) -> Result<(Problem, Plan)> {
+    let problem = Problem::new(shape, q.dtype(), options)?;
+    check_qkv(shape, q, k, v)?;
+    let plan = choose(gpu, &problem, Direction::Forward, tiles)?;
+    Ok((problem, plan))
+}
+
+/// The validated backward call and its plan, before anything is allocated.
+fn prepare_backward(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    tiles: Option<Tiles>,
+    inputs: &BackwardInputs,
+    options: &FlashOptions,
+) -> Result<(Problem, Plan)> {
+    let problem = Problem::new(shape, inputs.q.dtype(), options)?;
+    check_backward_inputs(&problem, inputs)?;
+    let plan = choose(gpu, &problem, Direction::Backward, tiles)?;
+    Ok((problem, plan))
 }
 
 /// The plan of `problem`: [`plan::select`]'s, or the one of the given tuning `tiles`.
@@ -286,20 +305,8 @@ fn check_lse(lse: &DeviceF32, shape: &AttentionShape) -> Result<()> {
     Ok(())
 }
 
-fn check_qkv(
-    problem: &Problem,
-    q: &DeviceTensor,
-    k: &DeviceTensor,
-    v: &DeviceTensor,
-) -> Result<()> {
-    let s = &problem.shape;
-    check_tensor("q", q, problem.dtype, s.q_elems())?;
-    check_tensor("k", k, problem.dtype, s.kv_elems())?;
-    check_tensor("v", v, problem.dtype, s.kv_elems())
-}
-
 fn check_backward_inputs(problem: &Problem, i: &BackwardInputs) -> Result<()> {
-    check_qkv(problem, i.q, i.k, i.v)?;
+    check_qkv(&problem.shape, i.q, i.k, i.v)?;
     check_tensor("o", i.o, problem.dtype, problem.shape.q_elems())?;
     check_tensor("d_o", i.d_o, problem.dtype, problem.shape.q_elems())?;
     check_lse(i.lse, &problem.shape)

@@ -10,36 +10,11 @@ use crate::error::{Result, invalid};
 use crate::options::{AttentionOptions, CheckedElems, Lengths};
 use crate::runtime::buffer::DeviceTensor;
 use crate::runtime::{Gpu, LaunchConfig};
+use crate::tensors::check_qkv;
 
 const TILE: u32 = 16;
 const TILE_SHARED_BYTES: u32 = 2 * TILE * (TILE + 1) * 4;
 const SOFTMAX_WARPS: u32 = 4;
-
-/// Checks that `q`, `k`, `v` match `shape` and one dtype.
-pub fn check_qkv(
-    shape: &AttentionShape,
-    q: &DeviceTensor,
-    k: &DeviceTensor,
-    v: &DeviceTensor,
-) -> Result<()> {
-    crate::options::validate_shape(shape)?;
-    for (name, t, want) in [
-        ("q", q, shape.q_elems()),
-        ("k", k, shape.kv_elems()),
-        ("v", v, shape.kv_elems()),
-    ] {
-        if t.len() != want {
-            return Err(invalid!(
-                "{name} holds {} elements, the shape {shape:?} needs {want}",
-                t.len()
-            ));
-        }
-        if t.dtype() != q.dtype() {
-            return Err(invalid!("{name} is {} but q is {}", t.dtype(), q.dtype()));
-        }
-    }
-    Ok(())
-}
 
 /// The global `S` and `P` of the materialized schedule, `[batch, heads_q, n_q, n_k]` each.
 pub struct MaterializedWorkspace {

@@ -94,3 +94,29 @@ impl Workspace {
         Err(invalid!("the workspace has no {name} piece"))
     }
 }
+
+/// Checks that `q`, `k`, `v` match `shape` and one dtype.
+pub fn check_qkv(
+    shape: &AttentionShape,
+    q: &DeviceTensor,
+    k: &DeviceTensor,
+    v: &DeviceTensor,
+) -> Result<()> {
+    crate::options::validate_shape(shape)?;
+    for (name, t, want) in [
+        ("q", q, shape.q_elems()),
+        ("k", k, shape.kv_elems()),
+        ("v", v, shape.kv_elems()),
+    ] {
+        if t.len() != want {
+            return Err(invalid!(
+                "{name} holds {} elements, the shape {shape:?} needs {want}",
+                t.len()
+            ));
+        }
+        if t.dtype() != q.dtype() {
+            return Err(invalid!("{name} is {} but q is {}", t.dtype(), q.dtype()));
+        }
+    }
+    Ok(())
+}
