@@ -13,14 +13,14 @@ use crate::abi::params::FlashBackwardParams;
 use crate::abi::storage::{Bf16, F16, Storage};
 use crate::arch::{
     atomic_add_global, block_dim_x, block_x, block_y, block_z, entry_points, exp, grid_dim_x,
-    sync_threads, thread_x, warp_sum,
+    sync_threads, sync_threads_or, thread_x, warp_sum,
 };
 use crate::attn::dropout::dropout_multiplier;
-use crate::attn::mask::{MASKED, allowed_weight, contribution};
+use crate::attn::mask::{MASKED, allowed_weight};
 use crate::attn::sequence::Sequence;
 use crate::kernels::simt::smem::padded;
 use crate::kernels::simt::tile::{
-    Arena, Tile, dot, fill, for_each, load_rows, mul_acc, mul_t_acc, store_rows,
+    Arena, Tile, dot, fill, for_each, load_rows, mul_acc, mul_t_acc, product, store_rows,
 };
 
 /// D = rowsum(dO ∘ O) for every (batch, head, row), in LSE's layout. One warp per row.
@@ -130,7 +130,8 @@ unsafe fn load_kv_block<T: Storage>(
 }
 
 /// Rebuilds one tile: for `r < rows`, `c < cols` writes dS into `ds` and, when given, P ∘ Z into
-/// `p_drop`. Masked entries are `MASKED` in both, so they add nothing to any gradient.
+/// `p_drop`. Masked entries are `MASKED` in both, so they add nothing to any gradient. Returns
+/// whether this thread wrote a masked entry (the block's vote picks the checked products).
 #[allow(clippy::too_many_arguments)]
 unsafe fn recompute_tile(
     p: &FlashBackwardParams,
@@ -146,9 +147,10 @@ unsafe fn recompute_tile(
     j0: u32,
     cols: u32,
     key: [u32; 2],
-) {
+) -> bool {
     let d = p.shape.head_dim;
     let causal = p.causal != 0;
+    let mut any_masked = false;
     for_each(rows * cols, |e| {
         let (r, c) = (e / cols, e % cols);
         let (i, j) = (i0 + r, j0 + c);
@@ -168,6 +170,7 @@ unsafe fn recompute_tile(
                 let dp = dot(qt.d_o.row(r), v.row(c), d) * z;
                 (pr * z, allowed_weight(pr * (dp - qt.delta.get(0, r))))
             } else {
+                any_masked = true;
                 (MASKED, MASKED)
             };
             ds.set(r, c, d_s);
@@ -176,6 +179,7 @@ unsafe fn recompute_tile(
             }
         }
     });
+    any_masked
 }
 
 /// K/V blocks outer. Grid `(K/V blocks, heads_kv, sequences)`.
@@ -220,7 +224,7 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
                     sync_threads();
                     load_query_block::<T>(p, &seq, &qt, h, i0, rows);
                     sync_threads();
-                    recompute_tile(
+                    let masked = recompute_tile(
                         p,
                         &seq,
                         &qt,
@@ -235,17 +239,24 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
                         cols,
                         key,
                     );
-                    sync_threads();
-                    mul_t_acc(dv, p_drop, qt.d_o, cols, d, rows);
-                    mul_t_acc(dk, ds, qt.q, cols, d, rows);
+                    // Tiles without a masked entry (most of them) take the plain products.
+                    let checked = sync_threads_or(masked);
+                    mul_t_acc(dv, p_drop, qt.d_o, cols, d, rows, checked);
+                    mul_t_acc(dk, ds, qt.q, cols, d, rows, checked);
                     if p.dq_accum != 0 {
                         let dq = (p.dq_accum as *mut f32).wrapping_add(seq.q_offset(s, i0, h));
                         let stride = (s.heads_q * d) as usize;
                         for_each(rows * d, |e| {
                             let (r, x) = (e / d, e % d);
                             let mut sum = 0.0f32;
-                            for c in 0..cols {
-                                sum += contribution(ds.get(r, c), k.get(c, x));
+                            if checked {
+                                for c in 0..cols {
+                                    sum += product::<true>(ds.get(r, c), k.get(c, x));
+                                }
+                            } else {
+                                for c in 0..cols {
+                                    sum += product::<false>(ds.get(r, c), k.get(c, x));
+                                }
                             }
                             atomic_add_global(
                                 dq.add(r as usize * stride + x as usize),
@@ -309,9 +320,9 @@ unsafe fn dq<T: Storage>(p: &FlashBackwardParams) {
             sync_threads();
             load_kv_block::<T>(p, &seq, k, v, hk, j0, cols);
             sync_threads();
-            recompute_tile(p, &seq, &qt, k, v, ds, None, h, i0, rows, j0, cols, key);
-            sync_threads();
-            mul_acc(dq_acc, None, ds, k, rows, d, cols);
+            let masked = recompute_tile(p, &seq, &qt, k, v, ds, None, h, i0, rows, j0, cols, key);
+            let checked = sync_threads_or(masked);
+            mul_acc(dq_acc, None, ds, k, rows, d, cols, checked);
             j0 += bc;
         }
         sync_threads();

@@ -9,8 +9,8 @@
 use crate::abi::params::FlashForwardParams;
 use crate::abi::storage::{Bf16, F16, Storage};
 use crate::arch::{
-    block_dim_x, block_x, block_y, block_z, entry_points, exp, ln, sync_threads, sync_warp,
-    thread_x, warp_max, warp_sum,
+    block_dim_x, block_x, block_y, block_z, entry_points, exp, ln, sync_threads, sync_threads_or,
+    sync_warp, thread_x, warp_max, warp_sum,
 };
 use crate::attn::dropout::dropout_multiplier;
 use crate::attn::mask::{MASKED, row_is_empty};
@@ -147,6 +147,7 @@ unsafe fn merge_kv_block<T: Storage>(
 
     // One warp per row: row max, exponentials, row sum; the rescale factor for the accumulator.
     let (warp, lane, warps) = (thread_x() / 32, thread_x() % 32, block_dim_x() / 32);
+    let mut any_masked = false;
     let mut r = warp;
     while r < qb.rows {
         // SAFETY: r < rows, columns below `cols`, state vectors hold B_r.
@@ -167,6 +168,7 @@ unsafe fn merge_kv_block<T: Storage>(
                 // m_new = −∞ every score is −∞, so exp(−∞ − −∞) is never evaluated.
                 let sc = t.s.get(r, c);
                 let masked = sc == f32::NEG_INFINITY;
+                any_masked |= masked;
                 let pr = if masked { MASKED } else { exp(sc - m_new) };
                 tile_sum += pr;
                 // ℓ sums the undropped P̃; only the product with V sees the dropout multiplier.
@@ -190,9 +192,10 @@ unsafe fn merge_kv_block<T: Storage>(
         }
         r += warps;
     }
-    sync_threads();
+    // Tiles without a masked entry (most of them) take the plain product.
+    let checked = sync_threads_or(any_masked);
     // SAFETY: extents are inside the carved tiles.
-    unsafe { mul_acc(t.acc, Some(t.rescale), t.s, t.v, qb.rows, d, cols) };
+    unsafe { mul_acc(t.acc, Some(t.rescale), t.s, t.v, qb.rows, d, cols, checked) };
 }
 
 /// Writes O_i = acc / ℓ_i in the storage type and LSE_i = m_i + log ℓ_i; a row with no allowed

@@ -143,14 +143,53 @@ pub unsafe fn dot(a: *const f32, b: *const f32, d: u32) -> f32 {
     acc
 }
 
+/// `w · x` in a tile product: with `CHECKED`, 0 for a [`MASKED`](crate::attn::mask::MASKED) `w`
+/// whatever `x` holds ([`contribution`]); without, a plain product (for tiles that hold no
+/// masked entry, which a block-wide vote established).
+#[inline(always)]
+pub fn product<const CHECKED: bool>(w: f32, x: f32) -> f32 {
+    if CHECKED { contribution(w, x) } else { w * x }
+}
+
 /// `acc[r][x] = rescale[r]·acc[r][x] + Σ_{c<k} a[r][c]·b[c][x]` for `r < m`, `x < n`, with
-/// `rescale` absent meaning 1 (the `P̃V` and `dS·K` products). Entries of `a` that are
-/// [`MASKED`](crate::attn::mask::MASKED) add nothing, whatever `b` holds.
+/// `rescale` absent meaning 1 (the `P̃V` and `dS·K` products). With `checked`, entries of `a` that
+/// are [`MASKED`](crate::attn::mask::MASKED) add nothing, whatever `b` holds; without, `a` holds
+/// none.
 ///
 /// # Safety
 /// Every tile holds the extents it is indexed with.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub unsafe fn mul_acc(acc: Tile, rescale: Option<Tile>, a: Tile, b: Tile, m: u32, n: u32, k: u32) {
+pub unsafe fn mul_acc(
+    acc: Tile,
+    rescale: Option<Tile>,
+    a: Tile,
+    b: Tile,
+    m: u32,
+    n: u32,
+    k: u32,
+    checked: bool,
+) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        if checked {
+            mul_acc_with::<true>(acc, rescale, a, b, m, n, k)
+        } else {
+            mul_acc_with::<false>(acc, rescale, a, b, m, n, k)
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn mul_acc_with<const CHECKED: bool>(
+    acc: Tile,
+    rescale: Option<Tile>,
+    a: Tile,
+    b: Tile,
+    m: u32,
+    n: u32,
+    k: u32,
+) {
     for_each(m * n, |e| {
         let (r, x) = (e / n, e % n);
         // SAFETY: r < m, x < n, c < k.
@@ -161,7 +200,7 @@ pub unsafe fn mul_acc(acc: Tile, rescale: Option<Tile>, a: Tile, b: Tile, m: u32
             };
             let a_row = a.row(r);
             for c in 0..k {
-                sum += contribution(*a_row.add(c as usize), b.get(c, x));
+                sum += product::<CHECKED>(*a_row.add(c as usize), b.get(c, x));
             }
             acc.set(r, x, sum);
         }
@@ -169,19 +208,32 @@ pub unsafe fn mul_acc(acc: Tile, rescale: Option<Tile>, a: Tile, b: Tile, m: u32
 }
 
 /// `acc[c][x] += Σ_{r<k} a[r][c]·b[r][x]` for `c < m`, `x < n` (the `P_dropᵀdO` and `dSᵀQ`
-/// products); [`MASKED`](crate::attn::mask::MASKED) entries of `a` add nothing.
+/// products); with `checked`, [`MASKED`](crate::attn::mask::MASKED) entries of `a` add nothing;
+/// without, `a` holds none.
 ///
 /// # Safety
 /// Every tile holds the extents it is indexed with.
 #[inline(always)]
-pub unsafe fn mul_t_acc(acc: Tile, a: Tile, b: Tile, m: u32, n: u32, k: u32) {
+pub unsafe fn mul_t_acc(acc: Tile, a: Tile, b: Tile, m: u32, n: u32, k: u32, checked: bool) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        if checked {
+            mul_t_acc_with::<true>(acc, a, b, m, n, k)
+        } else {
+            mul_t_acc_with::<false>(acc, a, b, m, n, k)
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn mul_t_acc_with<const CHECKED: bool>(acc: Tile, a: Tile, b: Tile, m: u32, n: u32, k: u32) {
     for_each(m * n, |e| {
         let (c, x) = (e / n, e % n);
         // SAFETY: c < m, x < n, r < k.
         unsafe {
             let mut sum = acc.get(c, x);
             for r in 0..k {
-                sum += contribution(a.get(r, c), b.get(r, x));
+                sum += product::<CHECKED>(a.get(r, c), b.get(r, x));
             }
             acc.set(c, x, sum);
         }
