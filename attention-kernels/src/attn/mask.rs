@@ -167,25 +167,40 @@ impl Poison {
         half(self.get(r, 2 * n), word & 0xffff) | (half(self.get(r, 2 * n + 1), word >> 16) << 16)
     }
 
-    /// `acc += Σ x` per owned element (unchanged where nothing was added).
+    /// `acc += Σ x` per owned element (unchanged where nothing was added). Every fragment is
+    /// named by a constant index, so the accumulators stay in registers: a loop that did not
+    /// unroll would index them at run time and move them all to local memory for the whole
+    /// kernel.
     #[inline(always)]
-    pub fn apply<Q: Quad>(&self, acc: &mut [Q]) {
-        for (n, t) in acc.iter_mut().enumerate() {
-            for (e, y) in t.quad().iter_mut().enumerate() {
-                let (r, bit) = (e / 2, 2 * n as u32 + (e % 2) as u32);
-                let has = |m: [u32; 2]| (m[r] >> bit) & 1 != 0;
-                let (nan, pos, neg) = (has(self.nan), has(self.pos), has(self.neg));
-                let x = *y;
-                *y = if nan || (pos && neg) {
-                    f32::NAN
-                } else if pos {
-                    x + f32::INFINITY
-                } else if neg {
-                    x + f32::NEG_INFINITY
-                } else {
-                    x
-                };
-            }
+    pub fn apply<Q: Quad, const N: usize>(&self, acc: &mut [Q; N]) {
+        const { assert!(N <= 16) };
+        macro_rules! fragments {
+            ($($n:literal)*) => {$(
+                if let Some(t) = acc.get_mut($n) {
+                    let q = t.quad();
+                    q[0] = self.added(0, 2 * $n, q[0]);
+                    q[1] = self.added(0, 2 * $n + 1, q[1]);
+                    q[2] = self.added(1, 2 * $n, q[2]);
+                    q[3] = self.added(1, 2 * $n + 1, q[3]);
+                }
+            )*};
+        }
+        fragments!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    }
+
+    /// `x` plus the sum added at row `r`, owned column `bit`.
+    #[inline(always)]
+    fn added(&self, r: usize, bit: u32, x: f32) -> f32 {
+        let has = |m: [u32; 2]| (m[r] >> bit) & 1 != 0;
+        let (nan, pos, neg) = (has(self.nan), has(self.pos), has(self.neg));
+        if nan || (pos && neg) {
+            f32::NAN
+        } else if pos {
+            x + f32::INFINITY
+        } else if neg {
+            x + f32::NEG_INFINITY
+        } else {
+            x
         }
     }
 }

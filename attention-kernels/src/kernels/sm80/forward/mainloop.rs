@@ -22,6 +22,7 @@ use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16};
 use crate::tile::mma::{FragA, FragC, MmaElem};
 
+#[inline(always)]
 unsafe fn forward<
     T: MmaElem + Exponent,
     const KD: usize,
