@@ -2,8 +2,11 @@
 //! [`plan::select`] for the family and instance, checks the tensors, and hands the launch to that
 //! family's launcher.
 //!
-//! `forward` / `backward` allocate their outputs and wait; `forward_into` / `backward_into` launch
-//! into buffers the caller owns and return without waiting (timing loops, poisoned test outputs).
+//! `forward` / `backward` allocate their outputs; `forward_into` / `backward_into` launch into
+//! buffers the caller owns (timing loops, poisoned test outputs). None of them waits: the kernels
+//! are queued on the GPU's stream, as the allocations and frees of the library's buffers are, so a
+//! buffer dropped early is freed only after the work that reads it. Reading a result back
+//! (`to_f32`, `to_vec`) or [`Gpu::synchronize`] waits, and reports a fault of the queued kernels.
 
 use attention_kernels::abi::shape::AttentionShape;
 
@@ -46,7 +49,8 @@ pub fn plan(
 }
 
 /// O and LSE of `softmax(mask(τ·QKᵀ)) · V` with dropout, on the fastest family that can run the
-/// call (or the one `options.kernel` names); waits for the result.
+/// call (or the one `options.kernel` names). Returns once the kernels are queued (see the module
+/// docs).
 pub fn forward(
     gpu: &Gpu,
     shape: &AttentionShape,
@@ -65,11 +69,10 @@ pub fn forward(
     launch_forward(
         gpu, &problem, &out.plan, q, k, v, &out.o, &out.lse, &workspace,
     )?;
-    gpu.synchronize()?;
     Ok(out)
 }
 
-/// As [`forward`], into `o` and `lse` the caller owns, without waiting. Returns the plan it ran.
+/// As [`forward`], into `o` and `lse` the caller owns. Returns the plan it ran.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_into(
     gpu: &Gpu,
@@ -122,7 +125,7 @@ fn forward_into_tiles(
 }
 
 /// dQ, dK, dV of `⟨dO, O⟩` with O from [`forward`] with the same options (the backward may run on
-/// another family than the forward did); waits for the result.
+/// another family than the forward did). Returns once the kernels are queued.
 pub fn backward(
     gpu: &Gpu,
     shape: &AttentionShape,
@@ -137,7 +140,6 @@ pub fn backward(
     };
     let workspace = Workspace::new(&plan)?;
     launch_backward(gpu, &problem, &plan, inputs, &out, &workspace)?;
-    gpu.synchronize()?;
     Ok(Gradients {
         dq: out.dq,
         dk: out.dk,
@@ -147,7 +149,7 @@ pub fn backward(
 }
 
 /// As [`backward`], into buffers and a workspace (made for [`plan()`]'s result) the caller owns,
-/// without waiting. Returns the plan it ran.
+/// Returns the plan it ran.
 pub fn backward_into(
     gpu: &Gpu,
     shape: &AttentionShape,
