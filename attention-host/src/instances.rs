@@ -76,6 +76,11 @@ pub fn tensor_core_convert_dq(dtype: DType) -> String {
     format!("flash_tc_backward_convert_dq_{dtype}")
 }
 
+/// The tensor-core backward's pass over NaN rows (dK, dV of the keys in their support, dQ).
+pub fn tensor_core_nan_rows(dtype: DType) -> String {
+    format!("flash_tc_backward_nan_rows_{dtype}")
+}
+
 /// Every entry point the host may launch.
 pub fn entry_points() -> Vec<Entry> {
     let mut out = Vec::new();
@@ -99,6 +104,7 @@ pub fn entry_points() -> Vec<Entry> {
             push(Family::Sm80, tensor_core_preprocess(dtype, d));
         }
         push(Family::Sm80, tensor_core_convert_dq(dtype));
+        push(Family::Sm80, tensor_core_nan_rows(dtype));
         for &cfg in sm90::VARIANTS {
             push(Family::Sm90, sm90_forward(dtype, &cfg, false));
             if sm90::config(cfg.head_dim) == Some(cfg) {

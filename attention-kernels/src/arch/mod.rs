@@ -94,6 +94,18 @@ pub fn sync_threads_or(pred: bool) -> bool {
     r != 0
 }
 
+/// Bit `l` set where `pred` holds on lane `l`; all 32 lanes of the warp execute it.
+#[inline(always)]
+pub fn ballot(pred: bool) -> u32 {
+    let r: u32;
+    // SAFETY: kernels call this with the full warp converged.
+    unsafe {
+        asm!("{{ .reg .pred p; setp.ne.u32 p, {x}, 0; vote.sync.ballot.b32 {r}, p, 0xffffffff; }}",
+             r = out(reg32) r, x = in(reg32) pred as u32, options(nomem, nostack));
+    }
+    r
+}
+
 #[inline(always)]
 pub fn warp_max(mut x: f32) -> f32 {
     let mut m = 16;

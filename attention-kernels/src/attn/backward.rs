@@ -1,7 +1,10 @@
 //! What the tensor-core backwards (`sm80`, `sm90`) share around their main kernels: the
-//! preprocess (`D = rowsum(dO ∘ O)`, `LSE · log2 e` per row, zeroed f32 dQ accumulator) and the
-//! dQ conversion, and the Q blocks of 64 rows whose padding lays out the row statistics.
+//! preprocess (`D = rowsum(dO ∘ O)`, `LSE · log2 e` per row, zeroed f32 dQ accumulator), the
+//! dQ conversion, the gradients of NaN rows, and the Q blocks of 64 rows whose padding lays out
+//! the row statistics.
 
+#[cfg(target_arch = "nvptx64")]
+mod nan_rows;
 #[cfg(target_arch = "nvptx64")]
 mod preprocess;
 
@@ -45,6 +48,9 @@ pub const fn needs_mask(
 pub const PREPROCESS_WARPS: u32 = 4;
 /// Threads per block of the dQ conversion, eight elements each.
 pub const CONVERT_THREADS: u32 = 256;
+/// Threads per block of the NaN-row pass, one row each (a warp's NaN rows taken in turn by the
+/// whole warp).
+pub const NAN_ROWS_THREADS: u32 = 256;
 
 /// Widening of two packed 16-bit elements, the lower one first (the inverse of `MmaElem::pack`
 /// up to its rounding).

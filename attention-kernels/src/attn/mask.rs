@@ -306,15 +306,6 @@ mod device {
         b | crate::arch::shfl_xor(f32::from_bits(b), 2).to_bits()
     }
 
-    /// A weight of key `key`'s column or row in a product whose K row was non-finite and has been
-    /// zeroed: such a key's score is non-finite for every query, so a row that allows it either
-    /// has a NaN LSE (the weight is NaN, as the reference's) or scored it `−∞`, which takes it out
-    /// of the row's support ([`MASKED`](super::MASKED)). `lse_nan`: the row's LSE is NaN.
-    #[inline(always)]
-    pub fn poisoned_key_weight(lse_nan: bool) -> f32 {
-        if lse_nan { f32::NAN } else { super::MASKED }
-    }
-
     /// Where the lane's accumulator rows take their non-finite contributions from: global rows
     /// `base + key · stride` (bytes) holding the unsanitized operand, 16-bit elements.
     #[derive(Clone, Copy)]

@@ -1,10 +1,12 @@
 //! Launcher of the tensor-core backward, one for both families: preprocess (`D`, `LSE · log2 e`,
 //! zeroed dQ accumulator), the main kernel (`mma.sync` from `attention_kernels::kernels::sm80::backward`
-//! or `wgmma` from `attention_kernels::kernels::sm90`, as [`crate::plan`] chose), and the dQ
-//! conversion.
+//! or `wgmma` from `attention_kernels::kernels::sm90`, as [`crate::plan`] chose), the dQ
+//! conversion, and the gradients of NaN rows.
 
 use attention_kernels::abi::params::TensorCoreBackwardParams;
-use attention_kernels::attn::backward::{CONVERT_THREADS, PREPROCESS_WARPS, n_q_pad};
+use attention_kernels::attn::backward::{
+    CONVERT_THREADS, NAN_ROWS_THREADS, PREPROCESS_WARPS, n_q_pad,
+};
 
 use crate::error::Result;
 use crate::instances;
@@ -70,6 +72,19 @@ pub(crate) fn launch_backward(
                 1,
             ),
             block: (CONVERT_THREADS, 1, 1),
+            shared_bytes: 0,
+        },
+        &params,
+    )?;
+    gpu.launch(
+        &instances::tensor_core_nan_rows(dtype),
+        LaunchConfig {
+            grid: (
+                shape.row_elems().div_ceil(NAN_ROWS_THREADS as usize) as u32,
+                1,
+                1,
+            ),
+            block: (NAN_ROWS_THREADS, 1, 1),
             shared_bytes: 0,
         },
         &params,

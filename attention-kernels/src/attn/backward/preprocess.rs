@@ -9,9 +9,11 @@ use crate::tile::mem::store_global_16;
 use crate::tile::mma::MmaElem;
 
 /// One warp per padded row `(b, h, i)` of `[batch, heads_q, n_q_pad]`: `D_i = Σ dO ∘ O` in f32,
-/// `LSE_i · log2 e`, and zeros for row i of the dQ accumulator. Padding rows (`i ≥ n_q`) and rows
-/// with no allowed key (`LSE = −∞`) get `LSE · log2 e = +∞`, so the main kernel's
-/// `P = 2^(S·τ·log2 e − LSE·log2 e)` is 0 there without a test. `W = d / 64` words per lane.
+/// `LSE_i · log2 e`, and zeros for row i of the dQ accumulator. Padding rows (`i ≥ n_q`), rows
+/// with no allowed key (`LSE = −∞`) and NaN rows (`LSE` NaN) get `LSE · log2 e = +∞` and `D = 0`,
+/// so the main kernel's `P = 2^(S·τ·log2 e − LSE·log2 e)` and `dS = P ∘ (dP − D)` are 0 there
+/// without a test: a NaN row's gradients are the work of [`super::nan_rows`], which knows which
+/// of its keys leave its support. `W = d / 64` words per lane.
 #[inline(always)]
 unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
     let s = p.shape;
@@ -55,12 +57,13 @@ unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
         // SAFETY: `row` indexes the padded statistics; `bh · n_q + i` the forward's LSE.
         unsafe {
             let lse = *(p.lse as *const f32).add(bh as usize * s.n_q as usize + i as usize);
-            *lse_log2.add(row as usize) = if lse == f32::NEG_INFINITY {
+            let empty = lse == f32::NEG_INFINITY || lse.is_nan();
+            *lse_log2.add(row as usize) = if empty {
                 f32::INFINITY
             } else {
                 lse * core::f32::consts::LOG2_E
             };
-            *d_sum.add(row as usize) = dot;
+            *d_sum.add(row as usize) = if empty { 0.0 } else { dot };
         }
     }
 }

@@ -34,8 +34,7 @@ use crate::arch::{
 use crate::attn::backward::{first_q_block, needs_mask};
 use crate::attn::mask::hidden;
 use crate::attn::mask::{
-    Exponent, MASKED, is_masked, poisoned_key_weight, quad_any, sanitize_own_chunks,
-    sanitize_row_part,
+    Exponent, MASKED, is_masked, quad_any, sanitize_own_chunks, sanitize_row_part,
 };
 use crate::attn::sequence::Sequence;
 use crate::kernels::sm90::WgBackwardConfig;
@@ -217,9 +216,10 @@ unsafe fn backward<
     let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
     let dq_col0 = group * cfg.dq_cols();
     // A key whose K row holds a non-finite value scores non-finite against every query: rows
-    // that allow it have a NaN LSE or leave it out of their support (a −∞ score). Its K row is
-    // zeroed once here (so dQ = dS·K cannot turn a masked 0 into NaN), and its P is set from the
-    // row's LSE (`poisoned_key_weight`). Bit 0: key g of the warp, bit 1: key g + 8;
+    // that allow it have a NaN LSE (made empty by the preprocess; `nan_rows` writes their
+    // gradients) or leave it out of their support (a −∞ score). Its K row is zeroed once here
+    // (so dQ = dS·K cannot turn a masked 0 into NaN), and its P is MASKED. Bit 0: key g of the
+    // warp, bit 1: key g + 8;
     // `k_poisoned`: any key of the block (block-uniform).
     let mut k_poison = 0u32;
     let mut k_poisoned = false;
@@ -277,15 +277,13 @@ unsafe fn backward<
         let st = stage_of(i);
         let (h, q0) = (head_of(i), row0_of(i));
         let masked = needs_mask(q0, k0, bc, n_q, n_k, causal);
-        // On a block with masked pairs a non-finite Q row would reach dK of keys it does not
-        // see as 0 · NaN through dSᵀ·Q. Such a row's LSE is NaN or −∞ (every score it has is
-        // non-finite), so zeroing its non-finite elements changes neither P nor any gradient of
-        // the row's allowed keys. Each thread sanitizes the chunks it copied, before the barrier
+        // A non-finite Q row would reach dK as 0 · NaN through dSᵀ·Q. Every score of such a row
+        // is non-finite, so its LSE is NaN or −∞ and the preprocess made it empty (P = 0,
+        // D = 0; `nan_rows` writes a NaN row's gradients): zeroing its non-finite elements
+        // changes no gradient. Each thread sanitizes the chunks it copied, before the barrier
         // that publishes them to the tensor cores.
-        if masked {
-            // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`).
-            unsafe { sanitize_own_chunks::<T, _>(&q_tile(smem, st), br, tid, threads) };
-        }
+        // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`).
+        unsafe { sanitize_own_chunks::<T, _>(&q_tile(smem, st), br, tid, threads) };
         wgmma::fence_proxy_async();
         sync_threads();
         if i + 1 < iters {
@@ -365,15 +363,10 @@ unsafe fn backward<
             }
         }
         if k_poisoned {
-            for j in 0..NQ {
-                let col = 8 * j as u32 + 2 * t;
-                // SAFETY: columns col, col + 1 are inside the stage's statistics.
-                let lse = unsafe { load_shared_f32x2(stats(base, st) + col * 4) };
+            for f in s_t.iter_mut() {
                 for e in 0..4 {
                     let poisoned = (k_poison >> (e / 2)) & 1 != 0;
-                    let w = poisoned_key_weight(lse[e % 2].is_nan());
-                    let x = s_t[j].0[e];
-                    s_t[j].0[e] = if poisoned && !is_masked(x) { w } else { x };
+                    f.0[e] = if poisoned { MASKED } else { f.0[e] };
                 }
             }
         }

@@ -187,15 +187,13 @@ unsafe fn backward<
         let st = i & 1;
         let (h, q0) = (head_of(i), row0_of(i));
         let masked = cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal);
-        // On a block with masked pairs a non-finite Q row would reach dK of keys it does not
-        // see as 0 · NaN through dSᵀ·Q. Such a row's LSE is NaN or −∞ (every score it has is
-        // non-finite), so zeroing its non-finite elements changes neither P nor any gradient of
-        // the row's allowed keys: its P and dS are NaN (or 0) from the LSE alone. Each thread
-        // sanitizes the chunks it copied, before the barrier that publishes them.
-        if masked {
-            // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`).
-            unsafe { sanitize_own_chunks::<T, _>(&q_tile(st), br, tid, threads) };
-        }
+        // A non-finite Q row would reach dK as 0 · NaN through dSᵀ·Q. Every score of such a row
+        // is non-finite, so its LSE is NaN or −∞ and the preprocess made it empty (P = 0,
+        // D = 0; `nan_rows` writes a NaN row's gradients): zeroing its non-finite elements
+        // changes no gradient. Each thread sanitizes the chunks it copied, before the barrier
+        // that publishes them.
+        // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`).
+        unsafe { sanitize_own_chunks::<T, _>(&q_tile(st), br, tid, threads) };
         sync_threads();
         if i + 1 < iters {
             fill(i + 1, st ^ 1);
