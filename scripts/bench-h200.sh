@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine after scripts/device-prepare.sh: ours and PyTorch SDPA side by side in
-# one call. Our evidence bundles (every raw sample) and the peers' JSON go to $OUT (or
-# reports/bench/), at most five files, since the device tool returns eight; the ratio table is
-# printed and saved. Then the memory measurements.
+# one call, both timed pipelined (many calls back to back between two events, after warm-up),
+# the peers in both layouts and twice (their run-to-run spread). Our evidence bundles (every raw
+# sample) and the peers' JSON go to $OUT (or reports/bench/), at most five files, since the
+# device tool returns eight; the ratio table is printed and saved. Then the memory measurements.
 # usage: bench-h200.sh [all|speed|memory] [flash-attn bench options, e.g. --pass forward]
 set -uo pipefail
 what=${1:-all}; shift || true

@@ -1,4 +1,6 @@
-//! Event timing on the GPU: warm-up calls, then one CUDA-event-timed sample per call.
+//! Event timing on the GPU, after warm-up calls: one CUDA-event-timed sample per call waited on
+//! ([`time_calls`]), or samples of many calls queued back to back ([`time_pipelined`]), the way
+//! a program that does not wait between calls sees them.
 
 use cust::event::{Event, EventFlags};
 
@@ -29,6 +31,47 @@ pub fn time_calls(
     }
     gpu.synchronize()?;
     Ok(out)
+}
+
+/// Samples of [`time_pipelined`]: milliseconds per call, and the calls each sample queued.
+pub struct Pipelined {
+    pub per_call_ms: Vec<f32>,
+    pub calls: usize,
+}
+
+/// `samples` samples, each `calls` calls of `call` queued back to back between two events after
+/// `warmup` untimed calls (themselves one batch): a call's host work overlaps the previous call's
+/// kernels, as in a training or serving loop. `calls == 0` chooses the count so that a sample
+/// spans about 2 ms (from the warm-up's mean), at most 200.
+pub fn time_pipelined(
+    gpu: &Gpu,
+    warmup: usize,
+    samples: usize,
+    calls: usize,
+    mut call: impl FnMut() -> Result<()>,
+) -> Result<Pipelined> {
+    let start = Event::new(EventFlags::DEFAULT).cuda("creating an event")?;
+    let stop = Event::new(EventFlags::DEFAULT).cuda("creating an event")?;
+    let mut batch = |n: usize| -> Result<f32> {
+        start.record(gpu.stream()).cuda("recording an event")?;
+        for _ in 0..n {
+            call()?;
+        }
+        stop.record(gpu.stream()).cuda("recording an event")?;
+        stop.synchronize().cuda("waiting for an event")?;
+        Ok(stop.elapsed_time_f32(&start).cuda("reading an event")? / n as f32)
+    };
+    gpu.synchronize()?;
+    let warm_ms = batch(warmup.max(1))?;
+    let calls = match calls {
+        0 => ((2.0 / warm_ms.max(1e-3)).ceil() as usize).clamp(1, 200),
+        n => n,
+    };
+    let per_call_ms = (0..samples)
+        .map(|_| batch(calls))
+        .collect::<Result<Vec<f32>>>()?;
+    gpu.synchronize()?;
+    Ok(Pipelined { per_call_ms, calls })
 }
 
 /// Median of samples (the mean of the middle two for an even count).

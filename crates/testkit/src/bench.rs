@@ -94,6 +94,10 @@ pub struct CaseRecord<'a> {
     pub dtype: DType,
     pub flops: f64,
     pub warmup: usize,
+    /// `pipelined` (each sample: `calls_per_sample` calls queued back to back, per-call time) or
+    /// `synced` (each sample: one call, waited on).
+    pub timing: &'static str,
+    pub calls_per_sample: usize,
     pub samples_ms: Vec<f32>,
     /// Relative error against the f64 reference and what it was measured on.
     pub error: Value,
@@ -122,6 +126,8 @@ impl CaseRecord<'_> {
             "dtype": self.dtype.name(),
             "flops": self.flops,
             "warmup": self.warmup,
+            "timing": self.timing,
+            "calls_per_sample": self.calls_per_sample,
             "samples_ms": self.samples_ms,
             "median_ms": self.median_ms(),
             "tflops": self.tflops(),

@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
-use flash_attn::timing::time_calls;
+use flash_attn::timing::{time_calls, time_pipelined};
 use flash_attn::{
-    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor, Direction,
-    FlashOptions, Gpu, GradientBuffers, KernelChoice, Plan, Workspace, memory,
+    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceTensor, FlashOptions, Gpu,
+    KernelChoice, Plan, memory,
 };
 use flash_attn_testkit::bench::{
     CaseRecord, anchor_cases, backward_flops, environment, forward_flops, running_fixture,
@@ -52,6 +52,25 @@ enum Pass {
     Backward,
 }
 
+/// How a sample is taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Timing {
+    /// Many calls queued back to back between two events, per-call time (a loop that does not
+    /// wait between calls; how the peers are timed too).
+    Pipelined,
+    /// One call between two events, waited on before the next (adds the launch latency).
+    Synced,
+}
+
+impl Timing {
+    fn name(self) -> &'static str {
+        match self {
+            Timing::Pipelined => "pipelined",
+            Timing::Synced => "synced",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Shapes {
     /// Every row of the anchors table (d = 64 and 128, N = 512 … 16384, causal and not).
@@ -84,6 +103,12 @@ pub struct BenchArgs {
     /// Event-timed samples per case (at least 20).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(20..))]
     samples: u64,
+    /// How each sample is taken.
+    #[arg(long, value_enum, default_value = "pipelined")]
+    timing: Timing,
+    /// Calls per pipelined sample; 0 picks enough for about 2 ms per sample (at most 200).
+    #[arg(long, default_value_t = 0)]
+    calls: usize,
     /// Directory for the evidence bundle (`bench-<kernel>-<unix time>.json`).
     #[arg(long, default_value = "reports/bench")]
     out: PathBuf,
@@ -153,6 +178,22 @@ pub fn run(args: &BenchArgs) -> CliResult {
     Ok(())
 }
 
+/// Per-call samples of `call` the way `args.timing` says, and the calls per sample.
+fn sample(
+    gpu: &Gpu,
+    args: &BenchArgs,
+    call: impl FnMut() -> flash_attn::Result<()>,
+) -> flash_attn::Result<(Vec<f32>, usize)> {
+    let samples = args.samples as usize;
+    match args.timing {
+        Timing::Synced => Ok((time_calls(gpu, args.warmup, samples, call)?, 1)),
+        Timing::Pipelined => {
+            let p = time_pipelined(gpu, args.warmup, samples, args.calls, call)?;
+            Ok((p.per_call_ms, p.calls))
+        }
+    }
+}
+
 /// Fresh inputs rounded to `dtype`, on the host (for the check) and on the device.
 fn inputs(
     shape: &AttentionShape,
@@ -212,7 +253,7 @@ fn bench_materialized<'a>(
     memory::reset_peak();
     let workspace = MaterializedWorkspace::new(shape, args.dtype)?;
     let o = DeviceTensor::poisoned(args.dtype, shape.q_elems())?;
-    let samples_ms = time_calls(gpu, args.warmup, args.samples as usize, || {
+    let (samples_ms, calls_per_sample) = sample(gpu, args, || {
         materialized_forward(gpu, &workspace, &dev[0], &dev[1], &dev[2], &o, &options)
     })?;
     let error = forward_error(shape, &options, &host, &o)?;
@@ -226,6 +267,8 @@ fn bench_materialized<'a>(
         dtype: args.dtype,
         flops: forward_flops(shape, causal),
         warmup: args.warmup,
+        timing: args.timing.name(),
+        calls_per_sample,
         samples_ms,
         error,
         peak_bytes: memory::peak_bytes(),
@@ -255,17 +298,16 @@ fn bench_forward<'a>(
     let options = FlashOptions::new(AttentionOptions::new().causal(causal)).kernel(choice);
     let (host, dev) = inputs(shape, args.dtype)?;
     memory::reset_peak();
-    // Outputs allocated (and poisoned) once, so the samples time validation, plan and launch.
-    let o = DeviceTensor::poisoned(args.dtype, shape.q_elems())?;
-    let lse = DeviceF32::poisoned(shape.row_elems())?;
-    let mut plan = None;
-    let samples_ms = time_calls(gpu, args.warmup, args.samples as usize, || {
-        plan = Some(flash_attn::forward_into(
-            gpu, shape, &dev[0], &dev[1], &dev[2], &o, &lse, &options,
+    // The call a user makes: validation, plan, outputs from the pool, launch.
+    let mut last = None;
+    let (samples_ms, calls_per_sample) = sample(gpu, args, || {
+        last = Some(flash_attn::forward(
+            gpu, shape, &dev[0], &dev[1], &dev[2], &options,
         )?);
         Ok(())
     })?;
-    let plan = plan.expect("time_calls ran the forward");
+    let out = last.expect("the timing ran the forward");
+    let (o, plan) = (out.o, out.plan);
     let error = forward_error(shape, &options.attention, &host, &o)?;
     Ok(CaseRecord {
         kernel: plan.family.name(),
@@ -277,6 +319,8 @@ fn bench_forward<'a>(
         dtype: args.dtype,
         flops: forward_flops(shape, causal),
         warmup: args.warmup,
+        timing: args.timing.name(),
+        calls_per_sample,
         samples_ms,
         error,
         peak_bytes: memory::peak_bytes(),
@@ -302,14 +346,14 @@ fn bench_backward<'a>(
         d_o: &d_o,
         lse: &fwd.lse,
     };
-    let plan = flash_attn::plan(gpu, shape, args.dtype, &options, Direction::Backward)?;
     memory::reset_peak();
-    // Outputs and workspace allocated once, so the samples time validation, plan and launches.
-    let out = GradientBuffers::poisoned(shape, args.dtype)?;
-    let workspace = Workspace::new(&plan)?;
-    let samples_ms = time_calls(gpu, args.warmup, args.samples as usize, || {
-        flash_attn::backward_into(gpu, shape, &inputs, &out, &workspace, &options).map(drop)
+    // The call a user makes: validation, plan, gradients and workspace from the pool, launches.
+    let mut last = None;
+    let (samples_ms, calls_per_sample) = sample(gpu, args, || {
+        last = Some(flash_attn::backward(gpu, shape, &inputs, &options)?);
+        Ok(())
     })?;
+    let out = last.expect("the timing ran the backward");
     let unwritten = [&out.dq, &out.dk, &out.dv]
         .iter()
         .map(|t| {
@@ -317,6 +361,7 @@ fn bench_backward<'a>(
                 .map(|v| v.iter().filter(|x| !x.is_finite()).count())
         })
         .sum::<flash_attn::Result<usize>>()?;
+    let plan = out.plan;
     Ok(CaseRecord {
         kernel: plan.family.name(),
         pass: "backward",
@@ -331,6 +376,8 @@ fn bench_backward<'a>(
         dtype: args.dtype,
         flops: backward_flops(shape, causal),
         warmup: args.warmup,
+        timing: args.timing.name(),
+        calls_per_sample,
         samples_ms,
         error: json!({"relative": null, "non_finite_outputs": unwritten,
             "on": "not measured at this size: the GPU test matrix holds every family's backward to the f64 reference"}),
