@@ -16,7 +16,7 @@ use crate::problem::Problem;
 use crate::runtime::{Gpu, LaunchConfig};
 use crate::tensors::{BackwardInputs, GradientBuffers, Workspace};
 
-/// Launches the three kernels of `plan` (a tensor-core backward) without waiting. The caller
+/// Launches the four kernels of `plan` (a tensor-core backward) without waiting. The caller
 /// validated the tensors and the workspace against `problem` and `plan`.
 pub(crate) fn launch_backward(
     gpu: &Gpu,

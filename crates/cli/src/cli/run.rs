@@ -214,7 +214,7 @@ fn check_backward_head(
 }
 
 /// Forward and backward of one kernel family, each timed twice: as a user calls it
-/// (`flash_attn::forward` / `backward`: validation, plan, allocation, launch, wait) and launched
+/// (`flash_attn::forward` / `backward`: validation, plan, allocation, launch) and launched
 /// into buffers allocated once (`forward_into` / `backward_into`: validation, plan, launch).
 #[allow(clippy::too_many_arguments)]
 fn time_family(
