@@ -1,6 +1,6 @@
 //! Event timing on the GPU: warm-up calls, then one CUDA-event-timed sample per call.
 
-use cust::event::{Event, EventFlags};
+use cudarc::driver::sys::CUevent_flags;
 
 use crate::error::{CudaContext, Result};
 use crate::runtime::Gpu;
@@ -17,15 +17,19 @@ pub fn time_calls(
         call()?;
     }
     gpu.synchronize()?;
-    let start = Event::new(EventFlags::DEFAULT).cuda("creating an event")?;
-    let stop = Event::new(EventFlags::DEFAULT).cuda("creating an event")?;
+    let event = || {
+        gpu.context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .cuda("creating an event")
+    };
+    let (start, stop) = (event()?, event()?);
     let mut out = Vec::with_capacity(samples);
     for _ in 0..samples {
         start.record(gpu.stream()).cuda("recording an event")?;
         call()?;
         stop.record(gpu.stream()).cuda("recording an event")?;
         stop.synchronize().cuda("waiting for an event")?;
-        out.push(stop.elapsed_time_f32(&start).cuda("reading an event")?);
+        out.push(start.elapsed_ms(&stop).cuda("reading an event")?);
     }
     gpu.synchronize()?;
     Ok(out)
