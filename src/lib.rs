@@ -10,7 +10,10 @@ pub mod api;
 
 pub use attention_host::*;
 
-pub use api::{HostForward, HostGradients, backward_host, forward_host};
+pub use api::{
+    HostForward, HostGradients, backward, backward_host, backward_into, backward_variant_into,
+    forward, forward_host, forward_into, forward_variant_into, plan,
+};
 
 /// The PTX of every kernel but the `wgmma` ones, for [`PTX_ARCH`]: the module shipped in the
 /// crate's `ptx/` directory, or the one compiled from `attention-kernels` with the `rebuild-ptx`
@@ -38,7 +41,18 @@ pub const BUILD_COMMIT: &str = env!("FLASH_ATTN_GIT_COMMIT");
 pub const PTX_SM90A_PATH: &str = env!("FLASH_ATTN_PTX_SM90A_PATH");
 
 /// Retains device 0's primary context and loads the embedded kernels ([`PTX_SM90A`] on an
-/// H100/H200).
+/// H100/H200). Where no GPU, no driver or no `libcuda` answers: `AttentionError::NoDevice`.
+///
+/// # Example
+///
+/// ```
+/// match flash_attn::gpu() {
+///     Ok(gpu) => println!("{}, compute capability {:?}", gpu.device_name(), gpu.compute_capability()),
+///     Err(flash_attn::AttentionError::NoDevice(why)) => println!("no GPU here: {why}"),
+///     Err(e) => return Err(e),
+/// }
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
 pub fn gpu() -> Result<Gpu> {
     Gpu::with_hopper_module(PTX, PTX_SM90A)
 }
