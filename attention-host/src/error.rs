@@ -6,7 +6,7 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum AttentionError {
-    /// No CUDA device answered (no driver, no GPU, or the driver found none).
+    /// No CUDA device answered (no `libcuda` to load, no GPU, or the driver found none).
     #[error("no CUDA device answered: {0}")]
     NoDevice(String),
     /// The inputs cannot be run as given; nothing was launched.
