@@ -125,12 +125,18 @@ fn target_root(out_dir: &Path) -> PathBuf {
     }
 }
 
-/// Compiles the kernel crate for `arch` in `<target-dir>/ptx-build/<arch>`; `wgmma` adds the
-/// `flash_attn_sm90a` cfg.
+/// Compiles the kernel crate for `arch` in `<target-dir>/ptx-build/<arch>[-tuning]`; `wgmma` adds
+/// the `flash_attn_sm90a` cfg.
 fn build_ptx(kernel_dir: &Path, target_root: &Path, arch: &str, wgmma: bool) -> String {
-    // The root package's `tuning` feature compiles the candidate tiles into the PTX too.
+    // The root package's `tuning` feature compiles the candidate tiles into the PTX too. Its own
+    // target directory: the PTX file carries no feature hash in its name, so a build that shared
+    // the directory could find its unit fresh and read the other feature set's PTX.
     let tuning = env::var_os("CARGO_FEATURE_TUNING").is_some();
-    let child_target = target_root.join("ptx-build").join(arch);
+    let child_target = target_root.join("ptx-build").join(if tuning {
+        format!("{arch}-tuning")
+    } else {
+        arch.to_owned()
+    });
     let mut rustflags = format!("-Ctarget-cpu={arch}\x1f-Cllvm-args=-unroll-threshold=1000");
     if wgmma {
         // PTX 8.3 for the vector reductions (`red.global.add.v4.f32`, 8.1+); LLVM would write 8.0.
