@@ -1,18 +1,21 @@
-//! Compiles `attention-kernels` to PTX with rustc's NVPTX backend and embeds it in this crate.
+//! Provides the PTX this crate embeds: the kernels of `attention-kernels` as two modules, a base
+//! one (every kernel but the `wgmma` ones) and the `sm_90a` one (all of them), which the runtime
+//! loads on compute capability 9.0 devices, whose driver is the only one that runs `sm_90a` code.
 //!
-//! The child build uses the pinned toolchain of `rust-toolchain.toml` with `-Zbuild-std=core`
-//! (no prebuilt `rust-std` exists for `nvptx64-nvidia-cuda`), `RUSTC_BOOTSTRAP=1` for the
-//! unstable device features, and a target directory of its own so it never waits on the lock of
-//! the build that runs this script. A kernel that fails to compile fails this build with the
-//! compiler's own output; the PTX is always the one just produced from the current sources.
+//! By default they are the modules shipped in `ptx/` (base module for `sm_80`, which every later
+//! architecture can JIT from), produced by `scripts/regen-ptx.sh` from the kernel sources recorded
+//! in `ptx/kernel-sources.sha256`: building needs no child build, no nightly feature and no
+//! component beyond a default toolchain's, so a dependent builds with any toolchain from the MSRV.
 //!
-//! `FLASH_ATTN_ARCH` selects the architecture (default `sm_90`, e.g. `sm_80`). The PTX is copied to
-//! `target/ptx/<arch>/attention_kernels.ptx` for reading.
-//!
-//! For `sm_90` (and `sm_90a`) a second module is built for `sm_90a` with `--cfg flash_attn_sm90a`:
-//! every kernel plus the `wgmma` ones, which only the `a` target accepts. It is embedded as
-//! `attention_kernels_sm90a.ptx` (empty for other architectures) and loaded on compute
-//! capability 9.0 devices, whose driver is the only one that runs `sm_90a` code.
+//! With the `rebuild-ptx` feature (implied by `tuning`), this script compiles them from the
+//! sources instead, with rustc's NVPTX backend. The child build uses the pinned toolchain of
+//! `rust-toolchain.toml` with `-Zbuild-std=core` (no prebuilt `rust-std` exists for
+//! `nvptx64-nvidia-cuda`), `RUSTC_BOOTSTRAP=1` for the unstable device features, and a target
+//! directory of its own so it never waits on the lock of the build that runs this script. A
+//! kernel that fails to compile fails this build with the compiler's own output.
+//! `FLASH_ATTN_ARCH` selects the base module's architecture (default `sm_80`, e.g. `sm_90`); the
+//! `sm_90a` module is built with `--cfg flash_attn_sm90a`, which adds the `wgmma` kernels. The
+//! rebuilt PTX is written to `target/ptx/<arch>/attention_kernels.ptx`.
 
 use std::env;
 use std::fs;
@@ -21,60 +24,92 @@ use std::process::Command;
 
 const KERNEL_CRATE: &str = "attention-kernels";
 const PTX_NAME: &str = "attention_kernels.ptx";
-const HOPPER_PTX_NAME: &str = "attention_kernels_sm90a.ptx";
+
+const SHIPPED_DIR: &str = "ptx";
+const SHIPPED_BASE: &str = "attention_kernels.ptx";
+const SHIPPED_HOPPER: &str = "attention_kernels_sm90a.ptx";
+/// The architecture of the shipped base module (and the default of a rebuilt one).
+const DEFAULT_ARCH: &str = "sm_80";
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
-    let arch = env::var("FLASH_ATTN_ARCH").unwrap_or_else(|_| "sm_90".to_owned());
-    if !arch.starts_with("sm_") || arch.len() < 5 {
-        panic!("FLASH_ATTN_ARCH must name an architecture such as sm_90 or sm_80, got {arch:?}");
-    }
-
-    let kernel_dir = manifest_dir.join(KERNEL_CRATE);
-    println!(
-        "cargo:rerun-if-changed={}",
-        kernel_dir.join("src").display()
-    );
-    println!(
-        "cargo:rerun-if-changed={}",
-        kernel_dir.join("Cargo.toml").display()
-    );
     println!("cargo:rerun-if-env-changed=FLASH_ATTN_ARCH");
+    let arch = env::var("FLASH_ATTN_ARCH").ok();
+    let rebuild = env::var_os("CARGO_FEATURE_REBUILD_PTX").is_some();
 
-    let target_root = target_root(&out_dir);
-    let hopper = arch == "sm_90" || arch == "sm_90a";
-    let base_arch = if arch == "sm_90a" { "sm_90" } else { &arch };
-    let ptx = build_ptx(&kernel_dir, &target_root, base_arch, false);
-    let hopper_ptx = if hopper {
-        build_ptx(&kernel_dir, &target_root, "sm_90a", true)
+    // (embedded file, readable copy) of each module.
+    let (base, hopper, base_arch) = if rebuild {
+        let arch = arch.unwrap_or_else(|| DEFAULT_ARCH.to_owned());
+        if !arch.starts_with("sm_") || arch.len() < 5 || arch.ends_with('a') {
+            panic!(
+                "FLASH_ATTN_ARCH must name the base module's architecture, such as sm_80 or sm_90, got {arch:?}"
+            );
+        }
+        let kernel_dir = manifest_dir.join(KERNEL_CRATE);
+        println!(
+            "cargo:rerun-if-changed={}",
+            kernel_dir.join("src").display()
+        );
+        println!(
+            "cargo:rerun-if-changed={}",
+            kernel_dir.join("Cargo.toml").display()
+        );
+        let target_root = target_root(&out_dir);
+        // Embedded from OUT_DIR, which is this feature set's own; `target/ptx` is shared by every
+        // build (with and without `tuning`) and only for reading.
+        let write = |arch: &str, wgmma: bool, embedded: &str| {
+            let ptx = build_ptx(&kernel_dir, &target_root, arch, wgmma);
+            fs::write(out_dir.join(embedded), &ptx).expect("write OUT_DIR PTX");
+            let dir = target_root.join("ptx").join(arch);
+            fs::create_dir_all(&dir).expect("create target/ptx");
+            fs::write(dir.join(PTX_NAME), &ptx).expect("write target/ptx copy");
+            (out_dir.join(embedded), dir.join(PTX_NAME))
+        };
+        let base = write(&arch, false, SHIPPED_BASE);
+        let hopper = write("sm_90a", true, SHIPPED_HOPPER);
+        (base, hopper, arch)
     } else {
-        String::new()
+        let shipped = manifest_dir.join(SHIPPED_DIR);
+        let (base, hopper) = (shipped.join(SHIPPED_BASE), shipped.join(SHIPPED_HOPPER));
+        for path in [&base, &hopper] {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+        let text = fs::read_to_string(&base)
+            .unwrap_or_else(|e| panic!("the shipped PTX {} is unreadable: {e}", base.display()));
+        let shipped_arch = text
+            .lines()
+            .find_map(|l| l.strip_prefix(".target "))
+            .unwrap_or_else(|| panic!("{} names no .target", base.display()))
+            .trim()
+            .to_owned();
+        if let Some(arch) = arch.filter(|a| *a != shipped_arch) {
+            panic!(
+                "FLASH_ATTN_ARCH={arch}: the shipped base module is for {shipped_arch}; enable the \
+                 `rebuild-ptx` feature to compile the kernels for another architecture"
+            );
+        }
+        ((base.clone(), base), (hopper.clone(), hopper), shipped_arch)
     };
 
-    fs::write(out_dir.join(PTX_NAME), &ptx).expect("write embedded PTX");
-    fs::write(out_dir.join(HOPPER_PTX_NAME), &hopper_ptx).expect("write embedded PTX");
-    let readable = target_root.join("ptx").join(base_arch);
-    fs::create_dir_all(&readable).expect("create target/ptx");
-    fs::write(readable.join(PTX_NAME), &ptx).expect("write target/ptx copy");
-    let hopper_readable = target_root.join("ptx").join("sm_90a").join(PTX_NAME);
-    if hopper {
-        fs::create_dir_all(hopper_readable.parent().unwrap()).expect("create target/ptx");
-        fs::write(&hopper_readable, &hopper_ptx).expect("write target/ptx copy");
+    for (name, (embedded, readable)) in [("PTX", base), ("PTX_SM90A", hopper)] {
+        println!(
+            "cargo:rustc-env=FLASH_ATTN_{name}_EMBEDDED={}",
+            embedded.display()
+        );
+        println!(
+            "cargo:rustc-env=FLASH_ATTN_{name}_PATH={}",
+            readable.display()
+        );
     }
-    println!(
-        "cargo:rustc-env=FLASH_ATTN_PTX_SM90A_PATH={}",
-        hopper_readable.display()
-    );
-
     println!("cargo:rustc-env=FLASH_ATTN_PTX_ARCH={base_arch}");
+    println!(
+        "cargo:rustc-env=FLASH_ATTN_PTX_ORIGIN={}",
+        if rebuild { "rebuilt" } else { "shipped" }
+    );
     println!(
         "cargo:rustc-env=FLASH_ATTN_GIT_COMMIT={}",
         git_commit(&manifest_dir)
-    );
-    println!(
-        "cargo:rustc-env=FLASH_ATTN_PTX_PATH={}",
-        readable.join(PTX_NAME).display()
     );
 }
 
@@ -90,12 +125,18 @@ fn target_root(out_dir: &Path) -> PathBuf {
     }
 }
 
-/// Compiles the kernel crate for `arch` in `<target-dir>/ptx-build/<arch>`; `wgmma` adds the
-/// `flash_attn_sm90a` cfg.
+/// Compiles the kernel crate for `arch` in `<target-dir>/ptx-build/<arch>[-tuning]`; `wgmma` adds
+/// the `flash_attn_sm90a` cfg.
 fn build_ptx(kernel_dir: &Path, target_root: &Path, arch: &str, wgmma: bool) -> String {
-    // The root package's `tuning` feature compiles the candidate tiles into the PTX too.
+    // The root package's `tuning` feature compiles the candidate tiles into the PTX too. Its own
+    // target directory: the PTX file carries no feature hash in its name, so a build that shared
+    // the directory could find its unit fresh and read the other feature set's PTX.
     let tuning = env::var_os("CARGO_FEATURE_TUNING").is_some();
-    let child_target = target_root.join("ptx-build").join(arch);
+    let child_target = target_root.join("ptx-build").join(if tuning {
+        format!("{arch}-tuning")
+    } else {
+        arch.to_owned()
+    });
     let mut rustflags = format!("-Ctarget-cpu={arch}\x1f-Cllvm-args=-unroll-threshold=1000");
     if wgmma {
         // PTX 8.3 for the vector reductions (`red.global.add.v4.f32`, 8.1+); LLVM would write 8.0.

@@ -8,6 +8,8 @@
 # the device tool's `carry`, then run `scripts/device-unpack.sh` and scripts/device-run.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The binaries embed ptx/: refuse to carry PTX that the kernel sources no longer produce.
+scripts/regen-ptx.sh --check
 rm -rf .device-run && mkdir -p .device-run/tests
 cargo build --release --bins --quiet
 cp target/release/flash-attn .device-run/

@@ -1,6 +1,6 @@
 """SASS of the kernels without a GPU: assembles the build's PTX with ptxas (the nvidia-cuda-nvcc
-wheel) for the architecture its `.target` line names (sm_90, or sm_90a for the module with the
-`wgmma` kernels), disassembles it with nvdisasm (the nvidia-cuda-nvdisasm wheel, installed here if
+wheel) for the architecture its `.target` line names (sm_80 for the shipped base module, sm_90a for
+the module with the `wgmma` kernels), disassembles it with nvdisasm (the nvidia-cuda-nvdisasm wheel, installed here if
 missing), and counts per kernel the instructions that say which path it is on: HMMA (`mma.sync`
 tensor cores), HGMMA (`wgmma`), LDSM (ldmatrix), LDGSTS (cp.async), BAR, and LDL/STL (local
 memory: register arrays that spilled). Exits non-zero if a `flash_tc` matrix kernel has no HMMA,
@@ -8,7 +8,8 @@ a `flash_wgmma` kernel no HGMMA, or any of them touches local memory, except the
 instances at d = 128 (length masks and dropout), which spill 80–104 bytes (reports/PERF_LOG*.md).
 
 usage: python3 scripts/sass_check.py [PTX] > table.md
-  e.g. target/ptx/sm_90/attention_kernels.ptx (default) or target/ptx/sm_90a/attention_kernels.ptx
+  e.g. ptx/attention_kernels.ptx (default), ptx/attention_kernels_sm90a.ptx, or a rebuilt module
+  under target/ptx/<arch>/ (the rebuild-ptx feature)
 The driver on the GPU machine assembles the same PTX with its own ptxas, so its SASS can differ in
 scheduling; the instruction classes do not.
 """
@@ -28,7 +29,7 @@ def tool(module, name):
 
 
 def main():
-    ptx = sys.argv[1] if len(sys.argv) > 1 else "target/ptx/sm_90/attention_kernels.ptx"
+    ptx = sys.argv[1] if len(sys.argv) > 1 else "ptx/attention_kernels.ptx"
     ptxas = tool("nvidia.cuda_nvcc", "ptxas")
     if ptxas is None:
         sys.exit("ptxas not found: run scripts/setup.sh")

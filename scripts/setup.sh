@@ -2,7 +2,8 @@
 # Installs what building and testing need on a fresh Debian machine of this project's kind.
 # Safe to run again: every step checks first and does nothing when its piece is already there.
 #   - the pinned Rust toolchain and the components the kernel build needs (rust-toolchain.toml)
-#   - Debian non-free `libcuda1`, so cust links and starts where no GPU is
+#   - Debian non-free `libcuda1`, so the tests also run against a driver that finds no GPU (the
+#     runtime opens libcuda at run time and reports NoDevice without it just the same)
 #   - the `ptxas` wheel (nvidia-cuda-nvcc-cu12), for resource reports of the PTX
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -12,8 +12,168 @@ pub use attention_host::families::exact::{KernelFamily, choose_block_sizes, pape
 pub use attention_host::{
     AttentionOptions, AttentionShape, BackwardInputs, BlockSizes, DType, DeviceF32, DeviceTensor,
     Direction, Family, FlashOptions, ForwardOutput, Gpu, Gradients, KernelChoice, Lengths, Plan,
-    Schedule, backward, forward, plan,
+    Schedule,
 };
+
+// The entry points, each with an example (the ones that need a GPU are compiled, not run).
+
+/// # Example
+///
+/// Runs everywhere: on a GPU the plan of this call on it, elsewhere the plan it would have on an
+/// H100/H200 ([`plan::select`](attention_host::plan::select) with the capabilities of an
+/// architecture).
+///
+/// ```
+/// use flash_attn::{AttentionError, AttentionOptions, AttentionShape, DType, DeviceCaps};
+/// use flash_attn::{Direction, FlashOptions, Problem};
+///
+/// let shape = AttentionShape { batch: 2, n_q: 1024, n_k: 1024, heads_q: 16, heads_kv: 4, head_dim: 128 };
+/// let options = FlashOptions::new(AttentionOptions::new().causal(true));
+/// let plan = match flash_attn::gpu() {
+///     Ok(gpu) => flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Forward)?,
+///     Err(AttentionError::NoDevice(_)) => {
+///         let problem = Problem::new(&shape, DType::Bf16, &options)?;
+///         let h100 = DeviceCaps::for_arch("sm_90", flash_attn::PTX_SM90A.is_some())?;
+///         flash_attn::plan::select(&h100, &problem, Direction::Forward)?
+///     }
+///     Err(e) => return Err(e),
+/// };
+/// println!("{plan}");
+/// # Ok::<(), AttentionError>(())
+/// ```
+pub use attention_host::attention::plan;
+
+/// # Example
+///
+/// ```no_run
+/// use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions};
+///
+/// let gpu = flash_attn::gpu()?;
+/// let shape = AttentionShape { batch: 1, n_q: 512, n_k: 512, heads_q: 8, heads_kv: 8, head_dim: 64 };
+/// let (q, k, v) = (vec![0.5; shape.q_elems()], vec![0.25; shape.kv_elems()], vec![1.0; shape.kv_elems()]);
+/// let upload = |x: &[f32]| DeviceTensor::from_f32(DType::Bf16, x);
+/// let options = FlashOptions::new(AttentionOptions::new().causal(true));
+/// let out = flash_attn::forward(&gpu, &shape, &upload(&q)?, &upload(&k)?, &upload(&v)?, &options)?;
+/// let o: Vec<f32> = out.o.to_f32()?; // [batch, n_q, heads_q, head_dim]
+/// let lse: Vec<f32> = out.lse.to_vec()?; // [batch, heads_q, n_q], kept for the backward
+/// println!("{} ran; O[0] = {}, LSE[0] = {}", out.plan.entry, o[0], lse[0]);
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
+pub use attention_host::attention::forward;
+
+/// # Example
+///
+/// Buffers allocated once and reused across calls; nothing waits until `synchronize`.
+///
+/// ```no_run
+/// use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, FlashOptions};
+///
+/// let gpu = flash_attn::gpu()?;
+/// let shape = AttentionShape { batch: 4, n_q: 2048, n_k: 2048, heads_q: 16, heads_kv: 16, head_dim: 128 };
+/// let upload = |n: usize| DeviceTensor::from_f32(DType::F16, &vec![0.1; n]);
+/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.kv_elems())?, upload(shape.kv_elems())?);
+/// let o = DeviceTensor::poisoned(DType::F16, shape.q_elems())?;
+/// let lse = DeviceF32::poisoned(shape.row_elems())?;
+/// let options = FlashOptions::new(AttentionOptions::new());
+/// for _ in 0..10 {
+///     flash_attn::forward_into(&gpu, &shape, &q, &k, &v, &o, &lse, &options)?;
+/// }
+/// gpu.synchronize()?;
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
+pub use attention_host::attention::forward_into;
+
+/// # Example
+///
+/// One of the compiled tensor-core instances, here the tiles the default plan picked (the others
+/// are compiled with the `tuning` feature).
+///
+/// ```no_run
+/// use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Direction, FlashOptions};
+///
+/// let gpu = flash_attn::gpu()?;
+/// let shape = AttentionShape { batch: 1, n_q: 4096, n_k: 4096, heads_q: 32, heads_kv: 32, head_dim: 128 };
+/// let options = FlashOptions::new(AttentionOptions::new());
+/// let tiles = flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Forward)?.tiles;
+/// let upload = |n: usize| DeviceTensor::from_f32(DType::Bf16, &vec![0.1; n]);
+/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.kv_elems())?, upload(shape.kv_elems())?);
+/// let o = DeviceTensor::poisoned(DType::Bf16, shape.q_elems())?;
+/// let lse = DeviceF32::poisoned(shape.row_elems())?;
+/// flash_attn::forward_variant_into(&gpu, &shape, tiles, &q, &k, &v, &o, &lse, &options)?;
+/// gpu.synchronize()?;
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
+pub use attention_host::attention::forward_variant_into;
+
+/// # Example
+///
+/// ```no_run
+/// use flash_attn::{AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceTensor, FlashOptions};
+///
+/// let gpu = flash_attn::gpu()?;
+/// let shape = AttentionShape { batch: 1, n_q: 512, n_k: 512, heads_q: 8, heads_kv: 2, head_dim: 64 };
+/// let upload = |n: usize| DeviceTensor::from_f32(DType::Bf16, &vec![0.1; n]);
+/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.kv_elems())?, upload(shape.kv_elems())?);
+/// let options = FlashOptions::new(AttentionOptions::new().causal(true));
+/// let out = flash_attn::forward(&gpu, &shape, &q, &k, &v, &options)?;
+/// let d_o = upload(shape.q_elems())?;
+/// let inputs = BackwardInputs { q: &q, k: &k, v: &v, o: &out.o, d_o: &d_o, lse: &out.lse };
+/// let grads = flash_attn::backward(&gpu, &shape, &inputs, &options)?;
+/// let (dq, dk, dv) = (grads.dq.to_f32()?, grads.dk.to_f32()?, grads.dv.to_f32()?);
+/// # let _ = (dq, dk, dv);
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
+pub use attention_host::attention::backward;
+
+/// # Example
+///
+/// Gradient buffers and the workspace (sized by the plan) allocated once; nothing waits until
+/// `synchronize`.
+///
+/// ```no_run
+/// use flash_attn::{AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceTensor};
+/// use flash_attn::{Direction, FlashOptions, GradientBuffers, Workspace};
+///
+/// let gpu = flash_attn::gpu()?;
+/// let shape = AttentionShape { batch: 2, n_q: 1024, n_k: 1024, heads_q: 16, heads_kv: 16, head_dim: 128 };
+/// let upload = |n: usize| DeviceTensor::from_f32(DType::Bf16, &vec![0.1; n]);
+/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.kv_elems())?, upload(shape.kv_elems())?);
+/// let options = FlashOptions::new(AttentionOptions::new());
+/// let out = flash_attn::forward(&gpu, &shape, &q, &k, &v, &options)?;
+/// let d_o = upload(shape.q_elems())?;
+/// let inputs = BackwardInputs { q: &q, k: &k, v: &v, o: &out.o, d_o: &d_o, lse: &out.lse };
+/// let plan = flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Backward)?;
+/// let workspace = Workspace::new(&plan)?;
+/// let grads = GradientBuffers::poisoned(&shape, DType::Bf16)?;
+/// flash_attn::backward_into(&gpu, &shape, &inputs, &grads, &workspace, &options)?;
+/// gpu.synchronize()?;
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
+pub use attention_host::attention::backward_into;
+
+/// # Example
+///
+/// As [`backward_into`], on the tiles the default plan picked (others with the `tuning` feature).
+///
+/// ```no_run
+/// use flash_attn::{AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceTensor};
+/// use flash_attn::{Direction, FlashOptions, GradientBuffers, Workspace};
+///
+/// let gpu = flash_attn::gpu()?;
+/// let shape = AttentionShape { batch: 1, n_q: 4096, n_k: 4096, heads_q: 32, heads_kv: 32, head_dim: 128 };
+/// let upload = |n: usize| DeviceTensor::from_f32(DType::Bf16, &vec![0.1; n]);
+/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.kv_elems())?, upload(shape.kv_elems())?);
+/// let options = FlashOptions::new(AttentionOptions::new());
+/// let out = flash_attn::forward(&gpu, &shape, &q, &k, &v, &options)?;
+/// let d_o = upload(shape.q_elems())?;
+/// let inputs = BackwardInputs { q: &q, k: &k, v: &v, o: &out.o, d_o: &d_o, lse: &out.lse };
+/// let plan = flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Backward)?;
+/// let (workspace, grads) = (Workspace::new(&plan)?, GradientBuffers::poisoned(&shape, DType::Bf16)?);
+/// flash_attn::backward_variant_into(&gpu, &shape, plan.tiles, &inputs, &grads, &workspace, &options)?;
+/// gpu.synchronize()?;
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
+pub use attention_host::attention::backward_variant_into;
 
 use attention_host::Result;
 
@@ -36,6 +196,20 @@ pub struct HostGradients {
 
 /// Forward on host slices (`[batch, seq, heads, head_dim]`), computed in `dtype` (inputs rounded to
 /// it on upload).
+///
+/// # Example
+///
+/// ```no_run
+/// use flash_attn::{AttentionOptions, AttentionShape, DType, FlashOptions};
+///
+/// let gpu = flash_attn::gpu()?;
+/// let shape = AttentionShape { batch: 1, n_q: 100, n_k: 300, heads_q: 4, heads_kv: 4, head_dim: 32 };
+/// let (q, k, v) = (vec![0.5; shape.q_elems()], vec![0.25; shape.kv_elems()], vec![1.0; shape.kv_elems()]);
+/// let options = FlashOptions::new(AttentionOptions::new().dropout(0.1, 42, 0));
+/// let out = flash_attn::forward_host(&gpu, DType::F32, &shape, &q, &k, &v, &options)?;
+/// assert_eq!(out.o.len(), shape.q_elems());
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
 pub fn forward_host(
     gpu: &Gpu,
     dtype: DType,
@@ -59,6 +233,22 @@ pub fn forward_host(
 }
 
 /// Backward on host slices; `o` and `lse` are the forward's outputs for the same inputs and options.
+///
+/// # Example
+///
+/// ```no_run
+/// use flash_attn::{AttentionOptions, AttentionShape, DType, FlashOptions};
+///
+/// let gpu = flash_attn::gpu()?;
+/// let shape = AttentionShape { batch: 1, n_q: 128, n_k: 128, heads_q: 4, heads_kv: 1, head_dim: 64 };
+/// let (q, k, v) = (vec![0.5; shape.q_elems()], vec![0.25; shape.kv_elems()], vec![1.0; shape.kv_elems()]);
+/// let d_o = vec![1.0; shape.q_elems()];
+/// let options = FlashOptions::new(AttentionOptions::new().causal(true));
+/// let fwd = flash_attn::forward_host(&gpu, DType::Bf16, &shape, &q, &k, &v, &options)?;
+/// let g = flash_attn::backward_host(&gpu, DType::Bf16, &shape, &q, &k, &v, &fwd.o, &fwd.lse, &d_o, &options)?;
+/// assert_eq!(g.dk.len(), shape.kv_elems());
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
 #[allow(clippy::too_many_arguments)]
 pub fn backward_host(
     gpu: &Gpu,

@@ -263,16 +263,16 @@ fn deterministic_gradients_are_bitwise_identical() {
 
 /// Peak device memory in use during `f`, sampled from another thread sharing the context.
 fn peak_used_during(gpu: &Gpu, f: impl FnOnce()) -> usize {
-    let ctx = cust::context::legacy::CurrentContext::get_current().unwrap();
+    let context = gpu.context().clone();
     let (free0, _) = gpu.memory_info().unwrap();
     let done = Arc::new(AtomicBool::new(false));
     let poller = {
         let done = done.clone();
         std::thread::spawn(move || {
-            cust::context::legacy::CurrentContext::set_current(&ctx).unwrap();
             let mut min_free = usize::MAX;
             while !done.load(Ordering::Relaxed) {
-                min_free = min_free.min(cust::memory::mem_get_info().unwrap().0);
+                // Binds the shared context to this thread before each query.
+                min_free = min_free.min(context.mem_get_info().unwrap().0);
             }
             min_free
         })

@@ -1,10 +1,12 @@
 //! Errors a caller can act on: no device, bad input (refused before any launch), CUDA failures.
 
+use cudarc::driver::DriverError;
+use cudarc::driver::sys::CUresult;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum AttentionError {
-    /// No CUDA device answered (no driver, no GPU, or the driver found none).
+    /// No CUDA device answered (no `libcuda` to load, no GPU, or the driver found none).
     #[error("no CUDA device answered: {0}")]
     NoDevice(String),
     /// The inputs cannot be run as given; nothing was launched.
@@ -18,29 +20,21 @@ pub enum AttentionError {
     Launch {
         kernel: String,
         #[source]
-        source: cust::error::CudaError,
-    },
-    /// A driver call cust does not wrap failed, with the driver's status.
-    #[error("CUDA {what}: {status:?}")]
-    Driver {
-        what: &'static str,
-        status: cust::sys::CUresult,
+        source: DriverError,
     },
     /// Any other CUDA driver call failed (allocation, copy, context).
     #[error("CUDA {what}: {source}")]
     Cuda {
         what: &'static str,
         #[source]
-        source: cust::error::CudaError,
+        source: DriverError,
     },
 }
 
-/// Checks a raw driver status (calls cust does not wrap: the stream-ordered pool, async memsets).
-pub(crate) fn driver(status: cust::sys::CUresult, what: &'static str) -> Result<()> {
-    match status {
-        cust::sys::cudaError_enum::CUDA_SUCCESS => Ok(()),
-        status => Err(AttentionError::Driver { what, status }),
-    }
+/// Checks a raw driver status (the calls made through `cudarc::driver::sys`: the stream-ordered
+/// pool, memsets).
+pub(crate) fn driver(status: CUresult, what: &'static str) -> Result<()> {
+    status.result().cuda(what)
 }
 
 pub type Result<T> = std::result::Result<T, AttentionError>;
@@ -56,7 +50,7 @@ pub(crate) trait CudaContext<T> {
     fn cuda(self, what: &'static str) -> Result<T>;
 }
 
-impl<T> CudaContext<T> for std::result::Result<T, cust::error::CudaError> {
+impl<T> CudaContext<T> for std::result::Result<T, DriverError> {
     fn cuda(self, what: &'static str) -> Result<T> {
         self.map_err(|source| AttentionError::Cuda { what, source })
     }

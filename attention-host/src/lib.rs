@@ -23,6 +23,10 @@ pub mod runtime;
 pub mod schedule;
 pub mod tensors;
 
+/// The CUDA driver bindings the runtime is built on ([`Gpu::context`], [`Gpu::stream`] and the
+/// errors' sources are its types).
+pub use cudarc;
+
 pub use attention::{
     ForwardOutput, Gradients, backward, backward_into, backward_variant_into, forward,
     forward_into, forward_variant_into, plan,

@@ -10,9 +10,8 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use cust::context::Context;
-use cust::memory::DeviceCopy;
-use cust::sys::CUdeviceptr;
+use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::{CudaContext, DeviceRepr};
 
 use crate::dtype::DType;
 use crate::error::{Result, driver, invalid};
@@ -21,17 +20,17 @@ use crate::runtime::{make_current, memory_pool, primary_context};
 /// `len` elements of `T` on the device, freed in stream order; keeps the context it was
 /// allocated in alive and current where it is used and freed. Its bytes count in
 /// [`crate::runtime::memory`].
-pub(crate) struct DeviceArray<T: DeviceCopy> {
+pub(crate) struct DeviceArray<T: DeviceRepr> {
     ptr: CUdeviceptr,
     len: usize,
-    context: Arc<Context>,
+    context: Arc<CudaContext>,
     _elem: PhantomData<T>,
 }
 
 // The array owns its allocation; the pointer is a device address, valid from any thread in the
 // context the array retains.
-unsafe impl<T: DeviceCopy> Send for DeviceArray<T> {}
-unsafe impl<T: DeviceCopy> Sync for DeviceArray<T> {}
+unsafe impl<T: DeviceRepr> Send for DeviceArray<T> {}
+unsafe impl<T: DeviceRepr> Sync for DeviceArray<T> {}
 
 // Buffers are shared between threads and moved to others.
 const _: () = {
@@ -41,7 +40,7 @@ const _: () = {
     send_sync::<DeviceF32>();
 };
 
-impl<T: DeviceCopy> DeviceArray<T> {
+impl<T: DeviceRepr> DeviceArray<T> {
     /// Bytes of `len` elements, refused (before any allocation) when they do not fit an `isize`.
     fn checked_bytes(len: usize) -> Result<usize> {
         len.checked_mul(size_of::<T>())
@@ -67,7 +66,7 @@ impl<T: DeviceCopy> DeviceArray<T> {
             // the allocation before every later copy, memset and launch of the library.
             driver(
                 unsafe {
-                    cust::sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, std::ptr::null_mut())
+                    sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, std::ptr::null_mut())
                 },
                 "allocating device memory",
             )?;
@@ -86,9 +85,7 @@ impl<T: DeviceCopy> DeviceArray<T> {
         if !host.is_empty() {
             // SAFETY: `host` holds `len` elements of `T` and the array as many on the device.
             driver(
-                unsafe {
-                    cust::sys::cuMemcpyHtoD_v2(array.ptr, host.as_ptr().cast(), size_of_val(host))
-                },
+                unsafe { sys::cuMemcpyHtoD_v2(array.ptr, host.as_ptr().cast(), size_of_val(host)) },
                 "uploading a buffer",
             )?;
         }
@@ -113,7 +110,7 @@ impl<T: DeviceCopy> DeviceArray<T> {
             // SAFETY: both sides hold `len` elements of `T`; the copy waits for queued work.
             driver(
                 unsafe {
-                    cust::sys::cuMemcpyDtoH_v2(
+                    sys::cuMemcpyDtoH_v2(
                         out.as_mut_ptr().cast(),
                         self.ptr,
                         self.len * size_of::<T>(),
@@ -133,7 +130,7 @@ impl DeviceArray<f32> {
         if len > 0 {
             // SAFETY: the array holds `len` 32-bit words.
             driver(
-                unsafe { cust::sys::cuMemsetD32_v2(array.ptr, bits, len) },
+                unsafe { sys::cuMemsetD32_v2(array.ptr, bits, len) },
                 "filling a buffer",
             )?;
         }
@@ -151,7 +148,7 @@ impl DeviceArray<u16> {
         if len > 0 {
             // SAFETY: the array holds `len` 16-bit words.
             driver(
-                unsafe { cust::sys::cuMemsetD16_v2(array.ptr, bits, len) },
+                unsafe { sys::cuMemsetD16_v2(array.ptr, bits, len) },
                 "filling a buffer",
             )?;
         }
@@ -159,20 +156,20 @@ impl DeviceArray<u16> {
     }
 }
 
-impl<T: DeviceCopy> Drop for DeviceArray<T> {
+impl<T: DeviceRepr> Drop for DeviceArray<T> {
     fn drop(&mut self) {
         crate::runtime::memory::released(self.len * size_of::<T>());
         if self.ptr != 0 && make_current(&self.context).is_ok() {
             // SAFETY: the pointer came from the pool and is freed once; the legacy default stream
             // waits for the library's queued work before the memory returns to the pool.
-            unsafe { cust::sys::cuMemFreeAsync(self.ptr, std::ptr::null_mut()) };
+            unsafe { sys::cuMemFreeAsync(self.ptr, std::ptr::null_mut()) };
         }
     }
 }
 
 enum Storage {
     F32(DeviceArray<f32>),
-    /// f16 or bf16 bit patterns (`half`'s types are not `DeviceCopy`).
+    /// f16 or bf16 bit patterns, which the kernels read as such.
     Bits16(DeviceArray<u16>),
 }
 

@@ -1,9 +1,13 @@
 //! The CUDA runtime the kernels run on: device 0's primary context, one module loaded from PTX
 //! text, one stream, and the module's kernel functions looked up once each.
 //!
+//! The driver is reached through `cudarc`'s driver API, which opens `libcuda` when the first call
+//! needs it: building needs nothing of CUDA, and a machine without the library, the driver or a
+//! device gets [`AttentionError::NoDevice`] from [`Gpu::new`].
+//!
 //! Threads: a [`Gpu`] is `Send + Sync`. Every method that calls the driver first makes the
 //! context current on the calling thread, so one `Gpu` may be shared by threads or moved to
-//! another. The context is device 0's primary context (the one cust, cudarc and candle share),
+//! another. The context is device 0's primary context (the one cudarc, candle and cust share),
 //! retained by the `Gpu` and by every buffer of this library ([`buffer`]), so it lives as
 //! long as the last of them: a buffer may outlive the `Gpu` it was used with.
 
@@ -12,44 +16,45 @@ pub mod memory;
 pub mod timing;
 
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use cust::CudaFlags;
-use cust::context::{Context, CurrentContext};
-use cust::device::{Device, DeviceAttribute};
-use cust::error::CudaError;
-use cust::function::{BlockSize, Function, GridSize};
-use cust::module::Module;
-use cust::stream::{Stream, StreamFlags};
+use cudarc::driver::sys::{self, CUdevice_attribute, CUresult};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result};
 
-use crate::error::{AttentionError, CudaContext, Result, driver, invalid};
+use crate::error::{AttentionError, CudaContext as _, Result, invalid};
 
 /// Device 0's primary context while anything of this library holds it (empty otherwise, so the
 /// driver may destroy the context once the last holder is gone), and the memory pool made with it.
-static PRIMARY: Mutex<(Weak<Context>, usize)> = Mutex::new((Weak::new(), 0));
+static PRIMARY: Mutex<(Weak<CudaContext>, usize)> = Mutex::new((Weak::new(), 0));
 
 /// Device 0's primary context, retained (shared with every other holder in this process) and
 /// made current on the calling thread. A machine without a driver or a device gives `NoDevice`.
-pub(crate) fn primary_context() -> Result<Arc<Context>> {
+pub(crate) fn primary_context() -> Result<Arc<CudaContext>> {
     Ok(primary()?.0)
 }
 
 /// The library's stream-ordered memory pool on device 0 (made with the primary context), which
 /// keeps freed memory for reuse instead of returning it to the driver at each synchronisation.
-pub(crate) fn memory_pool() -> Result<cust::sys::CUmemoryPool> {
-    Ok(primary()?.1 as cust::sys::CUmemoryPool)
+pub(crate) fn memory_pool() -> Result<sys::CUmemoryPool> {
+    Ok(primary()?.1 as sys::CUmemoryPool)
 }
 
-fn primary() -> Result<(Arc<Context>, usize)> {
+fn primary() -> Result<(Arc<CudaContext>, usize)> {
     let mut slot = PRIMARY.lock().unwrap_or_else(PoisonError::into_inner);
     let (context, pool) = match slot.0.upgrade() {
         Some(context) => (context, slot.1),
         None => {
-            cust::init(CudaFlags::empty()).map_err(starting)?;
-            let device = Device::get_device(0).map_err(starting)?;
+            // cudarc opens libcuda on its first call and panics where there is none: ask first.
+            // SAFETY: only tries to open the library under its usual names.
+            if !unsafe { sys::is_culib_present() } {
+                return Err(AttentionError::NoDevice(
+                    "the CUDA driver library (libcuda.so) could not be loaded".to_owned(),
+                ));
+            }
             // Retains the primary context (and makes it current on this thread).
-            let context = Arc::new(Context::new(device).map_err(starting)?);
-            let pool = create_pool(device.as_raw())?;
+            let context = CudaContext::new(0).map_err(starting)?;
+            let pool = create_pool(context.cu_device())?;
             *slot = (Arc::downgrade(&context), pool as usize);
             (context, pool as usize)
         }
@@ -61,54 +66,54 @@ fn primary() -> Result<(Arc<Context>, usize)> {
 
 /// A pool of device memory on `device` that never releases what it holds (the release threshold
 /// is the largest value), so a call's allocations after the first come from the pool.
-fn create_pool(device: cust::sys::CUdevice) -> Result<cust::sys::CUmemoryPool> {
-    use cust::sys::*;
-    let props = CUmemPoolProps {
-        allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        handleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-        location: CUmemLocation {
-            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: device,
-        },
-        win32SecurityAttributes: std::ptr::null_mut(),
-        reserved: [0; 64],
+fn create_pool(device: sys::CUdevice) -> Result<sys::CUmemoryPool> {
+    // SAFETY: all-zero is a valid `CUmemPoolProps` (no handle types, no security attributes);
+    // the fields that matter are set below.
+    let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    props.location = sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: device,
     };
-    let mut pool: CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: an out-pointer and properties of a device allocation pool on a valid device.
-    driver(
-        unsafe { cuMemPoolCreate(&mut pool, &props) },
-        "creating a memory pool",
-    )?;
+    // SAFETY: properties of a device allocation pool on a valid device.
+    let pool = unsafe { result::mem_pool::create(&props) }.cuda("creating a memory pool")?;
     let mut threshold = u64::MAX;
     // SAFETY: the release threshold attribute takes a u64.
     let status = unsafe {
-        cuMemPoolSetAttribute(
+        sys::cuMemPoolSetAttribute(
             pool,
-            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             (&mut threshold as *mut u64).cast(),
         )
     };
-    driver(status, "setting the memory pool's release threshold")?;
+    crate::error::driver(status, "setting the memory pool's release threshold")?;
     Ok(pool)
 }
 
 /// Makes `context` the calling thread's current context (the driver keeps one per thread).
-pub(crate) fn make_current(context: &Context) -> Result<()> {
-    CurrentContext::set_current(context).cuda("making the context current on this thread")
+pub(crate) fn make_current(context: &CudaContext) -> Result<()> {
+    context
+        .bind_to_thread()
+        .cuda("making the context current on this thread")
 }
 
 /// A driver error while starting: the ones that mean "no usable GPU here" become `NoDevice`.
-fn starting(e: CudaError) -> AttentionError {
-    match e {
-        CudaError::NoDevice | CudaError::NotInitialized | CudaError::InvalidDevice => {
-            AttentionError::NoDevice(e.to_string())
-        }
-        CudaError::UnknownError | CudaError::OperatingSystemError => {
+fn starting(e: DriverError) -> AttentionError {
+    use CUresult::*;
+    match e.0 {
+        CUDA_ERROR_NO_DEVICE
+        | CUDA_ERROR_NOT_INITIALIZED
+        | CUDA_ERROR_INVALID_DEVICE
+        | CUDA_ERROR_STUB_LIBRARY
+        | CUDA_ERROR_SYSTEM_DRIVER_MISMATCH
+        | CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE => AttentionError::NoDevice(format!("{e}")),
+        CUDA_ERROR_UNKNOWN | CUDA_ERROR_OPERATING_SYSTEM => {
             AttentionError::NoDevice(format!("{e} (driver present but no usable GPU)"))
         }
-        other => AttentionError::Cuda {
+        _ => AttentionError::Cuda {
             what: "initialising the driver",
-            source: other,
+            source: e,
         },
     }
 }
@@ -142,29 +147,43 @@ kernel_params!(
 /// Dynamic shared memory every kernel may use without raising its limit.
 const DEFAULT_DYNAMIC_SHARED: u32 = 48 * 1024;
 
+/// The attention module, unloaded (in its context) when dropped.
+struct Module {
+    raw: sys::CUmodule,
+    context: Arc<CudaContext>,
+}
+
+/// A stream this `Gpu` created (cudarc's view of it, which does not own it), destroyed when
+/// dropped.
+struct OwnedStream(Arc<CudaStream>);
+
 /// A kernel function of the module, looked up once.
 struct Kernel {
-    /// `'static` stands for "as long as the `Gpu`'s module": the cache is private to the `Gpu`,
-    /// and each launch uses a handle only while it borrows that `Gpu`.
-    function: Arc<Function<'static>>,
+    /// Valid as long as the `Gpu`'s module: the cache is private to the `Gpu`, dropped before it.
+    function: sys::CUfunction,
     /// The function's `MAX_DYNAMIC_SHARED_SIZE_BYTES` as this `Gpu` set it: only ever raised,
     /// always under the cache's lock, so a launch that fits it can never be failed by another
     /// thread's launch of the same kernel with a different size.
     dynamic_shared_limit: u32,
 }
 
+// Driver handles are plain values, usable from any thread where their context is current (every
+// use here makes it current first).
+unsafe impl Send for Module {}
+unsafe impl Sync for Module {}
+unsafe impl Send for Kernel {}
+
 /// Device 0's primary context with the attention module loaded.
 pub struct Gpu {
     // Field order is drop order: the stream and module go before the context that owns them
-    // (`Drop` makes it current first, so they are released from any thread).
-    stream: Stream,
+    // (their drops make it current first, so they are released from any thread).
+    stream: OwnedStream,
     kernels: Mutex<HashMap<String, Kernel>>,
     module: Module,
-    device: Device,
     compute_capability: (u32, u32),
     wgmma: bool,
     shared_optin: u32,
-    context: Arc<Context>,
+    context: Arc<CudaContext>,
 }
 
 // A `Gpu` is shared between threads and moved to others (tests `runtime_threads` show it works).
@@ -193,34 +212,24 @@ impl Gpu {
     /// ([`Gpu::has_wgmma`]). `sm_90a` code runs on no other architecture.
     pub fn with_hopper_module(ptx: &str, hopper: Option<&str>) -> Result<Gpu> {
         let context = primary_context()?;
-        let device = Device::get_device(0).cuda("getting device 0")?;
-        let capability = |what| {
-            device
-                .get_attribute(what)
-                .cuda("reading the compute capability")
-                .map(|v| v as u32)
-        };
-        let compute_capability = (
-            capability(DeviceAttribute::ComputeCapabilityMajor)?,
-            capability(DeviceAttribute::ComputeCapabilityMinor)?,
-        );
-        let is_hopper = compute_capability == (9, 0);
+        let (major, minor) = context
+            .compute_capability()
+            .cuda("reading the compute capability")?;
+        let compute_capability = (major as u32, minor as u32);
         let (ptx, wgmma) = match hopper {
-            Some(h) if is_hopper => (h, true),
+            Some(h) if compute_capability == (9, 0) => (h, true),
             _ => (ptx, false),
         };
-        let shared_optin = shared_optin(device)?;
-        let module = Module::from_ptx(ptx, &[]).map_err(|e| {
-            AttentionError::Module(format!("loading PTX ({} bytes): {e}", ptx.len()))
-        })?;
-        // A blocking stream: it orders after the legacy default stream, where cust's uploads and
-        // downloads run, so a launch never reads an input before its copy has landed.
-        let stream = Stream::new(StreamFlags::DEFAULT, None).cuda("creating a stream")?;
+        let shared_optin = attribute(
+            &context,
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            "reading the shared-memory limit",
+        )?;
+        let module = Module::load(&context, ptx)?;
         Ok(Gpu {
-            stream,
+            stream: OwnedStream::new(&context)?,
             kernels: Mutex::new(HashMap::new()),
             module,
-            device,
             compute_capability,
             wgmma,
             shared_optin,
@@ -229,9 +238,15 @@ impl Gpu {
     }
 
     /// Makes this GPU's context current on the calling thread. The library's own calls do this
-    /// themselves; it is for code that calls cust or the driver directly beside them.
+    /// themselves; it is for code that calls the driver directly beside them.
     pub fn make_current(&self) -> Result<()> {
         make_current(&self.context)
+    }
+
+    /// Device 0's primary context, as cudarc holds it: for memory and streams of your own in the
+    /// same context as the library's.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.context
     }
 
     /// Whether the loaded module has the `wgmma` kernels (an `sm_90a` module on a 9.0 device).
@@ -244,22 +259,25 @@ impl Gpu {
         self.compute_capability
     }
 
-    /// The stream every launch goes to. Driver calls on it from another thread need
-    /// [`Gpu::make_current`] there first.
-    pub fn stream(&self) -> &Stream {
-        &self.stream
+    /// The stream every launch goes to: a blocking stream, so it orders after the legacy default
+    /// stream, where the library's uploads and downloads run. It lives as long as this `Gpu`.
+    pub fn stream(&self) -> &CudaStream {
+        &self.stream.0
     }
 
     pub fn device_name(&self) -> String {
-        self.device
+        self.context
             .name()
             .unwrap_or_else(|e| format!("unknown ({e})"))
     }
 
     /// The CUDA version the driver supports, e.g. "13.0".
     pub fn cuda_version(&self) -> Result<String> {
-        let v = cust::CudaApiVersion::get().cuda("reading the driver's CUDA version")?;
-        Ok(format!("{}.{}", v.major(), v.minor()))
+        let mut v = 0;
+        // SAFETY: an out-pointer to an int.
+        let status = unsafe { sys::cuDriverGetVersion(&mut v) };
+        crate::error::driver(status, "reading the driver's CUDA version")?;
+        Ok(format!("{}.{}", v / 1000, v % 1000 / 10))
     }
 
     /// Shared memory a block may opt in to, in bytes (227 KiB on the H100/H200).
@@ -268,39 +286,25 @@ impl Gpu {
     }
 
     pub fn multiprocessors(&self) -> Result<u32> {
-        let v = self
-            .device
-            .get_attribute(DeviceAttribute::MultiprocessorCount)
-            .cuda("reading the multiprocessor count")?;
-        Ok(v as u32)
+        attribute(
+            &self.context,
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            "reading the multiprocessor count",
+        )
     }
 
     /// `(free, total)` device memory in bytes.
     pub fn memory_info(&self) -> Result<(usize, usize)> {
-        self.make_current()?;
-        cust::memory::mem_get_info().cuda("reading device memory")
-    }
-
-    /// Looks `name` up in the module (a fresh handle each call; launches use the cache).
-    pub fn function(&self, name: &str) -> Result<Function<'_>> {
-        self.make_current()?;
-        self.module
-            .get_function(name)
-            .map_err(|e| AttentionError::Module(format!("kernel {name} not in the module: {e}")))
+        self.context.mem_get_info().cuda("reading device memory")
     }
 
     /// The cached function `name` with its dynamic shared-memory limit at least `shared_bytes`.
     /// Lookup and any raise of the limit happen under the cache's lock; the limit never drops.
-    fn kernel(&self, name: &str, shared_bytes: u32) -> Result<Arc<Function<'static>>> {
+    fn kernel(&self, name: &str, shared_bytes: u32) -> Result<sys::CUfunction> {
         let mut kernels = self.kernels.lock().unwrap_or_else(PoisonError::into_inner);
         if !kernels.contains_key(name) {
-            let function = self.function(name)?;
-            // SAFETY: only the lifetime changes. The handle stays in this `Gpu`'s cache, which
-            // goes with the module, and `launch` uses its clone only while borrowing the `Gpu`.
-            let function =
-                unsafe { std::mem::transmute::<Function<'_>, Function<'static>>(function) };
             let kernel = Kernel {
-                function: Arc::new(function),
+                function: self.module.function(name)?,
                 dynamic_shared_limit: DEFAULT_DYNAMIC_SHARED,
             };
             kernels.insert(name.to_owned(), kernel);
@@ -308,21 +312,21 @@ impl Gpu {
         let kernel = kernels.get_mut(name).expect("inserted above");
         if shared_bytes > kernel.dynamic_shared_limit {
             // SAFETY: a valid function handle (its module is loaded) and a documented attribute.
-            let status = unsafe {
-                cust::sys::cuFuncSetAttribute(
-                    kernel.function.to_raw(),
-                    cust::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            unsafe {
+                result::function::set_function_attribute(
+                    kernel.function,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     shared_bytes as i32,
                 )
-            };
-            if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
-                return Err(AttentionError::Module(format!(
-                    "raising the shared-memory limit of {name} to {shared_bytes} bytes: {status:?}"
-                )));
             }
+            .map_err(|e| {
+                AttentionError::Module(format!(
+                    "raising the shared-memory limit of {name} to {shared_bytes} bytes: {e}"
+                ))
+            })?;
             kernel.dynamic_shared_limit = shared_bytes;
         }
-        Ok(kernel.function.clone())
+        Ok(kernel.function)
     }
 
     /// Launches `name` with its by-value parameter struct `P` on the GPU's stream. Raises the
@@ -344,17 +348,18 @@ impl Gpu {
         }
         self.make_current()?;
         let function = self.kernel(name, cfg.shared_bytes)?;
-        let args = [params as *const P as *mut std::ffi::c_void];
-        let (g, b) = (cfg.grid, cfg.block);
+        let mut args = [params as *const P as *mut std::ffi::c_void];
         // SAFETY: `P` is one of the kernels' `#[repr(C)]` parameter structs (`KernelParams`),
-        // passed by value as the kernel's single parameter; the function's module is loaded.
+        // passed by value as the kernel's single parameter; the function's module is loaded and
+        // the stream is this `Gpu`'s, in the current context.
         unsafe {
-            self.stream.launch(
-                &function,
-                GridSize::xyz(g.0, g.1, g.2),
-                BlockSize::xyz(b.0, b.1, b.2),
+            result::launch_kernel(
+                function,
+                cfg.grid,
+                cfg.block,
                 cfg.shared_bytes,
-                &args,
+                self.stream.0.cu_stream(),
+                &mut args,
             )
         }
         .map_err(|source| AttentionError::Launch {
@@ -365,8 +370,8 @@ impl Gpu {
 
     /// Waits for all launched work; reports any asynchronous kernel failure.
     pub fn synchronize(&self) -> Result<()> {
-        self.make_current()?;
         self.stream
+            .0
             .synchronize()
             .map_err(|source| AttentionError::Launch {
                 kernel: "(completion of queued work)".to_owned(),
@@ -375,28 +380,67 @@ impl Gpu {
     }
 }
 
-impl Drop for Gpu {
-    fn drop(&mut self) {
-        // The stream and module are released by the fields' drops, on this thread's context.
-        let _ = self.make_current();
+impl Module {
+    fn load(context: &Arc<CudaContext>, ptx: &str) -> Result<Module> {
+        let module_error =
+            |e: String| AttentionError::Module(format!("loading PTX ({} bytes): {e}", ptx.len()));
+        let text = CString::new(ptx).map_err(|e| module_error(e.to_string()))?;
+        make_current(context)?;
+        // SAFETY: a NUL-terminated PTX image, read during the call only.
+        let raw = unsafe { result::module::load_data(text.as_ptr().cast()) }
+            .map_err(|e| module_error(e.to_string()))?;
+        Ok(Module {
+            raw,
+            context: context.clone(),
+        })
+    }
+
+    fn function(&self, name: &str) -> Result<sys::CUfunction> {
+        let missing =
+            |e: String| AttentionError::Module(format!("kernel {name} not in the module: {e}"));
+        let c_name = CString::new(name).map_err(|e| missing(e.to_string()))?;
+        make_current(&self.context)?;
+        // SAFETY: a loaded module and a NUL-terminated name.
+        unsafe { result::module::get_function(self.raw, c_name) }
+            .map_err(|e| missing(e.to_string()))
     }
 }
 
-/// Shared memory a block may opt in to on `device` (cust has no variant for it).
-fn shared_optin(device: Device) -> Result<u32> {
-    let mut v = 0i32;
-    // SAFETY: a valid device handle and an out-pointer to an i32.
-    let status = unsafe {
-        cust::sys::cuDeviceGetAttribute(
-            &mut v,
-            cust::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            device.as_raw(),
-        )
-    };
-    if status != cust::sys::cudaError_enum::CUDA_SUCCESS {
-        return Err(AttentionError::Module(format!(
-            "reading the shared-memory limit: {status:?}"
-        )));
+impl Drop for Module {
+    fn drop(&mut self) {
+        if make_current(&self.context).is_ok() {
+            // SAFETY: loaded once by `Module::load`, unloaded once here; nothing of it is used
+            // after (the `Gpu`'s kernel cache is dropped first).
+            let _ = unsafe { result::module::unload(self.raw) };
+        }
     }
+}
+
+impl OwnedStream {
+    /// A blocking stream (`CU_STREAM_DEFAULT`), unlike cudarc's own new streams: it orders after
+    /// the legacy default stream, where uploads, downloads and allocations run, so a launch never
+    /// reads an input before its copy has landed.
+    fn new(context: &Arc<CudaContext>) -> Result<OwnedStream> {
+        make_current(context)?;
+        let raw = result::stream::create(result::stream::StreamKind::Default)
+            .cuda("creating a stream")?;
+        // SAFETY: a stream of this context, destroyed only by this wrapper's drop.
+        Ok(OwnedStream(unsafe { context.wrap_borrowed_stream(raw) }))
+    }
+}
+
+impl Drop for OwnedStream {
+    fn drop(&mut self) {
+        if make_current(self.0.context()).is_ok() {
+            // SAFETY: created by `OwnedStream::new` and destroyed once; the `Gpu` hands out only
+            // borrows of the wrapper, which end before this drop.
+            let _ = unsafe { result::stream::destroy(self.0.cu_stream()) };
+        }
+    }
+}
+
+/// An integer attribute of the context's device.
+fn attribute(context: &CudaContext, which: CUdevice_attribute, what: &'static str) -> Result<u32> {
+    let v = context.attribute(which).cuda(what)?;
     Ok(v.max(0) as u32)
 }

@@ -2,10 +2,16 @@
 //! ([`time_calls`]), or samples of many calls queued back to back ([`time_pipelined`]), the way
 //! a program that does not wait between calls sees them.
 
-use cust::event::{Event, EventFlags};
+use cudarc::driver::sys::CUevent_flags;
 
 use crate::error::{CudaContext, Result};
 use crate::runtime::Gpu;
+
+fn event(gpu: &Gpu) -> Result<cudarc::driver::CudaEvent> {
+    gpu.context()
+        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .cuda("creating an event")
+}
 
 /// Milliseconds of each of `samples` calls of `call`, after `warmup` untimed calls. Each sample is
 /// bracketed by events on the GPU's stream and waited on, so launch failures surface here.
@@ -19,15 +25,14 @@ pub fn time_calls(
         call()?;
     }
     gpu.synchronize()?;
-    let start = Event::new(EventFlags::DEFAULT).cuda("creating an event")?;
-    let stop = Event::new(EventFlags::DEFAULT).cuda("creating an event")?;
+    let (start, stop) = (event(gpu)?, event(gpu)?);
     let mut out = Vec::with_capacity(samples);
     for _ in 0..samples {
         start.record(gpu.stream()).cuda("recording an event")?;
         call()?;
         stop.record(gpu.stream()).cuda("recording an event")?;
         stop.synchronize().cuda("waiting for an event")?;
-        out.push(stop.elapsed_time_f32(&start).cuda("reading an event")?);
+        out.push(start.elapsed_ms(&stop).cuda("reading an event")?);
     }
     gpu.synchronize()?;
     Ok(out)
@@ -50,8 +55,7 @@ pub fn time_pipelined(
     calls: usize,
     mut call: impl FnMut() -> Result<()>,
 ) -> Result<Pipelined> {
-    let start = Event::new(EventFlags::DEFAULT).cuda("creating an event")?;
-    let stop = Event::new(EventFlags::DEFAULT).cuda("creating an event")?;
+    let (start, stop) = (event(gpu)?, event(gpu)?);
     let mut batch = |n: usize| -> Result<f32> {
         start.record(gpu.stream()).cuda("recording an event")?;
         for _ in 0..n {
@@ -59,7 +63,7 @@ pub fn time_pipelined(
         }
         stop.record(gpu.stream()).cuda("recording an event")?;
         stop.synchronize().cuda("waiting for an event")?;
-        Ok(stop.elapsed_time_f32(&start).cuda("reading an event")? / n as f32)
+        Ok(start.elapsed_ms(&stop).cuda("reading an event")? / n as f32)
     };
     gpu.synchronize()?;
     let warm_ms = batch(warmup.max(1))?;

@@ -79,6 +79,7 @@ pub fn environment(gpu: &Gpu) -> Value {
         "cuda_driver_api": cuda,
         "commit": flash_attn::BUILD_COMMIT,
         "ptx_arch": flash_attn::PTX_ARCH,
+        "ptx_origin": flash_attn::PTX_ORIGIN,
         "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
     })
 }

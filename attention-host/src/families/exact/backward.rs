@@ -98,6 +98,7 @@ pub(crate) fn launch_backward(
 fn zero_f32(gpu: &Gpu, ptr: u64, len: usize) -> Result<()> {
     // SAFETY: `ptr` is the start of a workspace piece of at least `len` f32 (the plan sized it),
     // owned by the caller's `Workspace` for the duration of the call.
-    let status = unsafe { cust::sys::cuMemsetD32Async(ptr, 0, len, gpu.stream().as_inner()) };
+    let status =
+        unsafe { cudarc::driver::sys::cuMemsetD32Async(ptr, 0, len, gpu.stream().cu_stream()) };
     driver(status, "zeroing the dQ accumulator")
 }

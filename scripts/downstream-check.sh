@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# What a new user does: a fresh crate (in a temp dir) that depends on flash-attn by path, built with
+# a toolchain other than the pinned one and only its default components (no rust-src, llvm-tools,
+# llvm-bitcode-linker), with no CUDA toolkit and no CUDA variable set. It must build, start, get
+# `NoDevice` from `flash_attn::gpu()` where no GPU answers, and plan a call on the CPU. Where the
+# machine lets it, the binary also runs once with libcuda hidden (a private mount namespace).
+#   scripts/downstream-check.sh [TOOLCHAIN]     (default 1.96.0; installed if missing)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+toolchain=${1:-1.96.0}
+pinned=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' "$root/rust-toolchain.toml")
+if [ "$toolchain" = "$pinned" ]; then
+    echo "downstream-check: pick a toolchain other than the pinned $pinned" >&2
+    exit 2
+fi
+rustup toolchain list | grep -q "^$toolchain" || rustup toolchain install "$toolchain" --profile minimal
+echo "downstream-check: $(rustup run "$toolchain" rustc --version), components:" \
+    $(rustup component list --toolchain "$toolchain" --installed | sed 's/-x86_64.*//' | tr '\n' ' ')
+
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+mkdir -p "$dir/downstream/src"
+cat > "$dir/downstream/Cargo.toml" <<TOML
+[package]
+name = "downstream"
+version = "0.1.0"
+edition = "2024"
+
+[dependencies]
+flash-attn = { path = "$root" }
+TOML
+cat > "$dir/downstream/src/main.rs" <<'RUST'
+use flash_attn::plan::select;
+use flash_attn::{
+    AttentionError, AttentionOptions, AttentionShape, DType, DeviceCaps, Direction, FlashOptions,
+    Problem,
+};
+
+fn main() -> Result<(), AttentionError> {
+    match flash_attn::gpu() {
+        Err(AttentionError::NoDevice(why)) => println!("gpu(): NoDevice: {why}"),
+        Ok(gpu) => println!("gpu(): {} answered", gpu.device_name()),
+        Err(e) => panic!("gpu() must start or report NoDevice, got: {e}"),
+    }
+    let shape = AttentionShape { batch: 2, n_q: 1000, n_k: 1000, heads_q: 8, heads_kv: 2, head_dim: 128 };
+    let options = FlashOptions::new(AttentionOptions::new().causal(true));
+    let problem = Problem::new(&shape, DType::Bf16, &options)?;
+    let device = DeviceCaps::for_arch("sm_90", true)?;
+    print!("{}", select(&device, &problem, Direction::Forward)?);
+    print!("{}", select(&device, &problem, Direction::Backward)?);
+    println!("embedded PTX: base {} ({} bytes), sm_90a {} bytes, {}", flash_attn::PTX_ARCH,
+        flash_attn::PTX.len(), flash_attn::PTX_SM90A.map_or(0, str::len), flash_attn::PTX_ORIGIN);
+    Ok(())
+}
+RUST
+
+cd "$dir/downstream"
+# Nothing of CUDA or of the project's own build environment reaches this build.
+unset CUDA_LIBRARY_PATH CUDA_PATH CUDA_HOME CUDA_ROOT CUDA_TOOLKIT_ROOT_DIR RUSTC_BOOTSTRAP \
+    RUSTUP_TOOLCHAIN RUSTFLAGS CARGO_BUILD_RUSTFLAGS FLASH_ATTN_ARCH
+export CARGO_TARGET_DIR="$dir/target"
+start=$(date +%s%N)
+cargo "+$toolchain" build --quiet
+ms=$((($(date +%s%N) - start) / 1000000))
+printf 'downstream-check: cargo +%s build (debug, fresh target dir) took %d.%01d s\n' "$toolchain" $((ms / 1000)) $((ms % 1000 / 100))
+bin="$CARGO_TARGET_DIR/debug/downstream"
+"$bin"
+
+# Again with every libcuda on the machine hidden: libcuda cannot be loaded, still a clean NoDevice.
+libs=$(ldconfig -p | sed -n 's/.*libcuda\.so[.0-9]* .*=> //p' | xargs -r readlink -f | sort -u)
+if [ -n "$libs" ] && [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
+    mounts=$(for l in $libs; do printf 'mount --bind /dev/null %s && ' "$l"; done)
+    echo "downstream-check: again with libcuda hidden ($(echo $libs))"
+    unshare -m sh -c "$mounts \"$bin\"" | grep '^gpu():'
+else
+    echo "downstream-check: libcuda is absent here or cannot be hidden; the run above covered $([ -n "$libs" ] && echo 'the driver without a GPU' || echo 'no libcuda')"
+fi
+echo "downstream-check: ok"
