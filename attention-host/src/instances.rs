@@ -76,6 +76,30 @@ pub fn tensor_core_convert_dq(dtype: DType) -> String {
     format!("flash_tc_backward_convert_dq_{dtype}")
 }
 
+/// The merge of `(O, LSE)` parts from `input` O to `output` O: parts from a table of addresses
+/// (the public merge, `input == output`) or at a fixed stride (`strided`, the split-KV combine,
+/// f32 partials).
+pub fn merge(input: DType, output: DType, strided: bool) -> String {
+    format!(
+        "flash_merge_{}{input}_{output}",
+        if strided { "strided_" } else { "" }
+    )
+}
+
+/// The merge kernels, which serve every family (they are in every module).
+pub fn merge_entry_points() -> Vec<String> {
+    let mut out: Vec<String> = [DType::F32, DType::F16, DType::Bf16]
+        .into_iter()
+        .map(|d| merge(d, d, false))
+        .collect();
+    out.extend(
+        [DType::F32, DType::F16, DType::Bf16]
+            .into_iter()
+            .map(|d| merge(DType::F32, d, true)),
+    );
+    out
+}
+
 /// Every entry point the host may launch.
 pub fn entry_points() -> Vec<Entry> {
     let mut out = Vec::new();

@@ -137,6 +137,7 @@ kernel_params!(
     attention_kernels::abi::params::MaterializedOutputParams,
     attention_kernels::abi::params::TensorCoreForwardParams,
     attention_kernels::abi::params::TensorCoreBackwardParams,
+    attention_kernels::abi::params::MergeParams,
 );
 
 /// Dynamic shared memory every kernel may use without raising its limit.

@@ -147,3 +147,38 @@ pub struct FlashBackwardParams {
     pub scale: f32,
     pub causal: u32,
 }
+
+/// Most parts one launch of the table merge takes (their addresses travel in the parameters);
+/// merging is associative, so more parts merge in stages.
+pub const MERGE_MAX_PARTS: usize = 32;
+
+/// Where the parts of a merge are: each part `p` has O `[batch, n_q, heads, head_dim]` (the
+/// input dtype) and LSE f32 `[batch, heads, n_q]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MergeParts {
+    /// Table mode (`flash_merge_*`): the addresses of the first `parts` parts.
+    pub o: [u64; MERGE_MAX_PARTS],
+    pub lse: [u64; MERGE_MAX_PARTS],
+}
+
+/// The merge of `parts` saved `(O, LSE)` pairs over disjoint key sets into one (`kernels::merge`).
+/// The table entry points read the parts' addresses from `table`; the strided ones (the split-KV
+/// combine) find part `p` at `o_base + p · o_part_stride` and `lse_base + p · lse_part_stride`
+/// (bytes). O out in the output dtype, LSE out f32, same layouts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MergeParams {
+    pub table: MergeParts,
+    pub o_base: u64,
+    pub lse_base: u64,
+    pub o_part_stride: u64,
+    pub lse_part_stride: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub parts: u32,
+    pub batch: u32,
+    pub n_q: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+}
