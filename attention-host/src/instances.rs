@@ -5,7 +5,7 @@
 use attention_kernels::kernels::sm80::backward::TcBackwardConfig;
 use attention_kernels::kernels::sm80::forward::TcConfig;
 use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
-use attention_kernels::kernels::{sm80, sm90};
+use attention_kernels::kernels::{decode, sm80, sm90};
 
 use crate::dtype::DType;
 use crate::family::Family;
@@ -76,6 +76,11 @@ pub fn tensor_core_convert_dq(dtype: DType) -> String {
     format!("flash_tc_backward_convert_dq_{dtype}")
 }
 
+/// The split-KV decode kernel for head dim `head_dim` and `row_tile` query rows per K/V head.
+pub fn decode(dtype: DType, head_dim: u32, row_tile: u32) -> String {
+    format!("flash_decode_{dtype}_d{head_dim}_r{row_tile}")
+}
+
 /// The merge of `(O, LSE)` parts from `input` O to `output` O: parts from a table of addresses
 /// (the public merge, `input == output`) or at a fixed stride (`strided`, the split-KV combine,
 /// f32 partials).
@@ -113,6 +118,11 @@ pub fn entry_points() -> Vec<Entry> {
         }
     }
     for dtype in HALF_DTYPES {
+        for d in decode::HEAD_DIMS {
+            for r in decode::ROW_TILES {
+                push(Family::Decode, self::decode(dtype, d, r));
+            }
+        }
         for &cfg in sm80::forward::VARIANTS {
             push(Family::Sm80, sm80_forward(dtype, &cfg));
         }

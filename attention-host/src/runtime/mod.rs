@@ -138,6 +138,7 @@ kernel_params!(
     attention_kernels::abi::params::TensorCoreForwardParams,
     attention_kernels::abi::params::TensorCoreBackwardParams,
     attention_kernels::abi::params::MergeParams,
+    attention_kernels::abi::params::DecodeParams,
 );
 
 /// Dynamic shared memory every kernel may use without raising its limit.

@@ -182,3 +182,27 @@ pub struct MergeParams {
     pub heads: u32,
     pub head_dim: u32,
 }
+
+/// The split-KV decode (`kernels::decode`): Q, K, V f16 or bf16 `[batch, seq, heads, head_dim]`;
+/// split `p` writes its partial O (f32, O's layout) at `o_part + p · q_elems` and its partial LSE
+/// (f32, natural log, LSE's layout) at `lse_part + p · row_elems` (elements), which
+/// [`MergeParams`]' strided combine merges.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecodeParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o_part: u64,
+    pub lse_part: u64,
+    /// Full or per-item key lengths (the host refuses packed sequences for this family).
+    pub layout: SequenceLayout,
+    pub shape: AttentionShape,
+    /// Keys of one split (a multiple of the kernel's step); split `p` owns keys
+    /// `p · keys_per_split .. (p + 1) · keys_per_split` of its sequence.
+    pub keys_per_split: u32,
+    /// `τ · log2 e`: scores go straight to the base-2 exponent.
+    pub scale_log2: f32,
+    /// 1 for the causal mask, 0 for none.
+    pub causal: u32,
+}
