@@ -254,7 +254,7 @@ unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) 
             } else {
                 (*row_max.add(t) + log2(l)) * core::f32::consts::LN_2
             };
-            *lse_part.add(seq.row_index(&s, head(t), local_row(t)) as usize) = lse;
+            *lse_part.add(seq.row_index(&s, local_row(t), head(t))) = lse;
         }
     }
 }
