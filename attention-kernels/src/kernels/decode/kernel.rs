@@ -16,6 +16,11 @@ use super::{STEP_KEYS, THREADS};
 #[derive(Clone, Copy)]
 struct Chunk([u32; 4]);
 
+/// Eight f32 of the Q tile, two 16-byte shared loads.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct Q8([f32; 8]);
+
 /// Eight elements of row `row` (element offset), columns `8c ..`, widened.
 ///
 /// # Safety
@@ -117,9 +122,10 @@ unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) 
                 // SAFETY: key j < k_len is a key row of the sequence.
                 let k = unsafe { load8::<T>(p.k, k_row, c) };
                 for (r, dot) in dots.iter_mut().enumerate() {
-                    for (e, &x) in k.iter().enumerate() {
-                        // SAFETY: inside the Q tile.
-                        *dot += unsafe { *q_s.add(r * D + 8 * c + e) } * x;
+                    // SAFETY: inside the Q tile, 32-byte aligned (D % 8 == 0).
+                    let Q8(q) = unsafe { *(q_s.add(r * D + 8 * c) as *const Q8) };
+                    for (&qe, &x) in q.iter().zip(&k) {
+                        *dot += qe * x;
                     }
                 }
             }
