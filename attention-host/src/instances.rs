@@ -91,8 +91,13 @@ pub fn merge(input: DType, output: DType, strided: bool) -> String {
     )
 }
 
-/// The merge kernels, which serve every family (they are in every module).
-pub fn merge_entry_points() -> Vec<String> {
+/// The KV cache's append (any dtype: rows are copied as 16-byte chunks).
+pub fn cache_append() -> String {
+    "flash_cache_append".to_owned()
+}
+
+/// The kernels that serve every family (the merges, the cache append), in every module.
+pub fn support_entry_points() -> Vec<String> {
     let mut out: Vec<String> = [DType::F32, DType::F16, DType::Bf16]
         .into_iter()
         .map(|d| merge(d, d, false))
@@ -102,6 +107,7 @@ pub fn merge_entry_points() -> Vec<String> {
             .into_iter()
             .map(|d| merge(DType::F32, d, true)),
     );
+    out.push(cache_append());
     out
 }
 

@@ -206,3 +206,23 @@ pub struct DecodeParams {
     /// 1 for the causal mask, 0 for none.
     pub causal: u32,
 }
+
+/// Appending new K/V rows to a contiguous cache (`kernels::cache`): `new_k`, `new_v` are
+/// `[batch, n_new, heads_kv, head_dim]`; item `b`'s first `new_lengths[b]` rows go to cache rows
+/// `cache_lengths[b] ..` of `cache_k`, `cache_v` (`[batch, capacity, heads_kv, head_dim]`), the
+/// same dtype. Both length arrays are device `u32 [batch]`. Rows are copied as 16-byte chunks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheAppendParams {
+    pub cache_k: u64,
+    pub cache_v: u64,
+    pub new_k: u64,
+    pub new_v: u64,
+    pub cache_lengths: u64,
+    pub new_lengths: u64,
+    pub batch: u32,
+    pub capacity: u32,
+    pub n_new: u32,
+    /// 16-byte chunks of one row of all K/V heads (`heads_kv · head_dim · element size / 16`).
+    pub row_chunks: u32,
+}
