@@ -21,14 +21,46 @@ struct Chunk([u32; 4]);
 #[derive(Clone, Copy)]
 struct Q8([f32; 8]);
 
-/// Eight elements of row `row` (element offset), columns `8c ..`, widened.
+/// Most 16-byte chunks of K or V one thread holds at once: a batch of loads is issued before the
+/// first is used, so a thread keeps up to 256 bytes in flight (a d = 128 K row while scoring; one
+/// chunk of each of its `d/8` keys in `P·V`).
+const IN_FLIGHT: usize = 16;
+
+/// Chunks per batch of loads for `R` rows and head dim `D`: all `D/8` while the `R` rows'
+/// accumulators leave room (`64 / R` chunks: 256 words of chunks and accumulators together).
+const fn in_flight(d: usize, r: usize) -> usize {
+    let room = 64 / r;
+    if d / 8 < room { d / 8 } else { room }
+}
+
+/// `body` for `c = 0, 1, …` below `n` (at most [`IN_FLIGHT`]), each with a constant `c`: the
+/// chunk arrays are indexed only by constants and stay in registers (a rolled loop would index
+/// them at run time and move them to local memory; LLVM does not unroll bodies this large).
+macro_rules! each_chunk {
+    ($c:ident < $n:expr => $body:block) => {
+        each_chunk!(@ $c, $n, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    (@ $c:ident, $n:expr, $body:block, $($i:literal)*) => {$(
+        if $i < $n {
+            let $c: usize = $i;
+            $body
+        }
+    )*};
+}
+
+/// The eight 16-bit elements at element offset `at` (a multiple of 8).
 ///
 /// # Safety
 /// The elements are inside the tensor at `base`; rows are 16-byte aligned (`d % 8 == 0`).
 #[inline(always)]
-unsafe fn load8<T: Exponent>(base: u64, row: usize, c: usize) -> [f32; 8] {
+unsafe fn load_chunk(base: u64, at: usize) -> [u32; 4] {
     // SAFETY: the caller's contract.
-    let Chunk(w) = unsafe { *((base as *const u16).add(row + 8 * c) as *const Chunk) };
+    unsafe { (*((base as *const u16).add(at) as *const Chunk)).0 }
+}
+
+/// Eight elements widened to f32.
+#[inline(always)]
+fn widen8<T: Exponent>(w: [u32; 4]) -> [f32; 8] {
     let mut out = [0.0; 8];
     for (k, &word) in w.iter().enumerate() {
         let [lo, hi] = T::widen_pair(word);
@@ -51,8 +83,9 @@ fn warp_max_nan(mut x: f32) -> f32 {
 
 /// Grid `(splits, heads_kv, sequences)`, block [`THREADS`], shared `super::shared_bytes(R, D)`.
 /// Row `r < group · n_q` of the tile is query head `hk · group + r / n_q`, query row `r % n_q`.
+#[inline(always)]
 unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) {
-    const { assert!(D % 8 == 0 && THREADS as usize % (D / 8) == 0) };
+    const { assert!(D % 8 == 0 && THREADS as usize % (D / 8) == 0 && D / 8 <= IN_FLIGHT) };
     let s = p.shape;
     let (split, hk) = (block_x(), block_y());
     // SAFETY: the host launched one block row per sequence of the layout.
@@ -118,16 +151,24 @@ unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) 
         let mut dots = [0.0f32; R];
         if j < k1 {
             let k_row = seq.k_offset(&s, j, hk);
-            for c in 0..D / 8 {
-                // SAFETY: key j < k_len is a key row of the sequence.
-                let k = unsafe { load8::<T>(p.k, k_row, c) };
-                for (r, dot) in dots.iter_mut().enumerate() {
-                    // SAFETY: inside the Q tile, 32-byte aligned (D % 8 == 0).
-                    let Q8(q) = unsafe { *(q_s.add(r * D + 8 * c) as *const Q8) };
-                    for (&qe, &x) in q.iter().zip(&k) {
-                        *dot += qe * x;
+            let mut words = [[0u32; 4]; IN_FLIGHT];
+            let mut c0 = 0;
+            while c0 < D / 8 {
+                each_chunk!(c < in_flight(D, R) => {
+                    // SAFETY: key j < k_len is a key row of the sequence.
+                    words[c] = unsafe { load_chunk(p.k, k_row + 8 * (c0 + c)) };
+                });
+                each_chunk!(c < in_flight(D, R) => {
+                    let k = widen8::<T>(words[c]);
+                    for (r, dot) in dots.iter_mut().enumerate() {
+                        // SAFETY: inside the Q tile, 32-byte aligned (D % 8 == 0).
+                        let Q8(q) = unsafe { *(q_s.add(r * D + 8 * (c0 + c)) as *const Q8) };
+                        for (&qe, &x) in q.iter().zip(&k) {
+                            *dot += qe * x;
+                        }
                     }
-                }
+                });
+                c0 += in_flight(D, R);
             }
         }
         for (r, &dot) in dots.iter().enumerate() {
@@ -194,19 +235,31 @@ unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) 
                 *x *= alpha;
             }
         }
-        let mut jj = key_group;
-        while jj < STEP_KEYS as usize && step + (jj as u32) < k1 {
-            let j = step + jj as u32;
-            // SAFETY: key j < k_len is a key row of the sequence.
-            let v = unsafe { load8::<T>(p.v, seq.k_offset(&s, j, hk), col) };
-            for (r, a) in acc.iter_mut().enumerate() {
-                // SAFETY: inside the score tile.
-                let w = unsafe { *score.add(r * STEP_KEYS as usize + jj) };
-                for (x, &y) in a.iter_mut().zip(&v) {
-                    *x += contribution(w, y);
+        // This thread's keys of the step: `key_group + g · key_groups`, `g < d/8`.
+        let key = |g: usize| key_group + g * key_groups;
+        let mut words = [[0u32; 4]; IN_FLIGHT];
+        let mut g0 = 0;
+        while g0 < D / 8 {
+            each_chunk!(g < in_flight(D, R) => {
+                let j = step + key(g0 + g) as u32;
+                if j < k1 {
+                    // SAFETY: key j < k_len is a key row of the sequence.
+                    words[g] = unsafe { load_chunk(p.v, seq.k_offset(&s, j, hk) + 8 * col) };
                 }
-            }
-            jj += key_groups;
+            });
+            each_chunk!(g < in_flight(D, R) => {
+                if step + (key(g0 + g) as u32) < k1 {
+                    let v = widen8::<T>(words[g]);
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: inside the score tile.
+                        let w = unsafe { *score.add(r * STEP_KEYS as usize + key(g0 + g)) };
+                        for (x, &y) in a.iter_mut().zip(&v) {
+                            *x += contribution(w, y);
+                        }
+                    }
+                }
+            });
+            g0 += in_flight(D, R);
         }
         sync_threads();
         step += STEP_KEYS;
