@@ -14,7 +14,8 @@ fa=.device-run/flash-attn
 export PYTHONUNBUFFERED=1
 if [ "$what" = decode ]; then
   .device-run/decode_bench --out "$out" "$@"
-  python3 scripts/peers/decode_bench.py
+  OUT="$out" python3 scripts/peers/decode_bench.py
+  python3 scripts/peers/decode_table.py "$out" | tee "$out/decode-table.md"
   exit
 fi
 if [ "$what" != memory ]; then
