@@ -4,13 +4,21 @@
 # the peers in both layouts and twice (their run-to-run spread). Our evidence bundles (every raw
 # sample) and the peers' JSON go to $OUT (or reports/bench/), at most five files, since the
 # device tool returns eight; the ratio table is printed and saved. Then the memory measurements.
-# usage: bench-h200.sh [all|speed|memory] [flash-attn bench options, e.g. --pass forward]
+# `decode`: the decode rows of issue 11 (examples/decode_bench.rs) and the PyTorch SDPA peers on
+# the same rows (scripts/peers/decode_bench.py), pipelined timing, raw samples in JSON.
+# usage: bench-h200.sh [all|speed|memory|decode] [flash-attn bench options, e.g. --pass forward]
 set -uo pipefail
 what=${1:-all}; shift || true
 out=${OUT:-reports/bench}
 mkdir -p "$out"
 fa=.device-run/flash-attn
 export PYTHONUNBUFFERED=1
+if [ "$what" = decode ]; then
+  .device-run/decode_bench --out "$out" "$@"
+  OUT="$out" python3 scripts/peers/decode_bench.py
+  python3 scripts/peers/decode_table.py "$out" | tee "$out/decode-table.md"
+  exit
+fi
 if [ "$what" != memory ]; then
   $fa bench --kernel auto --shapes anchors --out "$out" "$@"
   python3 scripts/peers/sdpa_bench.py --backends flash cudnn

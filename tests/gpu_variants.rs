@@ -29,6 +29,7 @@ fn head_dim(t: &Tiles) -> u32 {
         Tiles::Sm90Forward(c) => c.head_dim,
         Tiles::Sm80Backward(c) => c.head_dim,
         Tiles::Sm90Backward(c) => c.head_dim,
+        Tiles::Decode(c) => c.head_dim,
         Tiles::Exact(_) => 0,
     }
 }

@@ -21,6 +21,12 @@ fn every_instance_has_its_entry_point() {
     for e in entries.iter().filter(|e| e.family != Family::Sm90) {
         assert!(has_entry(flash_attn::PTX, &e.name), "{} missing", e.name);
     }
+    for name in flash_attn::instances::support_entry_points() {
+        assert!(has_entry(flash_attn::PTX, &name), "{name} missing");
+        if let Some(hopper) = flash_attn::PTX_SM90A {
+            assert!(has_entry(hopper, &name), "{name} missing from sm_90a");
+        }
+    }
     let Some(hopper) = flash_attn::PTX_SM90A else {
         assert_ne!(
             flash_attn::PTX_ARCH,

@@ -256,6 +256,9 @@ fn launch_forward(
                 gpu, problem, plan, q, k, v, o, lse,
             )
         }
+        Tiles::Decode(_) => {
+            crate::families::decode::launch_forward(gpu, problem, plan, q, k, v, o, lse, workspace)
+        }
         Tiles::Sm80Backward(_) | Tiles::Sm90Backward(_) => {
             unreachable!("plan::select gave a backward plan for a forward")
         }
@@ -279,7 +282,7 @@ fn launch_backward(
                 gpu, problem, plan, inputs, out, workspace,
             )
         }
-        Tiles::Sm80Forward(_) | Tiles::Sm90Forward(_) => {
+        Tiles::Sm80Forward(_) | Tiles::Sm90Forward(_) | Tiles::Decode(_) => {
             unreachable!("plan::select gave a forward plan for a backward")
         }
     }

@@ -6,6 +6,9 @@ use std::fmt;
 /// A kernel family: kernels that share an architecture's matrix instructions and tile layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Family {
+    /// Split-KV decode (SIMT, sm_80+), bf16/f16, head dims 64 and 128, at most 16 query rows per
+    /// K/V head; partials merged by the combine kernel.
+    Decode,
     /// Hopper warpgroup tensor cores (`wgmma`, `sm_90a` module), bf16/f16, head dims 64 and 128.
     Sm90,
     /// Warp tensor cores (`mma.sync`, sm_80+), bf16/f16, head dims 64 and 128, scale and causal.
@@ -16,10 +19,11 @@ pub enum Family {
 
 impl Family {
     /// Every family, in the order `Auto` tries them.
-    pub const ALL: [Family; 3] = [Family::Sm90, Family::Sm80, Family::Exact];
+    pub const ALL: [Family; 4] = [Family::Decode, Family::Sm90, Family::Sm80, Family::Exact];
 
     pub fn name(self) -> &'static str {
         match self {
+            Family::Decode => "decode",
             Family::Sm90 => "sm90",
             Family::Sm80 => "sm80",
             Family::Exact => "exact",
@@ -28,6 +32,7 @@ impl Family {
 
     pub(crate) fn describe(self) -> &'static str {
         match self {
+            Family::Decode => "split-KV decode, SIMT, partials merged by the combine kernel",
             Family::Sm90 => "wgmma tensor cores, sm_90a module",
             Family::Sm80 => "mma.sync tensor cores",
             Family::Exact => "exact SIMT kernels, f32 tiles",
@@ -59,7 +64,7 @@ impl std::str::FromStr for KernelChoice {
                 .find(|f| f.name() == s)
                 .map(KernelChoice::Only)
                 .ok_or_else(|| {
-                    format!("unknown kernel {s:?} (expected auto, exact, sm80 or sm90)")
+                    format!("unknown kernel {s:?} (expected auto, decode, exact, sm80 or sm90)")
                 }),
         }
     }

@@ -5,7 +5,7 @@
 use attention_kernels::kernels::sm80::backward::TcBackwardConfig;
 use attention_kernels::kernels::sm80::forward::TcConfig;
 use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
-use attention_kernels::kernels::{sm80, sm90};
+use attention_kernels::kernels::{decode, sm80, sm90};
 
 use crate::dtype::DType;
 use crate::family::Family;
@@ -81,6 +81,41 @@ pub fn tensor_core_nan_rows(dtype: DType) -> String {
     format!("flash_tc_backward_nan_rows_{dtype}")
 }
 
+/// The split-KV decode kernel for head dim `head_dim` and `row_tile` query rows per K/V head.
+pub fn decode(dtype: DType, head_dim: u32, row_tile: u32) -> String {
+    format!("flash_decode_{dtype}_d{head_dim}_r{row_tile}")
+}
+
+/// The merge of `(O, LSE)` parts from `input` O to `output` O: parts from a table of addresses
+/// (the public merge, `input == output`) or at a fixed stride (`strided`, the split-KV combine,
+/// f32 partials).
+pub fn merge(input: DType, output: DType, strided: bool) -> String {
+    format!(
+        "flash_merge_{}{input}_{output}",
+        if strided { "strided_" } else { "" }
+    )
+}
+
+/// The KV cache's append (any dtype: rows are copied as 16-byte chunks).
+pub fn cache_append() -> String {
+    "flash_cache_append".to_owned()
+}
+
+/// The kernels that serve every family (the merges, the cache append), in every module.
+pub fn support_entry_points() -> Vec<String> {
+    let mut out: Vec<String> = [DType::F32, DType::F16, DType::Bf16]
+        .into_iter()
+        .map(|d| merge(d, d, false))
+        .collect();
+    out.extend(
+        [DType::F32, DType::F16, DType::Bf16]
+            .into_iter()
+            .map(|d| merge(DType::F32, d, true)),
+    );
+    out.push(cache_append());
+    out
+}
+
 /// Every entry point the host may launch.
 pub fn entry_points() -> Vec<Entry> {
     let mut out = Vec::new();
@@ -94,6 +129,11 @@ pub fn entry_points() -> Vec<Entry> {
         }
     }
     for dtype in HALF_DTYPES {
+        for d in decode::HEAD_DIMS {
+            for r in decode::ROW_TILES {
+                push(Family::Decode, self::decode(dtype, d, r));
+            }
+        }
         for &cfg in sm80::forward::VARIANTS {
             push(Family::Sm80, sm80_forward(dtype, &cfg));
         }

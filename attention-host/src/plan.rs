@@ -19,6 +19,7 @@ use attention_kernels::kernels::{sm80, sm90};
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
+use crate::families::decode::DecodeConfig;
 use crate::families::exact::{KernelFamily, THREADS, choose_block_sizes};
 use crate::family::{Direction, Family, KernelChoice};
 use crate::flash_options::Schedule;
@@ -34,6 +35,8 @@ pub struct DeviceCaps {
     pub wgmma: bool,
     /// Shared memory a block may opt in to, in bytes.
     pub max_shared_per_block: u32,
+    /// Streaming multiprocessors (the decode family's split count fills them).
+    pub multiprocessors: u32,
 }
 
 impl DeviceCaps {
@@ -42,22 +45,25 @@ impl DeviceCaps {
             compute_capability: gpu.compute_capability(),
             wgmma: gpu.has_wgmma(),
             max_shared_per_block: gpu.max_shared_per_block()?,
+            multiprocessors: gpu.multiprocessors()?,
         })
     }
 
-    /// The H100/H200 (`sm_90`, 227 KiB per block; `wgmma` where the build has the `sm_90a`
-    /// module) or the A100 (`sm_80`, 163 KiB per block), for planning without a device.
+    /// The H200 (`sm_90`, 227 KiB per block, 132 SMs; `wgmma` where the build has the `sm_90a`
+    /// module) or the A100 (`sm_80`, 163 KiB per block, 108 SMs), for planning without a device.
     pub fn for_arch(arch: &str, hopper_module: bool) -> Result<DeviceCaps> {
         match arch {
             "sm_90" | "sm_90a" => Ok(DeviceCaps {
                 compute_capability: (9, 0),
                 wgmma: hopper_module,
                 max_shared_per_block: 227 * 1024,
+                multiprocessors: 132,
             }),
             "sm_80" => Ok(DeviceCaps {
                 compute_capability: (8, 0),
                 wgmma: false,
                 max_shared_per_block: 163 * 1024,
+                multiprocessors: 108,
             }),
             _ => Err(invalid!(
                 "unknown architecture {arch:?} (expected sm_90 or sm_80)"
@@ -74,6 +80,7 @@ pub enum Tiles {
     Sm90Forward(WgConfig),
     Sm80Backward(TcBackwardConfig),
     Sm90Backward(WgBackwardConfig),
+    Decode(DecodeConfig),
 }
 
 /// How one call runs: what [`select`] decided and everything its launch derives from.
@@ -146,6 +153,9 @@ fn plan_family(
     direction: Direction,
     family: Family,
 ) -> std::result::Result<Plan, String> {
+    if family == Family::Decode {
+        return crate::families::decode::plan(device, problem, direction);
+    }
     admits(device, problem, direction, family)?;
     let d = problem.shape.head_dim;
     let tiles = match (family, direction) {
@@ -171,6 +181,7 @@ fn plan_family(
         (Family::Sm80, Direction::Backward) => {
             Tiles::Sm80Backward(sm80::backward::config(d).ok_or_else(|| head_dims(d))?)
         }
+        (Family::Decode, _) => unreachable!("the decode family plans itself"),
     };
     plan_tiles(device, problem, direction, family, tiles)
 }
@@ -215,6 +226,11 @@ pub fn with_tiles(
                 "the exact kernels take explicit block sizes through FlashOptions::block_sizes"
             ));
         }
+        Tiles::Decode(_) => {
+            return Err(invalid!(
+                "the decode family chooses its own tiles (force it with KernelChoice::Only)"
+            ));
+        }
     };
     let forward_tiles = matches!(tiles, Tiles::Sm90Forward(_) | Tiles::Sm80Forward(_));
     if forward_tiles != (direction == Direction::Forward) {
@@ -242,6 +258,7 @@ fn admits(
 ) -> std::result::Result<(), String> {
     match family {
         Family::Exact => Ok(()),
+        Family::Decode => unreachable!("the decode family plans itself"),
         Family::Sm90 if !device.wgmma => {
             let (major, minor) = device.compute_capability;
             Err(format!(
@@ -332,6 +349,7 @@ fn plan_tiles(
                 c.shared_bytes(),
             )
         }
+        Tiles::Decode(_) => unreachable!("the decode family plans itself"),
     };
     if shared_bytes > device.max_shared_per_block {
         return Err(format!(
@@ -582,6 +600,7 @@ mod tests {
         assert!(
             p.not_chosen
                 .iter()
+                .filter(|(f, _)| *f != Family::Decode)
                 .all(|(_, why)| why.contains("--kernel exact"))
         );
     }
@@ -600,7 +619,7 @@ mod tests {
         assert_eq!(p.entry, "flash_wgmma_forward_bf16_d128_g2_k128");
         assert_eq!(p.grid, (1, 4, 2));
         assert_eq!(p.workspace_bytes(), 0);
-        assert_eq!(p.not_chosen.len(), 2);
+        assert_eq!(p.not_chosen.len(), 3);
         let b = select_on(
             &h,
             shape(128),

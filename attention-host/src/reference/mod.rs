@@ -27,6 +27,7 @@
 mod backward;
 mod dropout;
 mod forward;
+mod merge;
 mod row;
 mod sequences;
 #[cfg(test)]
@@ -37,5 +38,6 @@ mod widen;
 pub use backward::{Gradients, backward};
 pub use dropout::DropoutMask;
 pub use forward::{Forward, forward, forward_rows};
+pub use merge::{Part, merge};
 pub use sequences::{Sequence, sequences};
 pub use widen::{backward_f32, forward_f32, forward_rows_f32};

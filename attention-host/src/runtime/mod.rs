@@ -142,6 +142,9 @@ kernel_params!(
     attention_kernels::abi::params::MaterializedOutputParams,
     attention_kernels::abi::params::TensorCoreForwardParams,
     attention_kernels::abi::params::TensorCoreBackwardParams,
+    attention_kernels::abi::params::MergeParams,
+    attention_kernels::abi::params::DecodeParams,
+    attention_kernels::abi::params::CacheAppendParams,
 );
 
 /// Dynamic shared memory every kernel may use without raising its limit.

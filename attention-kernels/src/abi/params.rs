@@ -147,3 +147,82 @@ pub struct FlashBackwardParams {
     pub scale: f32,
     pub causal: u32,
 }
+
+/// Most parts one launch of the table merge takes (their addresses travel in the parameters);
+/// merging is associative, so more parts merge in stages.
+pub const MERGE_MAX_PARTS: usize = 32;
+
+/// Where the parts of a merge are: each part `p` has O `[batch, n_q, heads, head_dim]` (the
+/// input dtype) and LSE f32 `[batch, heads, n_q]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MergeParts {
+    /// Table mode (`flash_merge_*`): the addresses of the first `parts` parts.
+    pub o: [u64; MERGE_MAX_PARTS],
+    pub lse: [u64; MERGE_MAX_PARTS],
+}
+
+/// The merge of `parts` saved `(O, LSE)` pairs over disjoint key sets into one (`kernels::merge`).
+/// The table entry points read the parts' addresses from `table`; the strided ones (the split-KV
+/// combine) find part `p` at `o_base + p · o_part_stride` and `lse_base + p · lse_part_stride`
+/// (bytes). O out in the output dtype, LSE out f32, same layouts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MergeParams {
+    pub table: MergeParts,
+    pub o_base: u64,
+    pub lse_base: u64,
+    pub o_part_stride: u64,
+    pub lse_part_stride: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub parts: u32,
+    pub batch: u32,
+    pub n_q: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+/// The split-KV decode (`kernels::decode`): Q, K, V f16 or bf16 `[batch, seq, heads, head_dim]`;
+/// split `p` writes its partial O (f32, O's layout) at `o_part + p · q_elems` and its partial LSE
+/// (f32, natural log, LSE's layout) at `lse_part + p · row_elems` (elements), which
+/// [`MergeParams`]' strided combine merges.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecodeParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o_part: u64,
+    pub lse_part: u64,
+    /// Full or per-item key lengths (the host refuses packed sequences for this family).
+    pub layout: SequenceLayout,
+    pub shape: AttentionShape,
+    /// Keys of one split (a multiple of the kernel's step); split `p` owns keys
+    /// `p · keys_per_split .. (p + 1) · keys_per_split` of its sequence.
+    pub keys_per_split: u32,
+    /// `τ · log2 e`: scores go straight to the base-2 exponent.
+    pub scale_log2: f32,
+    /// 1 for the causal mask, 0 for none.
+    pub causal: u32,
+}
+
+/// Appending new K/V rows to a contiguous cache (`kernels::cache`): `new_k`, `new_v` are
+/// `[batch, n_new, heads_kv, head_dim]`; item `b`'s first `new_lengths[b]` rows go to cache rows
+/// `cache_lengths[b] ..` of `cache_k`, `cache_v` (`[batch, capacity, heads_kv, head_dim]`), the
+/// same dtype. Both length arrays are device `u32 [batch]`. Rows are copied as 16-byte chunks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheAppendParams {
+    pub cache_k: u64,
+    pub cache_v: u64,
+    pub new_k: u64,
+    pub new_v: u64,
+    pub cache_lengths: u64,
+    pub new_lengths: u64,
+    pub batch: u32,
+    pub capacity: u32,
+    pub n_new: u32,
+    /// 16-byte chunks of one row of all K/V heads (`heads_kv · head_dim · element size / 16`).
+    pub row_chunks: u32,
+}

@@ -6,6 +6,7 @@ pub mod backward;
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod dropout;
 pub mod mask;
+pub mod merge;
 pub mod online_state;
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod sequence;

@@ -34,8 +34,8 @@ pub struct CallArgs {
     /// Offset of this call in the dropout RNG's stream (advance it between calls).
     #[arg(long, default_value_t = 0)]
     pub offset: u64,
-    /// Kernel family: auto (the fastest that can run the call), exact, sm80 or sm90. A family
-    /// that cannot run the call is refused with the reason.
+    /// Kernel family: auto (the fastest that can run the call), decode, sm90, sm80 or exact. A
+    /// family that cannot run the call is refused with the reason.
     #[arg(long, default_value = "auto")]
     pub kernel: KernelChoice,
     /// Forward schedule of the exact kernels: row-owned (default) or paper.

@@ -1,0 +1,73 @@
+//! Launcher of the decode family: the split kernel writes partial `(O, LSE)` per split into the
+//! workspace, then the strided merge (`kernels::merge`) combines them into O and LSE.
+
+use attention_kernels::abi::params::{DecodeParams, MERGE_MAX_PARTS, MergeParams, MergeParts};
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::instances;
+use crate::layout::DeviceLayout;
+use crate::merge::PartShape;
+use crate::plan::Plan;
+use crate::problem::Problem;
+use crate::runtime::Gpu;
+use crate::runtime::buffer::{DeviceF32, DeviceTensor};
+use crate::tensors::Workspace;
+
+/// Launches `plan` (a decode plan) without waiting. The caller validated the tensors and the
+/// workspace against `problem` and `plan`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_forward(
+    gpu: &Gpu,
+    problem: &Problem,
+    plan: &Plan,
+    q: &DeviceTensor,
+    k: &DeviceTensor,
+    v: &DeviceTensor,
+    o: &DeviceTensor,
+    lse: &DeviceF32,
+    workspace: &Workspace,
+) -> Result<()> {
+    let (shape, options) = (&problem.shape, &problem.options.attention);
+    let layout = DeviceLayout::upload(shape, &options.lengths)?;
+    let (o_part, lse_part) = (
+        workspace.piece("o_partial")?,
+        workspace.piece("lse_partial")?,
+    );
+    let params = DecodeParams {
+        q: q.device_ptr(),
+        k: k.device_ptr(),
+        v: v.device_ptr(),
+        o_part,
+        lse_part,
+        layout: layout.params,
+        shape: *shape,
+        keys_per_split: plan.block_keys,
+        scale_log2: options.scale_for(shape.head_dim) * std::f32::consts::LOG2_E,
+        causal: options.causal as u32,
+    };
+    gpu.launch(&plan.entry, plan.launch_config(), &params)?;
+    let parts = PartShape::of(shape);
+    let combine = MergeParams {
+        table: MergeParts {
+            o: [0; MERGE_MAX_PARTS],
+            lse: [0; MERGE_MAX_PARTS],
+        },
+        o_base: o_part,
+        lse_base: lse_part,
+        o_part_stride: 4 * shape.q_elems() as u64,
+        lse_part_stride: 4 * shape.row_elems() as u64,
+        o: o.device_ptr(),
+        lse: lse.device_ptr(),
+        parts: plan.grid.0,
+        batch: shape.batch,
+        n_q: shape.n_q,
+        heads: shape.heads_q,
+        head_dim: shape.head_dim,
+    };
+    gpu.launch(
+        &instances::merge(DType::F32, problem.dtype, true),
+        parts.launch_config()?,
+        &combine,
+    )
+}

@@ -1,0 +1,295 @@
+//! When and how the decode family runs a call.
+//!
+//! Threshold: the family takes calls whose query rows per K/V head (`H_q / H_kv · N_q`) fit its
+//! largest row tile, 16 (one decode step of up to 16 heads per K/V head, or a speculative /
+//! chunked step of a few rows): there its SIMT products stay bandwidth bound (`kernels::decode`)
+//! and each K/V row is read once. Larger groups are prefill, for the tensor-core families.
+
+use attention_kernels::kernels::decode::{
+    HEAD_DIMS, MAX_ROW_TILE, STEP_KEYS, THREADS, row_tile, shared_bytes,
+};
+
+use crate::dtype::DType;
+use crate::family::{Direction, Family};
+use crate::flash_options::Schedule;
+use crate::instances;
+use crate::options::Lengths;
+use crate::plan::{DeviceCaps, Plan, Tiles, WORKSPACE_ALIGN};
+use crate::problem::Problem;
+
+/// One decode launch: the row tile, and the keys split over `splits` blocks per (K/V head,
+/// sequence), `keys_per_split` each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeConfig {
+    pub head_dim: u32,
+    pub row_tile: u32,
+    pub splits: u32,
+    pub keys_per_split: u32,
+}
+
+/// Blocks per SM the split count aims at: a decode block is small (4 warps, ≤ 17 KiB of shared
+/// memory), so several run per SM and hide each other's memory latency.
+const BLOCKS_PER_SM: u32 = 4;
+/// Most splits: bounds the partials' workspace and the combine's work per row.
+const MAX_SPLITS: u32 = 256;
+
+/// `(splits, keys_per_split)` for `batch_heads` (sequences × K/V heads) blocks of work over
+/// `n_k` keys on `sms` SMs: enough splits that the grid fills every SM `BLOCKS_PER_SM` times,
+/// never a split shorter than one step of keys, never more than [`MAX_SPLITS`].
+pub fn choose_splits(sms: u32, batch_heads: u32, n_k: u32) -> (u32, u32) {
+    let steps = n_k.div_ceil(STEP_KEYS).max(1);
+    let target = (sms * BLOCKS_PER_SM).div_ceil(batch_heads.max(1));
+    let wanted = target.clamp(1, MAX_SPLITS.min(steps));
+    let keys_per_split = steps.div_ceil(wanted) * STEP_KEYS;
+    (n_k.max(1).div_ceil(keys_per_split), keys_per_split)
+}
+
+/// The plan of the decode family for `problem`, or why it cannot run it.
+pub(crate) fn plan(
+    device: &DeviceCaps,
+    problem: &Problem,
+    direction: Direction,
+) -> std::result::Result<Plan, String> {
+    let (s, o) = (&problem.shape, &problem.options);
+    if direction == Direction::Backward {
+        return Err("runs the forward only (decode steps need no gradients)".into());
+    }
+    if device.compute_capability.0 < 8 {
+        return Err("needs compute capability 8.0 or newer".into());
+    }
+    if problem.dtype == DType::F32 {
+        return Err("takes f16 or bf16, not f32".into());
+    }
+    if o.attention.dropout.is_some() {
+        return Err("runs without dropout (decode is inference)".into());
+    }
+    if matches!(o.attention.lengths, Lengths::Packed { .. }) {
+        return Err("takes full or per-sequence key lengths, not packed sequences".into());
+    }
+    if o.schedule == Schedule::Paper || o.block_sizes.is_some() {
+        return Err(
+            "has fixed tiles; the paper's schedule and explicit (B_r, B_c) are exact's".into(),
+        );
+    }
+    if !HEAD_DIMS.contains(&s.head_dim) {
+        return Err(format!(
+            "is compiled for head_dim 64 and 128, not {}",
+            s.head_dim
+        ));
+    }
+    let rows = (s.heads_q / s.heads_kv) as u64 * s.n_q as u64;
+    let Some(row_tile) = u32::try_from(rows).ok().and_then(row_tile) else {
+        return Err(format!(
+            "takes at most {MAX_ROW_TILE} query rows per K/V head (H_q/H_kv · N_q = {rows}): that is prefill"
+        ));
+    };
+    let (splits, keys_per_split) = choose_splits(
+        device.multiprocessors,
+        problem.sequences.saturating_mul(s.heads_kv),
+        problem.max_k_rows,
+    );
+    let cfg = DecodeConfig {
+        head_dim: s.head_dim,
+        row_tile,
+        splits,
+        keys_per_split,
+    };
+    let shared_bytes = shared_bytes(row_tile, s.head_dim);
+    let pieces = [
+        ("o_partial", splits as u64 * s.q_elems() as u64),
+        ("lse_partial", splits as u64 * s.row_elems() as u64),
+    ];
+    Ok(Plan {
+        direction,
+        family: Family::Decode,
+        tiles: Tiles::Decode(cfg),
+        entry: instances::decode(problem.dtype, s.head_dim, row_tile),
+        block_rows: row_tile,
+        block_keys: keys_per_split,
+        grid: (splits, s.heads_kv, problem.sequences),
+        threads: THREADS,
+        shared_bytes,
+        workspace: pieces
+            .into_iter()
+            .map(|(name, floats)| (name, (4 * floats).next_multiple_of(WORKSPACE_ALIGN)))
+            .collect(),
+        not_chosen: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use attention_kernels::abi::shape::AttentionShape;
+
+    use super::*;
+    use crate::family::KernelChoice;
+    use crate::flash_options::FlashOptions;
+    use crate::options::AttentionOptions;
+    use crate::plan::select;
+
+    fn shape(batch: u32, n_q: u32, n_k: u32, heads_q: u32, heads_kv: u32) -> AttentionShape {
+        AttentionShape {
+            batch,
+            n_q,
+            n_k,
+            heads_q,
+            heads_kv,
+            head_dim: 128,
+        }
+    }
+
+    fn select_on(
+        device: &DeviceCaps,
+        s: AttentionShape,
+        dtype: DType,
+        options: FlashOptions,
+        direction: Direction,
+    ) -> crate::error::Result<Plan> {
+        select(
+            device,
+            &Problem::new(&s, dtype, &options).unwrap(),
+            direction,
+        )
+    }
+
+    #[test]
+    fn auto_takes_decode_for_few_rows_per_kv_head() {
+        let h200 = DeviceCaps::for_arch("sm_90", true).unwrap();
+        let a100 = DeviceCaps::for_arch("sm_80", false).unwrap();
+        let fwd = |dev, s, o| select_on(dev, s, DType::Bf16, o, Direction::Forward).unwrap();
+        let p = fwd(&h200, shape(1, 1, 32768, 32, 8), FlashOptions::default());
+        assert_eq!(p.family, Family::Decode);
+        assert_eq!(
+            p.tiles,
+            Tiles::Decode(DecodeConfig {
+                head_dim: 128,
+                row_tile: 4,
+                splits: 64,
+                keys_per_split: 512
+            })
+        );
+        assert_eq!(p.entry, "flash_decode_bf16_d128_r4");
+        assert_eq!(p.grid, (64, 8, 1));
+        assert_eq!(
+            p.workspace,
+            vec![
+                ("o_partial", 64 * 32 * 128 * 4),
+                ("lse_partial", 64 * 32 * 4)
+            ]
+        );
+        assert!(p.to_string().contains("splits: 64"), "{p}");
+        let a = fwd(&a100, shape(1, 1, 32768, 32, 8), FlashOptions::default());
+        assert_eq!((a.family, a.grid), (Family::Decode, (52, 8, 1)));
+        // Causal chunks of a few rows, GQA 16, key lengths: still decode.
+        let causal = FlashOptions::new(AttentionOptions::new().causal(true));
+        assert_eq!(
+            fwd(&h200, shape(2, 4, 1000, 8, 2), causal).family,
+            Family::Decode
+        );
+        assert_eq!(
+            fwd(&h200, shape(2, 1, 1000, 16, 1), FlashOptions::default()).family,
+            Family::Decode
+        );
+        let lengths = FlashOptions::new(AttentionOptions::new().key_lengths(vec![0, 7]));
+        assert_eq!(
+            fwd(&h200, shape(2, 1, 300, 4, 4), lengths).family,
+            Family::Decode
+        );
+        // Prefill, too many rows per K/V head, and the backward go elsewhere.
+        for s in [shape(1, 512, 32768, 32, 8), shape(1, 5, 4096, 32, 8)] {
+            assert_eq!(fwd(&h200, s, FlashOptions::default()).family, Family::Sm90);
+        }
+        let b = select_on(
+            &h200,
+            shape(1, 1, 4096, 32, 8),
+            DType::Bf16,
+            FlashOptions::default(),
+            Direction::Backward,
+        );
+        assert_eq!(b.unwrap().family, Family::Sm90);
+    }
+
+    #[test]
+    fn forced_decode_refuses_what_it_cannot_run_with_the_reason() {
+        let h200 = DeviceCaps::for_arch("sm_90", true).unwrap();
+        let only =
+            |a: AttentionOptions| FlashOptions::new(a).kernel(KernelChoice::Only(Family::Decode));
+        let refusal = |s, dtype, o, direction| {
+            select_on(&h200, s, dtype, o, direction)
+                .unwrap_err()
+                .to_string()
+        };
+        let one = shape(2, 1, 300, 8, 2);
+        for (s, dtype, o, direction, why) in [
+            (
+                one,
+                DType::Bf16,
+                only(AttentionOptions::new().dropout(0.1, 1, 0)),
+                Direction::Forward,
+                "without dropout",
+            ),
+            (
+                one,
+                DType::F32,
+                only(AttentionOptions::new()),
+                Direction::Forward,
+                "not f32",
+            ),
+            (
+                one,
+                DType::F16,
+                only(AttentionOptions::new()),
+                Direction::Backward,
+                "forward only",
+            ),
+            (
+                shape(1, 3, 300, 8, 2),
+                DType::F16,
+                only(AttentionOptions::new().packed(vec![0, 1, 3], vec![0, 100, 300])),
+                Direction::Forward,
+                "packed",
+            ),
+            (
+                AttentionShape {
+                    head_dim: 96,
+                    ..one
+                },
+                DType::F16,
+                only(AttentionOptions::new()),
+                Direction::Forward,
+                "head_dim 64 and 128, not 96",
+            ),
+            (
+                shape(1, 8, 300, 8, 2),
+                DType::F16,
+                only(AttentionOptions::new()),
+                Direction::Forward,
+                "= 32",
+            ),
+        ] {
+            let e = refusal(s, dtype, o, direction);
+            assert!(e.contains("decode") && e.contains(why), "{e}");
+        }
+    }
+
+    #[test]
+    fn splits_fill_the_machine_without_splitting_below_a_step() {
+        // H200 (132 SMs), the rows: batch · H_kv blocks of work.
+        assert_eq!(choose_splits(132, 8, 32768), (64, 512));
+        assert_eq!(choose_splits(132, 8, 131072), (64, 2048));
+        assert_eq!(choose_splits(132, 64, 8192), (8, 1024));
+        assert_eq!(choose_splits(132, 512, 4096), (2, 2048));
+        assert_eq!(choose_splits(132, 32, 131072), (17, 7808));
+        // Few keys: one step per split at most; one split when the heads fill the machine.
+        assert_eq!(choose_splits(132, 1, 300), (3, 128));
+        assert_eq!(choose_splits(132, 1, 1), (1, 128));
+        assert_eq!(choose_splits(132, 10_000, 1 << 20), (1, 1 << 20));
+        // Never more than MAX_SPLITS; every key is in a split and no split is empty.
+        for (sms, bh, n_k) in [(132, 1, 1 << 24), (108, 3, 1000), (132, 7, 129), (1, 1, 5)] {
+            let (splits, keys) = choose_splits(sms, bh, n_k);
+            assert!(splits <= MAX_SPLITS && keys % STEP_KEYS == 0);
+            assert!(splits as u64 * keys as u64 >= n_k as u64);
+            assert!(((splits - 1) as u64 * keys as u64) < n_k.max(1) as u64);
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! The public merge of partial results: `(O, LSE)` pairs computed over disjoint key sets (cascade
+//! attention over a shared prefix, attention spread over devices, split-KV decode) combined into
+//! the `(O, LSE)` of the union, exactly (`attention_kernels::attn::merge`, the forward's empty-row
+//! and non-finite policy). [`crate::reference::merge`] is its f64 reference.
+
+use attention_kernels::abi::params::{MERGE_MAX_PARTS, MergeParams, MergeParts};
+use attention_kernels::abi::shape::AttentionShape;
+use attention_kernels::kernels::merge::MERGE_WARPS;
+
+use crate::dtype::DType;
+use crate::error::{Result, invalid};
+use crate::instances;
+use crate::options::checked_elems;
+use crate::runtime::buffer::{DeviceF32, DeviceTensor};
+use crate::runtime::{Gpu, LaunchConfig};
+
+/// The shape of one part: O `[batch, n_q, heads, head_dim]`, LSE f32 `[batch, heads, n_q]`
+/// (what [`crate::forward`] writes, with `heads = heads_q`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartShape {
+    pub batch: u32,
+    pub n_q: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+}
+
+impl PartShape {
+    /// The shape of the O and LSE a forward of `shape` writes.
+    pub fn of(shape: &AttentionShape) -> PartShape {
+        PartShape {
+            batch: shape.batch,
+            n_q: shape.n_q,
+            heads: shape.heads_q,
+            head_dim: shape.head_dim,
+        }
+    }
+
+    /// Elements of one O, checked.
+    pub fn o_elems(&self) -> Result<usize> {
+        checked_elems("O", &[self.batch, self.n_q, self.heads, self.head_dim])
+    }
+
+    /// Elements of one LSE (rows), checked.
+    pub fn lse_elems(&self) -> Result<usize> {
+        checked_elems("LSE", &[self.batch, self.n_q, self.heads])
+    }
+
+    fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("batch", self.batch),
+            ("n_q", self.n_q),
+            ("heads", self.heads),
+            ("head_dim", self.head_dim),
+        ] {
+            if v == 0 {
+                return Err(invalid!("{name} must be at least 1"));
+            }
+        }
+        self.o_elems().map(drop)
+    }
+
+    /// The merge's grid: one warp per row.
+    pub(crate) fn launch_config(&self) -> Result<LaunchConfig> {
+        let blocks = self.lse_elems()?.div_ceil(MERGE_WARPS as usize);
+        let blocks = u32::try_from(blocks)
+            .ok()
+            .filter(|&b| b <= i32::MAX as u32)
+            .ok_or_else(|| invalid!("{self:?} has more rows than one merge launch takes"))?;
+        Ok(LaunchConfig {
+            grid: (blocks, 1, 1),
+            block: (32 * MERGE_WARPS, 1, 1),
+            shared_bytes: 0,
+        })
+    }
+}
+
+/// The merged O (the parts' dtype) and LSE (f32).
+pub struct Merged {
+    pub o: DeviceTensor,
+    pub lse: DeviceF32,
+}
+
+/// Merges the parts `(o_parts[p], lse_parts[p])` (1 to [`MERGE_MAX_PARTS`] of them, one dtype:
+/// f32, f16 or bf16), computed over disjoint key sets of the same query rows; waits for the
+/// result. A part with `LSE = −∞` on a row contributes nothing there; a row empty in every part is
+/// `O = 0`, `LSE = −∞`; a NaN LSE makes its row NaN. More parts merge in stages (the merge is
+/// associative).
+pub fn merge(
+    gpu: &Gpu,
+    shape: &PartShape,
+    o_parts: &[&DeviceTensor],
+    lse_parts: &[&DeviceF32],
+) -> Result<Merged> {
+    let dtype = check_parts(shape, o_parts, lse_parts)?;
+    let out = Merged {
+        o: DeviceTensor::uninitialized(dtype, shape.o_elems()?)?,
+        lse: DeviceF32::uninitialized(shape.lse_elems()?)?,
+    };
+    launch(gpu, shape, o_parts, lse_parts, &out.o, &out.lse)?;
+    gpu.synchronize()?;
+    Ok(out)
+}
+
+/// As [`merge`], into `o` (the parts' dtype) and `lse` the caller owns, distinct from every part,
+/// without waiting.
+pub fn merge_into(
+    gpu: &Gpu,
+    shape: &PartShape,
+    o_parts: &[&DeviceTensor],
+    lse_parts: &[&DeviceF32],
+    o: &DeviceTensor,
+    lse: &DeviceF32,
+) -> Result<()> {
+    let dtype = check_parts(shape, o_parts, lse_parts)?;
+    if o.dtype() != dtype || o.len() != shape.o_elems()? {
+        return Err(invalid!(
+            "o must be {dtype} with {} elements, it is {} with {}",
+            shape.o_elems()?,
+            o.dtype(),
+            o.len()
+        ));
+    }
+    if lse.len() != shape.lse_elems()? {
+        return Err(invalid!(
+            "lse must hold {} f32, it holds {}",
+            shape.lse_elems()?,
+            lse.len()
+        ));
+    }
+    let aliased = o_parts.iter().any(|p| p.device_ptr() == o.device_ptr())
+        || lse_parts.iter().any(|p| p.device_ptr() == lse.device_ptr());
+    if aliased {
+        return Err(invalid!(
+            "the merge's outputs must not be one of its parts (rows are read while written)"
+        ));
+    }
+    launch(gpu, shape, o_parts, lse_parts, o, lse)
+}
+
+/// The parts' common dtype, once every part is checked against `shape`.
+fn check_parts(
+    shape: &PartShape,
+    o_parts: &[&DeviceTensor],
+    lse_parts: &[&DeviceF32],
+) -> Result<DType> {
+    shape.validate()?;
+    if o_parts.len() != lse_parts.len() {
+        return Err(invalid!(
+            "{} O parts but {} LSE parts: each part is one (O, LSE) pair",
+            o_parts.len(),
+            lse_parts.len()
+        ));
+    }
+    if o_parts.is_empty() || o_parts.len() > MERGE_MAX_PARTS {
+        return Err(invalid!(
+            "merge takes 1 to {MERGE_MAX_PARTS} parts, got {} (merge more in stages)",
+            o_parts.len()
+        ));
+    }
+    let dtype = o_parts[0].dtype();
+    let (o_elems, lse_elems) = (shape.o_elems()?, shape.lse_elems()?);
+    for (p, (o, lse)) in o_parts.iter().zip(lse_parts).enumerate() {
+        if o.dtype() != dtype {
+            return Err(invalid!(
+                "O part {p} is {} but part 0 is {dtype}",
+                o.dtype()
+            ));
+        }
+        if o.len() != o_elems {
+            return Err(invalid!(
+                "O part {p} holds {} elements, {shape:?} needs {o_elems} ([batch, n_q, heads, head_dim])",
+                o.len()
+            ));
+        }
+        if lse.len() != lse_elems {
+            return Err(invalid!(
+                "LSE part {p} holds {} f32, {shape:?} needs {lse_elems} ([batch, heads, n_q])",
+                lse.len()
+            ));
+        }
+    }
+    Ok(dtype)
+}
+
+fn launch(
+    gpu: &Gpu,
+    shape: &PartShape,
+    o_parts: &[&DeviceTensor],
+    lse_parts: &[&DeviceF32],
+    o: &DeviceTensor,
+    lse: &DeviceF32,
+) -> Result<()> {
+    let mut table = MergeParts {
+        o: [0; MERGE_MAX_PARTS],
+        lse: [0; MERGE_MAX_PARTS],
+    };
+    for (p, (part_o, part_lse)) in o_parts.iter().zip(lse_parts).enumerate() {
+        table.o[p] = part_o.device_ptr();
+        table.lse[p] = part_lse.device_ptr();
+    }
+    let params = MergeParams {
+        table,
+        o_base: 0,
+        lse_base: 0,
+        o_part_stride: 0,
+        lse_part_stride: 0,
+        o: o.device_ptr(),
+        lse: lse.device_ptr(),
+        parts: o_parts.len() as u32,
+        batch: shape.batch,
+        n_q: shape.n_q,
+        heads: shape.heads,
+        head_dim: shape.head_dim,
+    };
+    gpu.launch(
+        &instances::merge(o.dtype(), o.dtype(), false),
+        shape.launch_config()?,
+        &params,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_shapes_are_checked() {
+        let s = PartShape {
+            batch: 2,
+            n_q: 3,
+            heads: 4,
+            head_dim: 8,
+        };
+        assert_eq!((s.o_elems().unwrap(), s.lse_elems().unwrap()), (192, 24));
+        assert_eq!(s.launch_config().unwrap().grid, (6, 1, 1));
+        let zero = PartShape { heads: 0, ..s };
+        assert!(zero.validate().unwrap_err().to_string().contains("heads"));
+        let huge = PartShape {
+            batch: u32::MAX,
+            n_q: u32::MAX,
+            heads: u32::MAX,
+            head_dim: 8,
+        };
+        assert!(huge.validate().is_err());
+    }
+}

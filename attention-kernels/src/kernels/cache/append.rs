@@ -1,0 +1,45 @@
+//! The append kernel: one thread per 16-byte chunk of a new row, for K and V.
+
+use crate::abi::params::CacheAppendParams;
+use crate::arch::{block_dim_x, block_x, thread_x};
+
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct Chunk([u32; 4]);
+
+/// Grid `⌈batch · n_new · row_chunks / APPEND_THREADS⌉`. Chunk `x` is item `b`, new row `i`,
+/// chunk `c` of the row; rows past the item's `new_lengths[b]` are not copied.
+unsafe fn append(p: &CacheAppendParams) {
+    let x = block_x() as u64 * block_dim_x() as u64 + thread_x() as u64;
+    let chunks = p.row_chunks as u64;
+    if x >= p.batch as u64 * p.n_new as u64 * chunks {
+        return;
+    }
+    let (row, c) = (x / chunks, x % chunks);
+    let (b, i) = (row / p.n_new as u64, row % p.n_new as u64);
+    // SAFETY: both length arrays hold `batch` entries (host-checked).
+    let (start, count) = unsafe {
+        (
+            *(p.cache_lengths as *const u32).add(b as usize),
+            *(p.new_lengths as *const u32).add(b as usize),
+        )
+    };
+    if i >= count as u64 {
+        return;
+    }
+    let src = (row * chunks + c) as usize;
+    let dst = ((b * p.capacity as u64 + start as u64 + i) * chunks + c) as usize;
+    // SAFETY: the host checked `start + count <= capacity` for every item and the tensors'
+    // sizes; the tensors are 16-byte aligned allocations with rows of whole chunks.
+    unsafe {
+        *(p.cache_k as *mut Chunk).add(dst) = *(p.new_k as *const Chunk).add(src);
+        *(p.cache_v as *mut Chunk).add(dst) = *(p.new_v as *const Chunk).add(src);
+    }
+}
+
+/// Named as `attention_host::instances::cache_append` gives it.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn flash_cache_append(p: CacheAppendParams) {
+    // SAFETY: the host validated the cache, the new rows and the lengths against `p`.
+    unsafe { append(&p) }
+}

@@ -1,0 +1,76 @@
+"""PyTorch SDPA (flash and cuDNN) on the decode rows of examples/decode_bench.rs, timed the same way
+in the same run: after warm-up, each sample is --calls back-to-back calls between two CUDA events.
+bf16, d = 128, GQA through enable_gqa. Writes $OUT/sdpa-decode.json (raw per-call samples) and
+prints the median per-call time and the K/V bytes read per second.
+"""
+import argparse, json, os, sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+# (B, N_q, N_k, H_q, H_kv), as ROWS in examples/decode_bench.rs.
+ROWS = [(1, 1, 32768, 32, 8), (1, 1, 131072, 32, 8), (8, 1, 8192, 32, 8), (64, 1, 4096, 32, 8),
+        (1, 1, 131072, 32, 32), (1, 512, 32768, 32, 8)]
+
+
+def median(xs):
+    s = sorted(xs); n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def pipelined(fn, warmup, samples, calls):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(samples):
+        s = torch.cuda.Event(enable_timing=True); e = torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(calls):
+            fn()
+        e.record(); e.synchronize()
+        out.append(s.elapsed_time(e) / calls)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--calls", type=int, default=50)
+    p.add_argument("--samples", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    args = p.parse_args()
+    assert args.samples >= 20
+    env = dict(torch=torch.__version__, gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
+    print(env, flush=True)
+    rows = []
+    for (B, nq, nk, hq, hkv) in ROWS:
+        d = 128
+        # Layout [B, N, H, d] like ours, viewed as [B, H, N, d]; causal is bottom-right for N_q < N_k
+        # in ours, so these rows (no mask) compare like for like.
+        q = torch.randn(B, nq, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        k = torch.randn(B, nk, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        v = torch.randn_like(k)
+        kv_bytes = 2 * B * nk * hkv * d * 2
+        for name, backend in BACKENDS.items():
+            try:
+                with sdpa_kernel(backend):
+                    samples = pipelined(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hkv != hq),
+                                        args.warmup, args.samples, args.calls)
+            except Exception as ex:  # a backend that refuses a row is recorded, not hidden
+                rows.append(dict(B=B, N_q=nq, N_k=nk, H_q=hq, H_kv=hkv, backend=name, error=str(ex).splitlines()[0][:200]))
+                print(rows[-1], flush=True)
+                continue
+            ms = median(samples)
+            rows.append(dict(B=B, N_q=nq, N_k=nk, H_q=hq, H_kv=hkv, d=d, backend=name, calls_per_sample=args.calls,
+                             warmup=args.warmup, median_ms=ms, kv_bytes=kv_bytes, kv_tb_per_s=kv_bytes / (ms * 1e-3) / 1e12,
+                             samples_ms_per_call=samples))
+            print(f"B={B} N_q={nq} N_k={nk} H_q/H_kv={hq}/{hkv} {name:6s} {ms:.4f} ms, K/V {rows[-1]['kv_tb_per_s']:.2f} TB/s", flush=True)
+        del q, k, v
+    with open(os.path.join(os.environ.get("OUT", "."), "sdpa-decode.json"), "w") as f:
+        json.dump(dict(environment=env, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
