@@ -31,6 +31,12 @@ pub fn exact_backward(dtype: DType, kernel: &str) -> String {
     format!("flash_backward_{kernel}_{dtype}")
 }
 
+/// The exact backward's sink gradient (`dσ_h = −Σ_rows P_sink · D`, one warp per query head;
+/// f32 whatever the dtype).
+pub fn exact_d_sink() -> String {
+    "flash_backward_d_sink".to_owned()
+}
+
 /// The `mma.sync` forward `cfg`.
 pub fn sm80_forward(dtype: DType, cfg: &TcConfig) -> String {
     format!(
@@ -88,6 +94,7 @@ pub fn entry_points() -> Vec<Entry> {
             push(Family::Exact, exact_backward(dtype, kernel));
         }
     }
+    push(Family::Exact, exact_d_sink());
     for dtype in HALF_DTYPES {
         for &cfg in sm80::forward::VARIANTS {
             push(Family::Sm80, sm80_forward(dtype, &cfg));

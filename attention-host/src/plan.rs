@@ -381,6 +381,12 @@ fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::R
     if o.block_sizes.is_some() {
         return Err("has fixed tiles; explicit (B_r, B_c) are the exact kernels'".into());
     }
+    if o.attention.has_score_mods() {
+        return Err(
+            "takes no local window, softcap, ALiBi or sink logits yet (the exact kernels do)"
+                .into(),
+        );
+    }
     if direction == Direction::Backward && o.deterministic {
         return Err(
             "adds dQ with float atomics, so its gradients are not bitwise deterministic".into(),
