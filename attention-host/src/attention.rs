@@ -310,7 +310,8 @@ fn check_d_sinks(problem: &Problem, out: &GradientBuffers) -> Result<()> {
         (Some(_), Some(d)) if d.len() == heads => Ok(()),
         (Some(_), d) => Err(invalid!(
             "a call with sink logits needs d_sinks of {heads} f32 (GradientBuffers::with_d_sinks), got {}",
-            d.as_ref().map_or("none".to_owned(), |d| format!("{} f32", d.len()))
+            d.as_ref()
+                .map_or("none".to_owned(), |d| format!("{} f32", d.len()))
         )),
     }
 }

@@ -34,7 +34,9 @@ pub use dtype::DType;
 pub use error::{AttentionError, Result};
 pub use family::{Direction, Family, KernelChoice};
 pub use flash_options::{FlashOptions, Schedule};
-pub use options::{AttentionOptions, CheckedElems, Dropout, Lengths, Window, alibi_slopes};
+pub use options::{
+    AttentionOptions, CheckedElems, Dropout, Lengths, Window, alibi_slopes, key_range,
+};
 pub use plan::{DeviceCaps, Plan, Tiles};
 pub use problem::Problem;
 pub use runtime::buffer::{DeviceF32, DeviceTensor};

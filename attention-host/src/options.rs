@@ -5,8 +5,8 @@
 
 use attention_kernels::abi::philox::DropoutRng;
 use attention_kernels::abi::shape::AttentionShape;
-pub use attention_kernels::attn::score_mod::Window;
 use attention_kernels::attn::score_mod::UNBOUNDED;
+pub use attention_kernels::attn::score_mod::{Window, key_range};
 
 use crate::error::{Result, invalid};
 

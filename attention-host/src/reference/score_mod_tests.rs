@@ -16,7 +16,14 @@ fn article_row(options: AttentionOptions) -> (Vec<f64>, f64) {
         .flat_map(|&s| [s, 0.0])
         .collect();
     let v = [1.0, 0.0, 0.0, 2.0, 4.0, 1.0, 2.0, 3.0, -1.0, 2.0];
-    let out = forward(&shape(1, 1, 5, 1, 1, 2), &[1.0, 0.0], &k, &v, &options.scale(1.0)).unwrap();
+    let out = forward(
+        &shape(1, 1, 5, 1, 1, 2),
+        &[1.0, 0.0],
+        &k,
+        &v,
+        &options.scale(1.0),
+    )
+    .unwrap();
     (out.o, out.lse[0])
 }
 
@@ -29,7 +36,11 @@ fn assert_row(got: (Vec<f64>, f64), o: [f64; 2], lse: f64) {
 fn window_keeps_the_keys_left_of_the_diagonal() {
     // (2, 0): keys 2, 3, 4 (scores 3, 1, −1).
     let expected = ([3.68599794446527, 1.2504970956288637], 3.1429316284998996);
-    assert_row(article_row(AttentionOptions::new().window(2, 0)), expected.0, expected.1);
+    assert_row(
+        article_row(AttentionOptions::new().window(2, 0)),
+        expected.0,
+        expected.1,
+    );
     assert_row(
         article_row(AttentionOptions::new().window(2, 7).causal(true)),
         expected.0,
@@ -104,9 +115,8 @@ fn brute_force(
             let mut terms = Vec::new();
             for j in 0..s.n_k as i64 {
                 let w = o.window.unwrap();
-                let allowed = a - w.left as i64 <= j
-                    && j <= a + w.right as i64
-                    && (!o.causal || j <= a);
+                let allowed =
+                    a - w.left as i64 <= j && j <= a + w.right as i64 && (!o.causal || j <= a);
                 if !allowed {
                     continue;
                 }
@@ -114,7 +124,10 @@ fn brute_force(
                 let dot: f64 = (0..d).map(|c| x.q[qo + c] * x.k[ko + c]).sum();
                 let c = o.softcap.unwrap() as f64;
                 let slope = o.alibi_slopes.as_ref().unwrap()[h] as f64;
-                terms.push((c * (tau * dot / c).tanh() - slope * (a - j).abs() as f64, ko));
+                terms.push((
+                    c * (tau * dot / c).tanh() - slope * (a - j).abs() as f64,
+                    ko,
+                ));
             }
             let sink = o.sinks.as_ref().unwrap()[h] as f64;
             let z: f64 = terms.iter().map(|t| t.0.exp()).sum::<f64>() + sink.exp();
@@ -178,15 +191,29 @@ fn bad_modifiers_are_refused() {
     };
     refused(AttentionOptions::new().softcap(0.0), "softcap");
     refused(AttentionOptions::new().softcap(f32::NAN), "softcap");
-    refused(AttentionOptions::new().alibi_slopes(vec![1.0]), "alibi slopes");
-    refused(AttentionOptions::new().sinks(vec![0.0, f32::INFINITY]), "sinks must be finite");
-    refused(AttentionOptions::new().window(u32::MAX, u32::MAX), "bounds nothing");
+    refused(
+        AttentionOptions::new().alibi_slopes(vec![1.0]),
+        "alibi slopes",
+    );
+    refused(
+        AttentionOptions::new().sinks(vec![0.0, f32::INFINITY]),
+        "sinks must be finite",
+    );
+    refused(
+        AttentionOptions::new().window(u32::MAX, u32::MAX),
+        "bounds nothing",
+    );
 }
 
 #[test]
 fn standard_alibi_slopes() {
     use crate::options::alibi_slopes;
-    assert_eq!(alibi_slopes(8), [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625]);
+    assert_eq!(
+        alibi_slopes(8),
+        [
+            0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625
+        ]
+    );
     // 12 heads: the 8-head schedule, then 2^(−0.5·k) for k = 1, 3, 5, 7.
     let s = alibi_slopes(12);
     assert_eq!(s.len(), 12);

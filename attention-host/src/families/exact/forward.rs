@@ -9,8 +9,8 @@ use crate::layout::DeviceLayout;
 use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::Gpu;
-use crate::score_mods::DeviceScoreMods;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
+use crate::score_mods::DeviceScoreMods;
 use crate::tensors::Workspace;
 
 /// Launches `plan` (an exact forward with `blocks`) without waiting: O and LSE of
