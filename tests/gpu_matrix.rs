@@ -301,7 +301,10 @@ fn d_sink_err(got: &Option<Vec<f32>>, r: &Reference) -> f64 {
             .zip(want)
             .zip(&r.d_sink_scale)
             .map(|((&g, &w), &scale)| (g as f64 - w).abs() / scale.max(1e-30))
-            .fold(0.0, |m: f64, e| if e.is_nan() { f64::NAN } else { m.max(e) }),
+            .fold(
+                0.0,
+                |m: f64, e| if e.is_nan() { f64::NAN } else { m.max(e) },
+            ),
         _ => f64::NAN,
     }
 }
@@ -413,7 +416,10 @@ fn exact_domain_on_every_family() {
 fn score_modifiers_on_every_family() {
     let list = score_mod_cases();
     for mode in LengthMode::ALL {
-        assert!(list.iter().any(|c| c.lengths == mode && c.mods != Mods::None));
+        assert!(
+            list.iter()
+                .any(|c| c.lengths == mode && c.mods != Mods::None)
+        );
     }
     for causal in [false, true] {
         assert!(

@@ -225,7 +225,7 @@ pub fn with_tiles(
     }
     if problem.needs_general() && !default {
         return Err(invalid!(
-            "length masks and dropout run on the default tiles only, not {tiles:?}"
+            "length masks, dropout and score modifiers run on the default tiles only, not {tiles:?}"
         ));
     }
     admits(device, problem, direction, family)
@@ -256,9 +256,11 @@ fn admits(
         Family::Sm80 if device.compute_capability.0 < 8 => {
             Err("needs compute capability 8.0 or newer".into())
         }
-        Family::Sm80 if problem.needs_general() => {
-            Err("takes scale and causal only: no key lengths, packed sequences or dropout".into())
-        }
+        Family::Sm80 if problem.needs_general() => Err(
+            "takes scale and causal only: no key lengths, packed sequences, dropout, local \
+                 window, softcap, ALiBi or sink logits"
+                .into(),
+        ),
         Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction),
     }
 }
@@ -381,9 +383,10 @@ fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::R
     if o.block_sizes.is_some() {
         return Err("has fixed tiles; explicit (B_r, B_c) are the exact kernels'".into());
     }
-    if o.attention.has_score_mods() {
+    if direction == Direction::Backward && o.attention.has_score_mods() {
         return Err(
-            "takes no local window, softcap, ALiBi or sink logits yet (the exact kernels do)"
+            "has no backward with a local window, softcap, ALiBi or sink logits yet (the exact \
+             kernels do)"
                 .into(),
         );
     }

@@ -66,11 +66,12 @@ impl Problem {
         })
     }
 
-    /// Whether the call masks by lengths or drops out: what the `mma.sync` kernels cannot run and
-    /// the `wgmma` ones run through their general instances.
+    /// Whether the call masks by lengths, drops out, or has a local window or score modifiers:
+    /// what the `mma.sync` kernels cannot run and the `wgmma` ones run through their general
+    /// instances.
     pub fn needs_general(&self) -> bool {
         let a = &self.options.attention;
-        a.dropout.is_some() || a.lengths != Lengths::Full
+        a.dropout.is_some() || a.lengths != Lengths::Full || a.has_score_mods()
     }
 }
 

@@ -108,6 +108,9 @@ pub struct TensorCoreForwardParams {
     pub scale_log2: f32,
     /// 1 for the causal mask, 0 for none.
     pub causal: u32,
+    /// Window and score modifiers: the `wgmma` general instances honour them; the host refuses
+    /// them for the others.
+    pub mods: ScoreMods,
 }
 
 /// The tensor-core backward (`kernels::sm80::backward`, `kernels::sm90`), one struct for its three kernels. Q, K, V, O, dO,

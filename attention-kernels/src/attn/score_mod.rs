@@ -83,6 +83,42 @@ pub const fn key_range(i: u32, n_q: u32, n_k: u32, causal: bool, window: Window)
     (start, end)
 }
 
+/// The query rows `first .. end` that may see a key of `k0 .. k1` (`k0 < k1`): every row
+/// outside sees none of them (rows inside may still see none at the edges). The backward's K/V
+/// blocks visit only the Q blocks of these rows.
+#[inline(always)]
+pub const fn rows_seeing_keys(
+    k0: u32,
+    k1: u32,
+    n_q: u32,
+    n_k: u32,
+    causal: bool,
+    window: Window,
+) -> (u32, u32) {
+    if k0 >= n_k {
+        return (0, 0);
+    }
+    // Row i's diagonal is i + shift; it sees key j only if j <= i + shift (causal) and
+    // j <= i + shift + right, and only keys j >= i + shift − left.
+    let shift = n_k as i64 - n_q as i64;
+    let mut first = 0i64;
+    if causal {
+        first = k0 as i64 - shift;
+    }
+    if window.right != UNBOUNDED {
+        let by_right = k0 as i64 - shift - window.right as i64;
+        if by_right > first {
+            first = by_right;
+        }
+    }
+    let end = if window.left == UNBOUNDED {
+        n_q
+    } else {
+        clamp(k1 as i64 - shift + window.left as i64, n_q)
+    };
+    (clamp(first, n_q), end)
+}
+
 /// The score modifiers of one (call, query head): softcap `c` (0: off) and ALiBi slope (0: off).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ScoreMod<R> {
@@ -103,11 +139,44 @@ impl<R: Real + From<f32>> ScoreMod<R> {
             grad = R::ONE - t * t;
         }
         if self.slope != R::ZERO {
-            let distance = (i as i64 + n_k as i64 - n_q as i64 - j as i64).unsigned_abs();
-            s = s - self.slope * R::from(distance as f32);
+            s = s - self.slope * R::from(distance(i, j, n_q, n_k));
         }
         (s, grad)
     }
+}
+
+impl ScoreMod<f32> {
+    /// [`apply`](Self::apply) for the tensor-core kernels, whose scores are in base-2 units:
+    /// `raw = ⟨q_i, k_j⟩` (unscaled) to the modified score times `log2 e`, with
+    /// `scale_log2 = τ · log2 e` and `distance = |i + n_k − n_q − j|`.
+    #[inline(always)]
+    pub fn apply_log2(&self, raw: f32, scale_log2: f32, distance: f32) -> f32 {
+        let mut s = raw * scale_log2;
+        if self.softcap != 0.0 {
+            // c·tanh(τ·raw / c) · log2 e, with τ·raw = s · ln 2.
+            let c_log2 = self.softcap * core::f32::consts::LOG2_E;
+            s = c_log2 * tanh(s / c_log2);
+        }
+        s - self.slope * core::f32::consts::LOG2_E * distance
+    }
+
+    /// `∂s'/∂s` of [`apply_log2`](Self::apply_log2) at the same `raw`: `1 − tanh²` under a
+    /// softcap, else 1.
+    #[inline(always)]
+    pub fn grad_log2(&self, raw: f32, scale_log2: f32) -> f32 {
+        if self.softcap == 0.0 {
+            return 1.0;
+        }
+        let c_log2 = self.softcap * core::f32::consts::LOG2_E;
+        let t = tanh(raw * scale_log2 / c_log2);
+        1.0 - t * t
+    }
+}
+
+/// `|i + n_k − n_q − j|`, ALiBi's distance of row `i` from key `j`, as f32.
+#[inline(always)]
+pub fn distance(i: u32, j: u32, n_q: u32, n_k: u32) -> f32 {
+    (i as i64 + n_k as i64 - n_q as i64 - j as i64).unsigned_abs() as f32
 }
 
 /// `tanh x` from `exp` (the device has no accurate `tanh`): `(1 − e) / (1 + e)` with
@@ -193,6 +262,48 @@ mod tests {
         }
     }
 
+    /// Every row that sees a key of the range is inside `rows_seeing_keys`.
+    #[test]
+    fn rows_seeing_keys_covers_every_row_that_does() {
+        for (n_q, n_k) in [(9, 9), (3, 17), (17, 3), (40, 40)] {
+            for causal in [false, true] {
+                for (left, right) in [
+                    (0, 0),
+                    (2, 5),
+                    (UNBOUNDED, 1),
+                    (4, UNBOUNDED),
+                    (UNBOUNDED, UNBOUNDED),
+                ] {
+                    let window = Window { left, right };
+                    for k0 in 0..n_k {
+                        for k1 in k0 + 1..=n_k {
+                            let (first, end) = rows_seeing_keys(k0, k1, n_q, n_k, causal, window);
+                            for i in 0..n_q {
+                                let (a, b) = key_range(i, n_q, n_k, causal, window);
+                                let sees = a.max(k0) < b.min(k1);
+                                assert!(
+                                    !sees || (first <= i && i < end),
+                                    "{n_q} {n_k} {causal} {window:?} keys {k0}..{k1} row {i}"
+                                );
+                            }
+                            // Tight at both ends for these windows: the first and last rows
+                            // of the range see a key of it, or the range is empty.
+                            if first < end {
+                                for i in [first, end - 1] {
+                                    let (a, b) = key_range(i, n_q, n_k, causal, window);
+                                    assert!(
+                                        a.max(k0) < b.min(k1) || a >= b,
+                                        "{n_q} {n_k} {causal} {window:?} keys {k0}..{k1} row {i}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn softcap_and_alibi_by_hand() {
         let m = ScoreMod::<f64> {
@@ -214,6 +325,21 @@ mod tests {
         for x in [-3.0f64, -0.1, 1e-6, 0.7, 20.0] {
             assert!((tanh(x) - x.tanh()).abs() < 1e-15, "{x}");
         }
+    }
+
+    /// The base-2 form is the natural one times `log2 e`.
+    #[test]
+    fn log2_form_matches() {
+        let m = ScoreMod::<f32> {
+            softcap: 2.5,
+            slope: 0.25,
+        };
+        let (tau, raw) = (0.3f32, 4.0f32);
+        let (natural, grad) = m.apply(tau * raw, 5, 2, 6, 6);
+        let base2 = m.apply_log2(raw, tau * core::f32::consts::LOG2_E, distance(5, 2, 6, 6));
+        assert!((base2 - natural * core::f32::consts::LOG2_E).abs() < 1e-5);
+        let g = m.grad_log2(raw, tau * core::f32::consts::LOG2_E);
+        assert!((g - grad).abs() < 1e-6);
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! `cp.async` into two stages each (one barrier per step).
 //!
 //! The `GENERAL` instances take every option: sequences (key lengths, packed batches) located as
-//! the exact kernels do (`grid.z` is the sequence), and dropout, which multiplies P by the same
+//! the exact kernels do (`grid.z` is the sequence), the local window (blocks outside every row's
+//! window are skipped), softcap, ALiBi and sink logits (`attn::score_mod`), and dropout, which multiplies P by the same
 //! Philox draws as the exact kernels and the CPU reference after ℓ has summed the undropped P.
 //! The others serve full-length batches without dropout with the sequence taken from the kernel
 //! parameters, which cost no registers (the layout's values read from memory held 20 more, enough
@@ -30,6 +31,7 @@ use crate::arch::{
 };
 use crate::attn::dropout::dropout_multiplier;
 use crate::attn::mask::{Exponent, Operand, Poison, non_finite_part, sanitize_own_chunks};
+use crate::attn::score_mod::{ScoreMod, Window};
 use crate::attn::sequence::Sequence;
 use crate::attn::softmax::{RowState, pack, rescale};
 use crate::kernels::sm90::WgConfig;
@@ -40,35 +42,68 @@ use crate::tile::mma::{FragA, FragC};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
 
-/// Scales and masks the scores `sc` of keys `k0 .. k0 + 8·NK` (lane columns `k0 + 8j + 2t + c`,
-/// rows allowed up to keys `ends`) and folds them into `state`: `sc` becomes P, the result is the
-/// factor that rescales O. Blocks wholly below `unmasked_end` skip the mask. A function rather
-/// than a closure so that it is always inlined (a call would put the scores in local memory).
+/// The keys the rows of a lane and of its block see, and how their scores are modified.
+#[derive(Clone, Copy)]
+struct RowKeys {
+    /// Per row (g, g + 8): allowed keys `starts[r] .. ends[r]`.
+    starts: [u32; 2],
+    ends: [u32; 2],
+    /// Keys `masked_before .. unmasked_end` are allowed for every row of the block: blocks
+    /// inside skip the mask.
+    masked_before: u32,
+    unmasked_end: u32,
+    /// Softcap and ALiBi (general instances only; off elsewhere, so the code folds away), and
+    /// the rows' aligned diagonals `i + n_k − n_q` for ALiBi's distance.
+    score_mod: ScoreMod<f32>,
+    diagonals: [i64; 2],
+}
+
+impl RowKeys {
+    /// Whether the block of keys `k0 .. k0 + bc` holds a key some row of the block may not see.
+    #[inline(always)]
+    fn partial(&self, k0: u32, bc: u32) -> bool {
+        k0 + bc > self.unmasked_end || k0 < self.masked_before
+    }
+}
+
+/// Scales, modifies and masks the scores `sc` of keys `k0 .. k0 + 8·NK` (lane columns
+/// `k0 + 8j + 2t + c`) and folds them into `state`: `sc` becomes P, the result is the factor
+/// that rescales O. Blocks every row sees whole skip the mask. A function rather than a closure
+/// so that it is always inlined (a call would put the scores in local memory).
 #[inline(always)]
 fn mask_and_fold<const NK: usize>(
     sc: &mut [FragC; NK],
     state: &mut RowState,
     scale_log2: f32,
-    (k0, unmasked_end): (u32, u32),
-    ends: [u32; 2],
+    k0: u32,
+    keys: &RowKeys,
     t: u32,
 ) -> [f32; 2] {
-    for f in sc.iter_mut() {
-        for e in 0..4 {
-            f.0[e] *= scale_log2;
+    let m = keys.score_mod;
+    if m.softcap != 0.0 || m.slope != 0.0 {
+        let col0 = k0 + 2 * t;
+        for (j, f) in sc.iter_mut().enumerate() {
+            for e in 0..4 {
+                let col = (col0 + 8 * j as u32 + (e % 2) as u32) as i64;
+                let distance = (keys.diagonals[e / 2] - col).unsigned_abs() as f32;
+                f.0[e] = m.apply_log2(f.0[e], scale_log2, distance);
+            }
+        }
+    } else {
+        for f in sc.iter_mut() {
+            for e in 0..4 {
+                f.0[e] *= scale_log2;
+            }
         }
     }
-    if k0 + 8 * NK as u32 > unmasked_end {
+    if keys.partial(k0, 8 * NK as u32) {
         // Selects, not branches, so the loop unrolls and `sc` stays in registers.
         let col0 = k0 + 2 * t;
         for (j, f) in sc.iter_mut().enumerate() {
             for e in 0..4 {
                 let col = col0 + 8 * j as u32 + (e % 2) as u32;
-                f.0[e] = if col >= ends[e / 2] {
-                    f32::NEG_INFINITY
-                } else {
-                    f.0[e]
-                };
+                let hidden = col >= keys.ends[e / 2] || col < keys.starts[e / 2];
+                f.0[e] = if hidden { f32::NEG_INFINITY } else { f.0[e] };
             }
         }
     }
@@ -186,37 +221,58 @@ unsafe fn forward<
         |block: u32| unsafe { v_tile(block).fill_async(v_rows, block * bc, bc, tid, threads) };
     let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
-    let key_end = |row: u32| seq.key_end(row, causal);
+    // The window and the score modifiers: general instances only (the host routes every call
+    // that has one there), so the others compile without them.
+    let window = if GENERAL { p.mods.window } else { Window::NONE };
+    let windowed = !window.is_none();
+    let key_range = |row: u32| seq.key_range(row, causal, window);
     let last_row = (q0 + br).min(seq.q_len) - 1;
-    let n_blocks = key_end(last_row).div_ceil(bc);
-    // Keys below this are allowed for every row of the block: those blocks skip the mask.
-    let unmasked_end = key_end(q0);
+    // Blocks before the first row's window start and past the last row's end are skipped.
+    let (first_block, n_blocks) = {
+        let (first, end) = seq.block_key_range(q0, last_row, causal, window, bc);
+        (first / bc, end.div_ceil(bc))
+    };
 
     // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
     unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };
-    if n_blocks > 0 {
-        fill_k(0);
+    if n_blocks > first_block {
+        fill_k(first_block);
     }
 
     let group_row = 64 * group;
     let (g, t) = (lane / 4, lane % 4);
     let row_lo = q0 + group_row + 16 * warp + g;
     let row_hi = row_lo + 8;
-    let (end_lo, end_hi) = (key_end(row_lo), key_end(row_hi));
+    let ((start_lo, end_lo), (start_hi, end_hi)) = (key_range(row_lo), key_range(row_hi));
+    let diagonal = |row: u32| row as i64 + seq.k_len as i64 - seq.q_len as i64;
+    let keys = RowKeys {
+        starts: [start_lo, start_hi],
+        ends: [end_lo, end_hi],
+        masked_before: key_range(last_row).0,
+        unmasked_end: key_range(q0).1,
+        // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
+        score_mod: if GENERAL {
+            unsafe { p.mods.for_head(h) }
+        } else {
+            ScoreMod::default()
+        },
+        diagonals: [diagonal(row_lo), diagonal(row_hi)],
+    };
     let mut o = [FragC::default(); ND];
     let mut state = RowState::new();
     // K_j and V_{j−1} have landed and are visible to the tensor cores, and every warp is done
     // with the products of step j − 1, whose stages the next fills overwrite.
-    // A causal diagonal block hides some of its keys from some rows: a non-finite V there would
-    // reach them as 0 · NaN through P·V. Its V is sanitized as it lands (each thread its own
-    // chunks, before the step barrier that publishes them to the tensor cores; the barrier votes
-    // whether any was non-finite), and the allowed keys' non-finite part is added to O after the
-    // loop (±∞ and NaN survive every rescaling). `v_landed`: the block whose V this barrier
-    // publishes, if any.
+    // A causal diagonal block (or a window's edge) hides some of its keys from some rows: a
+    // non-finite V there would reach them as 0 · NaN through P·V. Its V is sanitized as it lands
+    // (each thread its own chunks, before the step barrier that publishes them to the tensor
+    // cores; the barrier votes whether any was non-finite), and the allowed keys' non-finite
+    // part is added to O after the loop (±∞ and NaN survive every rescaling). Keys past the
+    // sequence's length load as zeros and need nothing. `v_landed`: the block whose V this
+    // barrier publishes, if any.
     let step_barrier = |v_landed: Option<u32>| {
         wait_all();
         let bad = match v_landed {
-            Some(block) if causal && block * bc + bc > unmasked_end => {
+            Some(block) if (causal || windowed) && keys.partial(block * bc, bc) => {
                 // SAFETY: the thread's own copies of V_block have landed (`wait_all`).
                 unsafe { sanitize_own_chunks::<T, _>(&v_tile(block), bc, tid, threads) }
             }
@@ -249,33 +305,26 @@ unsafe fn forward<
 
     let mut poisoned = false;
 
-    if n_blocks > 0 {
+    if n_blocks > first_block {
         step_barrier(None);
-        if n_blocks > 1 {
-            fill_k(1);
+        if n_blocks > first_block + 1 {
+            fill_k(first_block + 1);
         }
-        fill_v(0);
+        fill_v(first_block);
         let mut sc = [FragC::default(); NK];
         wgmma::fence();
-        scores(0, &mut sc);
+        scores(first_block, &mut sc);
         wgmma::wait::<0>();
         sc.pin();
         // O is still zero: its factor changes nothing.
-        let ends = [end_lo, end_hi];
-        mask_and_fold(
-            &mut sc,
-            &mut state,
-            p.scale_log2,
-            (0, unmasked_end),
-            ends,
-            t,
-        );
+        let k0 = first_block * bc;
+        mask_and_fold(&mut sc, &mut state, p.scale_log2, k0, &keys, t);
         if GENERAL && p.dropout.enabled() {
-            apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], 0, t);
+            apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], k0, t);
         }
         // P of the previous step, waiting for its V.
         let mut pf = pack::<T, NK, NP>(&sc);
-        for block in 1..n_blocks {
+        for block in first_block + 1..n_blocks {
             poisoned |= step_barrier(Some(block - 1));
             if block + 1 < n_blocks {
                 fill_k(block + 1);
@@ -288,14 +337,7 @@ unsafe fn forward<
             wgmma::wait::<1>();
             sc.pin();
             let k0 = block * bc;
-            let alpha = mask_and_fold(
-                &mut sc,
-                &mut state,
-                p.scale_log2,
-                (k0, unmasked_end),
-                ends,
-                t,
-            );
+            let alpha = mask_and_fold(&mut sc, &mut state, p.scale_log2, k0, &keys, t);
             if GENERAL && p.dropout.enabled() {
                 apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], k0, t);
             }
@@ -311,7 +353,13 @@ unsafe fn forward<
         o.pin();
     }
 
-    let lse = state.finish(&mut o);
+    // SAFETY: the head's sink exists when sinks are on (validated by the host).
+    let sink = if GENERAL {
+        unsafe { p.mods.sink(h) }
+    } else {
+        None
+    };
+    let lse = state.finish(&mut o, sink);
     // The allowed diagonal keys' non-finite part, if any V there was: computed without touching
     // O's accumulators (ptxas serializes the wgmma pipeline otherwise) and put into the staged
     // O below.
@@ -321,7 +369,13 @@ unsafe fn forward<
             base: v_rows.base,
             stride: kv_stride,
         };
-        let from = unmasked_end / bc * bc;
+        // Every visited block: blocks the product already took non-finite values from add
+        // them again, which changes nothing.
+        let from = if windowed {
+            first_block * bc
+        } else {
+            keys.unmasked_end / bc * bc
+        };
         let dropping = GENERAL && p.dropout.enabled();
         let key = p.dropout.key();
         let rows = [row_lo, row_hi];
@@ -330,7 +384,14 @@ unsafe fn forward<
         };
         // SAFETY: allowed keys are below the sequence's key length, rows of V.
         poison = unsafe {
-            non_finite_part::<T, ND>((from, n_blocks * bc), [end_lo, end_hi], v, lane, dropped)
+            non_finite_part::<T, ND>(
+                (from, n_blocks * bc),
+                keys.starts,
+                keys.ends,
+                v,
+                lane,
+                dropped,
+            )
         };
     }
     // Stage O through the first K stage (row-major, 16-byte chunks swizzled) once every warpgroup

@@ -180,7 +180,7 @@ unsafe fn forward<
         block += 1;
     }
 
-    let lse = state.finish(&mut o);
+    let lse = state.finish(&mut o, None);
     if poisoned {
         let v = Operand {
             base: v_rows.base,
@@ -189,9 +189,14 @@ unsafe fn forward<
         let from = unmasked_end / bc * bc;
         // SAFETY: allowed keys are below n_k, rows of V.
         let poison = unsafe {
-            non_finite_part::<T, ND>((from, n_blocks * bc), [end_lo, end_hi], v, lane, |_, _| {
-                false
-            })
+            non_finite_part::<T, ND>(
+                (from, n_blocks * bc),
+                [0, 0],
+                [end_lo, end_hi],
+                v,
+                lane,
+                |_, _| false,
+            )
         };
         poison.apply(&mut o);
     }
