@@ -77,6 +77,11 @@ pub fn tensor_core_preprocess(dtype: DType, head_dim: u32) -> String {
     format!("flash_tc_backward_preprocess_{dtype}_d{head_dim}")
 }
 
+/// The tensor-core backward's sink gradient (after the preprocess, one warp per query head).
+pub fn tensor_core_d_sink() -> String {
+    "flash_tc_backward_d_sink".to_owned()
+}
+
 /// The tensor-core backward's dQ conversion (f32 accumulator · τ to the dtype).
 pub fn tensor_core_convert_dq(dtype: DType) -> String {
     format!("flash_tc_backward_convert_dq_{dtype}")
@@ -95,6 +100,7 @@ pub fn entry_points() -> Vec<Entry> {
         }
     }
     push(Family::Exact, exact_d_sink());
+    push(Family::Sm80, tensor_core_d_sink());
     for dtype in HALF_DTYPES {
         for &cfg in sm80::forward::VARIANTS {
             push(Family::Sm80, sm80_forward(dtype, &cfg));

@@ -383,13 +383,6 @@ fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::R
     if o.block_sizes.is_some() {
         return Err("has fixed tiles; explicit (B_r, B_c) are the exact kernels'".into());
     }
-    if direction == Direction::Backward && o.attention.has_score_mods() {
-        return Err(
-            "has no backward with a local window, softcap, ALiBi or sink logits yet (the exact \
-             kernels do)"
-                .into(),
-        );
-    }
     if direction == Direction::Backward && o.deterministic {
         return Err(
             "adds dQ with float atomics, so its gradients are not bitwise deterministic".into(),
@@ -593,6 +586,39 @@ mod tests {
                 .iter()
                 .all(|(_, why)| why.contains("--kernel exact"))
         );
+    }
+
+    /// Windows and score modifiers run on the `wgmma` general instances (both directions) or
+    /// the exact kernels; `mma.sync` refuses them with the reason.
+    #[test]
+    fn score_modifiers_route_to_the_general_instances() {
+        let (h, a) = (h200(), a100());
+        let mods = [
+            AttentionOptions::new().window(128, 0),
+            AttentionOptions::new().softcap(30.0),
+            AttentionOptions::new().alibi_slopes(vec![0.5, 0.25, 0.125, 0.0625]),
+            AttentionOptions::new().sinks(vec![0.0; 4]),
+        ];
+        for options in mods {
+            for direction in [Direction::Forward, Direction::Backward] {
+                let o = || FlashOptions::new(options.clone());
+                let p = select_on(&h, shape(128), DType::Bf16, o(), direction).unwrap();
+                assert_eq!(p.family, Family::Sm90);
+                assert!(p.entry.contains("_general_"), "{}", p.entry);
+                let p = select_on(&a, shape(64), DType::Bf16, o(), direction).unwrap();
+                assert_eq!(p.family, Family::Exact);
+                let e = select_on(
+                    &h,
+                    shape(64),
+                    DType::Bf16,
+                    o().kernel(KernelChoice::Only(Family::Sm80)),
+                    direction,
+                )
+                .unwrap_err()
+                .to_string();
+                assert!(e.contains("softcap, ALiBi or sink logits"), "{e}");
+            }
+        }
     }
 
     #[test]

@@ -145,6 +145,8 @@ pub struct TensorCoreBackwardParams {
     pub scale_log2: f32,
     /// 1 for the causal mask, 0 for none.
     pub causal: u32,
+    /// As in [`TensorCoreForwardParams`]; `d_sinks` is written by `flash_tc_backward_d_sink`.
+    pub mods: ScoreMods,
 }
 
 #[repr(C)]

@@ -206,6 +206,31 @@ pub fn with_sink<R: Real + From<f32>>(m: R, l: R, sink: R) -> (R, R) {
     (top + scaled.ln(), (m - top).exp() / scaled)
 }
 
+/// `dσ_h = −Σ_rows e^{σ_h − LSE} · D` over rows `0 .. batch · n_q` of one head, by one warp
+/// (every lane calls it; lane 0's result is the sum): `lse_d(b, i)` reads row i of batch item b's
+/// natural-log LSE and `D = rowsum(dO ∘ O)`. A fixed order of addition, so every run gives the
+/// same bits.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn sink_gradient(
+    sink: f32,
+    batch: u32,
+    n_q: u32,
+    lse_d: impl Fn(u32, u32) -> (f32, f32),
+) -> f32 {
+    let lane = crate::arch::thread_x() % 32;
+    let mut acc = 0.0f32;
+    for b in 0..batch {
+        let mut i = lane;
+        while i < n_q {
+            let (lse, d) = lse_d(b, i);
+            acc -= (sink - lse).exp() * d;
+            i += 32;
+        }
+    }
+    crate::arch::warp_sum(acc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,7 @@ use crate::arch::{
 };
 use crate::attn::dropout::dropout_multiplier;
 use crate::attn::mask::{MASKED, allowed_weight};
+use crate::attn::score_mod::sink_gradient;
 use crate::attn::sequence::Sequence;
 use crate::kernels::simt::smem::padded;
 use crate::kernels::simt::tile::{
@@ -65,21 +66,16 @@ unsafe fn d_sink(p: &FlashBackwardParams) {
     let Some(sink) = (unsafe { p.mods.sink(h) }) else {
         return;
     };
-    let mut acc = 0.0f32;
-    for b in 0..s.batch {
-        let first = (b as usize * s.heads_q as usize + h as usize) * s.n_q as usize;
-        let mut i = lane;
-        while i < s.n_q {
-            // SAFETY: `first + i` indexes LSE and D.
-            unsafe {
-                let row = first + i as usize;
-                let lse = *(p.lse as *const f32).add(row);
-                acc -= exp(sink - lse) * *(p.delta as *const f32).add(row);
-            }
-            i += 32;
+    let acc = sink_gradient(sink, s.batch, s.n_q, |b, i| {
+        let row = (b as usize * s.heads_q as usize + h as usize) * s.n_q as usize + i as usize;
+        // SAFETY: `row` indexes LSE and D.
+        unsafe {
+            (
+                *(p.lse as *const f32).add(row),
+                *(p.delta as *const f32).add(row),
+            )
         }
-    }
-    let acc = warp_sum(acc);
+    });
     if lane == 0 {
         // SAFETY: `d_sinks` holds heads_q f32.
         unsafe { *(p.mods.d_sinks as *mut f32).add(h as usize) = acc };

@@ -20,7 +20,9 @@
 //! The `GENERAL` instances take every option, as the forward's do: sequences located from the
 //! layout (`grid.z` is the sequence; rows past a packed sequence's end are masked, since their
 //! statistics belong to the next one) and dropout (`dV += (P∘Z)ᵀ·dO`, `dS = P ∘ (dP∘Z − D)`, with
-//! the exact kernels' Philox draws). The others take the sequence from the kernel parameters.
+//! the exact kernels' Philox draws), the local window (a K/V block visits only the Q blocks whose
+//! rows' windows reach it), softcap (dS times `1 − tanh²`) and ALiBi (`attn::score_mod`). The
+//! others take the sequence from the kernel parameters.
 //! Generic over `KD = d / 16`, `ND = d / 8` (fragments of dK, dV), `WG` and `DQ = ND / WG`
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
@@ -29,7 +31,7 @@ use crate::abi::philox::DropoutRng;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{
-    block_x, block_y, block_z, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x,
+    block_x, block_y, block_z, exp2, log2, opaque, shared_window, shfl_xor, sync_threads, thread_x,
 };
 use crate::attn::backward::{first_q_block, needs_mask};
 use crate::attn::mask::hidden;
@@ -37,6 +39,7 @@ use crate::attn::mask::{
     Exponent, MASKED, is_masked, poisoned_key_weight, quad_any, sanitize_own_chunks,
     sanitize_row_part,
 };
+use crate::attn::score_mod::{ScoreMod, Window, key_range, rows_seeing_keys};
 use crate::attn::sequence::Sequence;
 use crate::kernels::sm90::WgBackwardConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
@@ -149,8 +152,17 @@ unsafe fn backward<
     let stage_of = |i: u32| i % 3;
     let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
-    let first_block = first_q_block(k0, n_q, n_k, causal);
-    let per_head = n_q.div_ceil(br).saturating_sub(first_block);
+    // The window (general instances only; the others compile without it): the K/V block visits
+    // only the Q blocks of rows whose window reaches it.
+    let window = if GENERAL { p.mods.window } else { Window::NONE };
+    let windowed = !window.is_none();
+    let (first_block, end_block) = if windowed {
+        let (first, end) = rows_seeing_keys(k0, (k0 + bc).min(n_k), n_q, n_k, causal, window);
+        (first / br, end.div_ceil(br))
+    } else {
+        (first_q_block(k0, n_q, n_k, causal), n_q.div_ceil(br))
+    };
+    let per_head = end_block.saturating_sub(first_block);
     let iters = per_head * heads_per_kv;
     let head_of = |i: u32| hk * heads_per_kv + i / per_head;
     let row0_of = |i: u32| (first_block + i % per_head) * br;
@@ -276,7 +288,14 @@ unsafe fn backward<
         wait_all();
         let st = stage_of(i);
         let (h, q0) = (head_of(i), row0_of(i));
-        let masked = needs_mask(q0, k0, bc, n_q, n_k, causal);
+        let keys_of = |row: u32| key_range(row, n_q, n_k, causal, window);
+        let masked = if windowed {
+            // Both ends of a row's keys grow with the row: the first row sees the fewest keys
+            // at the right, the last the fewest at the left.
+            keys_of(q0).1 < k0 + bc || keys_of((q0 + br).min(n_q) - 1).0 > k0
+        } else {
+            needs_mask(q0, k0, bc, n_q, n_k, causal)
+        };
         // On a block with masked pairs a non-finite Q row would reach dK of keys it does not
         // see as 0 · NaN through dSᵀ·Q. Such a row's LSE is NaN or −∞ (every score it has is
         // non-finite), so zeroing its non-finite elements changes neither P nor any gradient of
@@ -336,12 +355,32 @@ unsafe fn backward<
         // Pᵀ into `s_t`. Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows
         // past n_q and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already,
         // except past the end of a packed sequence (the next sequence's rows), masked too.
+        // Softcap and ALiBi of head h (general instances only).
+        let score_mod = if GENERAL {
+            // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
+            unsafe { p.mods.for_head(h) }
+        } else {
+            ScoreMod::default()
+        };
+        let modified = score_mod.softcap != 0.0 || score_mod.slope != 0.0;
+        // ALiBi's distance `|row + n_k − n_q − key|` of element e of fragment j.
+        let distance = |j: usize, e: usize| {
+            let row = (q0 + 8 * j as u32 + 2 * t + (e % 2) as u32) as i64;
+            let key = if e < 2 { key_lo } else { key_hi } as i64;
+            (row + n_k as i64 - n_q as i64 - key).unsigned_abs() as f32
+        };
         for j in 0..NQ {
             let col = 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
             let lse = unsafe { load_shared_f32x2(stats(base, st) + col * 4) };
             for e in 0..4 {
-                s_t[j].0[e] = exp2(s_t[j].0[e] * p.scale_log2 - lse[e % 2]);
+                let x = s_t[j].0[e];
+                let score = if modified {
+                    score_mod.apply_log2(x, p.scale_log2, distance(j, e))
+                } else {
+                    x * p.scale_log2
+                };
+                s_t[j].0[e] = exp2(score - lse[e % 2]);
             }
         }
         // Most blocks of a long sequence hide no pair: the mask is a second pass over the few
@@ -356,7 +395,13 @@ unsafe fn backward<
                     let key = if e < 2 { key_lo } else { key_hi };
                     let row = q0 + col + (e % 2) as u32;
                     // MASKED (−0, which 2^x never is): dS below is 0 there, whatever dPᵀ.
-                    f.0[e] = if row >= n_q || hidden(row, key, n_q, n_k, causal) {
+                    let outside = if windowed {
+                        let (first, end) = keys_of(row);
+                        key < first || key >= end
+                    } else {
+                        hidden(row, key, n_q, n_k, causal)
+                    };
+                    f.0[e] = if row >= n_q || outside {
                         MASKED
                     } else {
                         f.0[e]
@@ -420,10 +465,29 @@ unsafe fn backward<
             let col = 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
             let d_row = unsafe { load_shared_f32x2(stats(base, st) + br * 4 + col * 4) };
+            // The softcap's `1 − tanh²`, with tanh recovered from P itself (keeping the scores
+            // would hold 4·NQ more registers across the dV product): `log2 P + LSE·log2 e` is
+            // the modified score, plus ALiBi's bias it is `c·log2 e·tanh`. Clamped, so that a P
+            // that underflowed to 0 gives a factor of 0, not NaN.
+            let lse = if score_mod.softcap != 0.0 {
+                // SAFETY: columns col, col + 1 are inside the stage's statistics.
+                unsafe { load_shared_f32x2(stats(base, st) + col * 4) }
+            } else {
+                [0.0; 2]
+            };
             for e in 0..4 {
+                let grad = if score_mod.softcap != 0.0 {
+                    let c_log2 = score_mod.softcap * core::f32::consts::LOG2_E;
+                    let bias = score_mod.slope * core::f32::consts::LOG2_E * distance(j, e);
+                    let tanh = (log2(s_t[j].0[e]) + lse[e % 2] + bias) / c_log2;
+                    let tanh = tanh.clamp(-1.0, 1.0);
+                    1.0 - tanh * tanh
+                } else {
+                    1.0
+                };
                 // A masked Pᵀ gives dS = 0 even where dPᵀ (a masked V) or D (a NaN row) is not
                 // finite.
-                let ds = s_t[j].0[e] * (dp_t[j].0[e] * z(j, e) - d_row[e % 2]);
+                let ds = s_t[j].0[e] * (dp_t[j].0[e] * z(j, e) - d_row[e % 2]) * grad;
                 dp_t[j].0[e] = if skip && is_masked(s_t[j].0[e]) {
                     0.0
                 } else {
