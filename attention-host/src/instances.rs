@@ -57,6 +57,12 @@ pub fn sm90_forward(dtype: DType, cfg: &WgConfig, general: bool) -> String {
     )
 }
 
+/// The `wgmma` forward `cfg` that takes the window and score modifiers besides every option of
+/// the general one (compiled for the defaults only).
+pub fn sm90_forward_mods(dtype: DType, cfg: &WgConfig) -> String {
+    sm90_forward(dtype, cfg, true).replacen("_general_", "_mods_", 1)
+}
+
 /// The `mma.sync` backward main kernel `cfg`.
 pub fn sm80_backward(dtype: DType, cfg: &TcBackwardConfig) -> String {
     format!("flash_tc_backward_{dtype}_d{}_w{}", cfg.head_dim, cfg.warps)
@@ -70,6 +76,12 @@ pub fn sm90_backward(dtype: DType, cfg: &WgBackwardConfig, general: bool) -> Str
         cfg.head_dim,
         cfg.warpgroups
     )
+}
+
+/// The `wgmma` backward main kernel `cfg` with the window and score modifiers, as
+/// [`sm90_forward_mods`].
+pub fn sm90_backward_mods(dtype: DType, cfg: &WgBackwardConfig) -> String {
+    sm90_backward(dtype, cfg, true).replacen("_general_", "_mods_", 1)
 }
 
 /// The tensor-core backward's preprocess (D, LSE · log2 e, zeroed dQ accumulator).
@@ -116,12 +128,14 @@ pub fn entry_points() -> Vec<Entry> {
             push(Family::Sm90, sm90_forward(dtype, &cfg, false));
             if sm90::config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm90, sm90_forward(dtype, &cfg, true));
+                push(Family::Sm90, sm90_forward_mods(dtype, &cfg));
             }
         }
         for &cfg in sm90::BACKWARD_VARIANTS {
             push(Family::Sm90, sm90_backward(dtype, &cfg, false));
             if sm90::backward_config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm90, sm90_backward(dtype, &cfg, true));
+                push(Family::Sm90, sm90_backward_mods(dtype, &cfg));
             }
         }
     }

@@ -281,6 +281,7 @@ fn plan_tiles(
     tiles: Tiles,
 ) -> std::result::Result<Plan, String> {
     let (s, dtype, general) = (&problem.shape, problem.dtype, problem.needs_general());
+    let mods = problem.options.attention.has_score_mods();
     let (entry, block_rows, block_keys, threads, shared_bytes) = match tiles {
         Tiles::Exact(b) => {
             let entry = match (direction, problem.options.schedule) {
@@ -293,6 +294,16 @@ fn plan_tiles(
             let shared = u32::try_from(shared)
                 .map_err(|_| format!("{b:?} needs {shared} bytes of shared memory"))?;
             (entry, b.block_rows, b.block_cols, THREADS, shared)
+        }
+        Tiles::Sm90Forward(c) if mods => {
+            let entry = instances::sm90_forward_mods(dtype, &c);
+            (
+                entry,
+                c.block_rows(),
+                c.block_keys,
+                c.threads(),
+                c.shared_bytes(),
+            )
         }
         Tiles::Sm90Forward(c) => {
             let entry = instances::sm90_forward(dtype, &c, general);
@@ -310,6 +321,16 @@ fn plan_tiles(
                 entry,
                 c.block_rows(),
                 c.block_keys,
+                c.threads(),
+                c.shared_bytes(),
+            )
+        }
+        Tiles::Sm90Backward(c) if mods => {
+            let entry = instances::sm90_backward_mods(dtype, &c);
+            (
+                entry,
+                c.block_rows(),
+                c.block_keys(),
                 c.threads(),
                 c.shared_bytes(),
             )
@@ -588,10 +609,10 @@ mod tests {
         );
     }
 
-    /// Windows and score modifiers run on the `wgmma` general instances (both directions) or
-    /// the exact kernels; `mma.sync` refuses them with the reason.
+    /// Windows and score modifiers run on the `wgmma` `mods` instances (both directions) or the
+    /// exact kernels; `mma.sync` refuses them with the reason.
     #[test]
-    fn score_modifiers_route_to_the_general_instances() {
+    fn score_modifiers_route_to_the_mods_instances() {
         let (h, a) = (h200(), a100());
         let mods = [
             AttentionOptions::new().window(128, 0),
@@ -604,7 +625,7 @@ mod tests {
                 let o = || FlashOptions::new(options.clone());
                 let p = select_on(&h, shape(128), DType::Bf16, o(), direction).unwrap();
                 assert_eq!(p.family, Family::Sm90);
-                assert!(p.entry.contains("_general_"), "{}", p.entry);
+                assert!(p.entry.contains("_mods_"), "{}", p.entry);
                 let p = select_on(&a, shape(64), DType::Bf16, o(), direction).unwrap();
                 assert_eq!(p.family, Family::Exact);
                 let e = select_on(

@@ -68,7 +68,7 @@ impl Problem {
 
     /// Whether the call masks by lengths, drops out, or has a local window or score modifiers:
     /// what the `mma.sync` kernels cannot run and the `wgmma` ones run through their general
-    /// instances.
+    /// instances (their `mods` instances for the window and score modifiers).
     pub fn needs_general(&self) -> bool {
         let a = &self.options.attention;
         a.dropout.is_some() || a.lengths != Lengths::Full || a.has_score_mods()

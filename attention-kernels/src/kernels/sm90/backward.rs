@@ -20,9 +20,10 @@
 //! The `GENERAL` instances take every option, as the forward's do: sequences located from the
 //! layout (`grid.z` is the sequence; rows past a packed sequence's end are masked, since their
 //! statistics belong to the next one) and dropout (`dV += (P∘Z)ᵀ·dO`, `dS = P ∘ (dP∘Z − D)`, with
-//! the exact kernels' Philox draws), the local window (a K/V block visits only the Q blocks whose
-//! rows' windows reach it), softcap (dS times `1 − tanh²`) and ALiBi (`attn::score_mod`). The
-//! others take the sequence from the kernel parameters.
+//! the exact kernels' Philox draws). The `MODS` instances (general ones too) add the local window
+//! (a K/V block visits only the Q blocks whose rows' windows reach it), softcap (dS times
+//! `1 − tanh²`) and ALiBi (`attn::score_mod`), kept apart so that the general instances pay no
+//! registers for them. The others take the sequence from the kernel parameters.
 //! Generic over `KD = d / 16`, `ND = d / 8` (fragments of dK, dV), `WG` and `DQ = ND / WG`
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
@@ -87,6 +88,7 @@ unsafe fn backward<
     const DQ: usize,
     const CARRY_DQ: bool,
     const GENERAL: bool,
+    const MODS: bool,
 >(
     p: &TensorCoreBackwardParams,
 ) where
@@ -154,7 +156,7 @@ unsafe fn backward<
 
     // The window (general instances only; the others compile without it): the K/V block visits
     // only the Q blocks of rows whose window reaches it.
-    let window = if GENERAL { p.mods.window } else { Window::NONE };
+    let window = if MODS { p.mods.window } else { Window::NONE };
     let windowed = !window.is_none();
     let (first_block, end_block) = if windowed {
         let (first, end) = rows_seeing_keys(k0, (k0 + bc).min(n_k), n_q, n_k, causal, window);
@@ -356,7 +358,7 @@ unsafe fn backward<
         // past n_q and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already,
         // except past the end of a packed sequence (the next sequence's rows), masked too.
         // Softcap and ALiBi of head h (general instances only).
-        let score_mod = if GENERAL {
+        let score_mod = if MODS {
             // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
             unsafe { p.mods.for_head(h) }
         } else {
@@ -587,9 +589,10 @@ unsafe fn backward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_wgmma_backward_<dtype>_d<d>_g<groups>`
-/// as the host formats it, and `flash_wgmma_backward_general_…` taking every option.
+/// as the host formats it, `flash_wgmma_backward_general_…` (lengths and dropout) and
+/// `flash_wgmma_backward_mods_…` (those and the score modifiers).
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $general:literal;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $general:literal, $mods:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
             // SAFETY: the host validated the buffers against `p`, ran the preprocess kernel on the
@@ -603,6 +606,7 @@ macro_rules! entry_points {
                     { $cfg.dq_cols() as usize / 8 },
                     { $cfg.carry_dq() },
                     $general,
+                    $mods,
                 >(&p)
             }
         }
@@ -610,12 +614,16 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false;
-    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false;
-    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false;
-    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false;
-    flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true;
-    flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true;
-    flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true;
-    flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true;
+    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false;
+    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false;
+    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false;
+    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false;
+    flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false;
+    flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false;
+    flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false;
+    flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false;
+    flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true;
+    flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true;
+    flash_wgmma_backward_mods_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true;
+    flash_wgmma_backward_mods_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true;
 }

@@ -13,12 +13,13 @@
 //! `cp.async` into two stages each (one barrier per step).
 //!
 //! The `GENERAL` instances take every option: sequences (key lengths, packed batches) located as
-//! the exact kernels do (`grid.z` is the sequence), the local window (blocks outside every row's
-//! window are skipped), softcap, ALiBi and sink logits (`attn::score_mod`), and dropout, which multiplies P by the same
+//! the exact kernels do (`grid.z` is the sequence), and dropout, which multiplies P by the same
 //! Philox draws as the exact kernels and the CPU reference after ℓ has summed the undropped P.
 //! The others serve full-length batches without dropout with the sequence taken from the kernel
 //! parameters, which cost no registers (the layout's values read from memory held 20 more, enough
-//! to halve the blocks per SM at d = 64).
+//! to halve the blocks per SM at d = 64). The `MODS` instances (general ones too) add the local
+//! window (blocks outside every row's window are skipped), softcap, ALiBi and sink logits
+//! (`attn::score_mod`); kept apart so that the general instances pay no registers for them.
 //! Generic over `KD = d / 16` (k-steps of `Q·Kᵀ`), `ND = d / 8` (fragments of O), `NK` (fragments
 //! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
 
@@ -150,6 +151,7 @@ unsafe fn forward<
     const NP: usize,
     const WG: usize,
     const GENERAL: bool,
+    const MODS: bool,
 >(
     p: &TensorCoreForwardParams,
 ) where
@@ -223,7 +225,7 @@ unsafe fn forward<
 
     // The window and the score modifiers: general instances only (the host routes every call
     // that has one there), so the others compile without them.
-    let window = if GENERAL { p.mods.window } else { Window::NONE };
+    let window = if MODS { p.mods.window } else { Window::NONE };
     let windowed = !window.is_none();
     let key_range = |row: u32| seq.key_range(row, causal, window);
     let last_row = (q0 + br).min(seq.q_len) - 1;
@@ -251,7 +253,7 @@ unsafe fn forward<
         masked_before: key_range(last_row).0,
         unmasked_end: key_range(q0).1,
         // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
-        score_mod: if GENERAL {
+        score_mod: if MODS {
             unsafe { p.mods.for_head(h) }
         } else {
             ScoreMod::default()
@@ -354,7 +356,7 @@ unsafe fn forward<
     }
 
     // SAFETY: the head's sink exists when sinks are on (validated by the host).
-    let sink = if GENERAL {
+    let sink = if MODS {
         unsafe { p.mods.sink(h) }
     } else {
         None
@@ -448,9 +450,10 @@ unsafe fn forward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_wgmma_forward_<dtype>_d<d>_g<groups>_k<keys>`
-/// as the host formats it, and `flash_wgmma_forward_general_…` (every option) for the defaults.
+/// as the host formats it, `flash_wgmma_forward_general_…` (lengths and dropout) and
+/// `flash_wgmma_forward_mods_…` (those and the score modifiers) for the defaults.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $dropout:literal;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $dropout:literal, $mods:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreForwardParams) {
             // SAFETY: the host validated the buffers against `p` and launched the configuration's
@@ -464,6 +467,7 @@ macro_rules! entry_points {
                     { $cfg.block_keys as usize / 16 },
                     { $cfg.warpgroups as usize },
                     $dropout,
+                    $mods,
                 >(&p)
             }
         }
@@ -471,25 +475,29 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false;
-    flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false;
-    flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false;
-    flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false;
-    flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true;
-    flash_wgmma_forward_general_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true;
-    flash_wgmma_forward_general_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true;
-    flash_wgmma_forward_general_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true;
+    flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false;
+    flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false;
+    flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false;
+    flash_wgmma_forward_general_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false;
+    flash_wgmma_forward_general_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false;
+    flash_wgmma_forward_general_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false;
+    flash_wgmma_forward_mods_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true;
+    flash_wgmma_forward_mods_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true;
+    flash_wgmma_forward_mods_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true;
+    flash_wgmma_forward_mods_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
 #[cfg(feature = "tuning")]
 entry_points! {
-    flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false;
-    flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false;
-    flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false;
-    flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false;
-    flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false;
-    flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false;
-    flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false;
-    flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false;
+    flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false;
+    flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false;
+    flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false;
+    flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false;
+    flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false;
+    flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false;
+    flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false;
 }
