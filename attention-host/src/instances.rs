@@ -45,6 +45,12 @@ pub fn sm80_forward(dtype: DType, cfg: &TcConfig) -> String {
     )
 }
 
+/// The `mma.sync` forward `cfg` with the window and score modifiers (compiled for the defaults
+/// only).
+pub fn sm80_forward_mods(dtype: DType, cfg: &TcConfig) -> String {
+    sm80_forward(dtype, cfg).replacen("_forward_", "_forward_mods_", 1)
+}
+
 /// The `wgmma` forward `cfg`; `general` names the instance that takes length masks and dropout
 /// (compiled for the defaults only).
 pub fn sm90_forward(dtype: DType, cfg: &WgConfig, general: bool) -> String {
@@ -116,6 +122,9 @@ pub fn entry_points() -> Vec<Entry> {
     for dtype in HALF_DTYPES {
         for &cfg in sm80::forward::VARIANTS {
             push(Family::Sm80, sm80_forward(dtype, &cfg));
+            if sm80::forward::config(cfg.head_dim) == Some(cfg) {
+                push(Family::Sm80, sm80_forward_mods(dtype, &cfg));
+            }
         }
         for &cfg in sm80::backward::VARIANTS {
             push(Family::Sm80, sm80_backward(dtype, &cfg));

@@ -256,11 +256,20 @@ fn admits(
         Family::Sm80 if device.compute_capability.0 < 8 => {
             Err("needs compute capability 8.0 or newer".into())
         }
-        Family::Sm80 if problem.needs_general() => Err(
-            "takes scale and causal only: no key lengths, packed sequences, dropout, local \
-                 window, softcap, ALiBi or sink logits"
+        Family::Sm80 if problem.needs_lengths_or_dropout() => Err(
+            "takes no key lengths, packed sequences or dropout (scale, causal, local window, \
+             softcap, ALiBi and sink logits only)"
                 .into(),
         ),
+        Family::Sm80
+            if direction == Direction::Backward && problem.options.attention.has_score_mods() =>
+        {
+            Err(
+                "has no backward with a local window, softcap, ALiBi or sink logits yet (forward \
+                 only)"
+                    .into(),
+            )
+        }
         Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction),
     }
 }
@@ -316,7 +325,11 @@ fn plan_tiles(
             )
         }
         Tiles::Sm80Forward(c) => {
-            let entry = instances::sm80_forward(dtype, &c);
+            let entry = if mods {
+                instances::sm80_forward_mods(dtype, &c)
+            } else {
+                instances::sm80_forward(dtype, &c)
+            };
             (
                 entry,
                 c.block_rows(),
@@ -609,8 +622,8 @@ mod tests {
         );
     }
 
-    /// Windows and score modifiers run on the `wgmma` `mods` instances (both directions) or the
-    /// exact kernels; `mma.sync` refuses them with the reason.
+    /// Windows and score modifiers run on the `wgmma` `mods` instances (both directions), the
+    /// `mma.sync` ones (forward; its backward refuses them with the reason) or the exact kernels.
     #[test]
     fn score_modifiers_route_to_the_mods_instances() {
         let (h, a) = (h200(), a100());
@@ -627,17 +640,33 @@ mod tests {
                 assert_eq!(p.family, Family::Sm90);
                 assert!(p.entry.contains("_mods_"), "{}", p.entry);
                 let p = select_on(&a, shape(64), DType::Bf16, o(), direction).unwrap();
-                assert_eq!(p.family, Family::Exact);
-                let e = select_on(
+                let sm80 = select_on(
                     &h,
                     shape(64),
                     DType::Bf16,
                     o().kernel(KernelChoice::Only(Family::Sm80)),
                     direction,
-                )
-                .unwrap_err()
-                .to_string();
-                assert!(e.contains("softcap, ALiBi or sink logits"), "{e}");
+                );
+                match direction {
+                    Direction::Forward => {
+                        assert_eq!(p.entry, "flash_tc_forward_mods_bf16_d64_w4_k64");
+                        assert_eq!(sm80.unwrap().entry, p.entry);
+                    }
+                    Direction::Backward => {
+                        assert_eq!(p.family, Family::Exact);
+                        let e = sm80.unwrap_err().to_string();
+                        assert!(e.contains("softcap, ALiBi or sink logits"), "{e}");
+                    }
+                }
+                let lengths = options.clone().key_lengths(vec![5, 70]);
+                let p = select_on(
+                    &a,
+                    shape(64),
+                    DType::Bf16,
+                    FlashOptions::new(lengths),
+                    direction,
+                );
+                assert_eq!(p.unwrap().family, Family::Exact);
             }
         }
     }

@@ -7,6 +7,8 @@ pub mod backward;
 pub(crate) mod dropout;
 pub mod mask;
 pub mod online_state;
+#[cfg(target_arch = "nvptx64")]
+pub(crate) mod row_keys;
 pub mod score_mod;
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod sequence;

@@ -32,6 +32,7 @@ use crate::arch::{
 };
 use crate::attn::dropout::dropout_multiplier;
 use crate::attn::mask::{Exponent, Operand, Poison, non_finite_part, sanitize_own_chunks};
+use crate::attn::row_keys::RowKeys;
 use crate::attn::score_mod::{ScoreMod, Window};
 use crate::attn::sequence::Sequence;
 use crate::attn::softmax::{RowState, pack, rescale};
@@ -43,34 +44,10 @@ use crate::tile::mma::{FragA, FragC};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
 
-/// The keys the rows of a lane and of its block see, and how their scores are modified.
-#[derive(Clone, Copy)]
-struct RowKeys {
-    /// Per row (g, g + 8): allowed keys `starts[r] .. ends[r]`.
-    starts: [u32; 2],
-    ends: [u32; 2],
-    /// Keys `masked_before .. unmasked_end` are allowed for every row of the block: blocks
-    /// inside skip the mask.
-    masked_before: u32,
-    unmasked_end: u32,
-    /// Softcap and ALiBi (general instances only; off elsewhere, so the code folds away), and
-    /// the rows' aligned diagonals `i + n_k − n_q` for ALiBi's distance.
-    score_mod: ScoreMod<f32>,
-    diagonals: [i64; 2],
-}
-
-impl RowKeys {
-    /// Whether the block of keys `k0 .. k0 + bc` holds a key some row of the block may not see.
-    #[inline(always)]
-    fn partial(&self, k0: u32, bc: u32) -> bool {
-        k0 + bc > self.unmasked_end || k0 < self.masked_before
-    }
-}
-
-/// Scales, modifies and masks the scores `sc` of keys `k0 .. k0 + 8·NK` (lane columns
-/// `k0 + 8j + 2t + c`) and folds them into `state`: `sc` becomes P, the result is the factor
-/// that rescales O. Blocks every row sees whole skip the mask. A function rather than a closure
-/// so that it is always inlined (a call would put the scores in local memory).
+/// Scales, modifies and masks the scores `sc` of keys `k0 .. k0 + 8·NK` (`RowKeys::prepare`)
+/// and folds them into `state`: `sc` becomes P, the result is the factor that rescales O. A
+/// function rather than a closure so that it is always inlined (a call would put the scores in
+/// local memory).
 #[inline(always)]
 fn mask_and_fold<const NK: usize>(
     sc: &mut [FragC; NK],
@@ -80,34 +57,7 @@ fn mask_and_fold<const NK: usize>(
     keys: &RowKeys,
     t: u32,
 ) -> [f32; 2] {
-    let m = keys.score_mod;
-    if m.softcap != 0.0 || m.slope != 0.0 {
-        let col0 = k0 + 2 * t;
-        for (j, f) in sc.iter_mut().enumerate() {
-            for e in 0..4 {
-                let col = (col0 + 8 * j as u32 + (e % 2) as u32) as i64;
-                let distance = (keys.diagonals[e / 2] - col).unsigned_abs() as f32;
-                f.0[e] = m.apply_log2(f.0[e], scale_log2, distance);
-            }
-        }
-    } else {
-        for f in sc.iter_mut() {
-            for e in 0..4 {
-                f.0[e] *= scale_log2;
-            }
-        }
-    }
-    if keys.partial(k0, 8 * NK as u32) {
-        // Selects, not branches, so the loop unrolls and `sc` stays in registers.
-        let col0 = k0 + 2 * t;
-        for (j, f) in sc.iter_mut().enumerate() {
-            for e in 0..4 {
-                let col = col0 + 8 * j as u32 + (e % 2) as u32;
-                let hidden = col >= keys.ends[e / 2] || col < keys.starts[e / 2];
-                f.0[e] = if hidden { f32::NEG_INFINITY } else { f.0[e] };
-            }
-        }
-    }
+    keys.prepare(sc, scale_log2, k0, t);
     state.fold(sc)
 }
 
@@ -227,7 +177,6 @@ unsafe fn forward<
     // that has one there), so the others compile without them.
     let window = if MODS { p.mods.window } else { Window::NONE };
     let windowed = !window.is_none();
-    let key_range = |row: u32| seq.key_range(row, causal, window);
     let last_row = (q0 + br).min(seq.q_len) - 1;
     // Blocks before the first row's window start and past the last row's end are skipped.
     let (first_block, n_blocks) = {
@@ -245,21 +194,19 @@ unsafe fn forward<
     let (g, t) = (lane / 4, lane % 4);
     let row_lo = q0 + group_row + 16 * warp + g;
     let row_hi = row_lo + 8;
-    let ((start_lo, end_lo), (start_hi, end_hi)) = (key_range(row_lo), key_range(row_hi));
-    let diagonal = |row: u32| row as i64 + seq.k_len as i64 - seq.q_len as i64;
-    let keys = RowKeys {
-        starts: [start_lo, start_hi],
-        ends: [end_lo, end_hi],
-        masked_before: key_range(last_row).0,
-        unmasked_end: key_range(q0).1,
+    let score_mod = if MODS {
         // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
-        score_mod: if MODS {
-            unsafe { p.mods.for_head(h) }
-        } else {
-            ScoreMod::default()
-        },
-        diagonals: [diagonal(row_lo), diagonal(row_hi)],
+        unsafe { p.mods.for_head(h) }
+    } else {
+        ScoreMod::default()
     };
+    let keys = RowKeys::new(
+        [row_lo, row_hi],
+        (q0, last_row),
+        (seq.q_len, seq.k_len),
+        (causal, window),
+        score_mod,
+    );
     let mut o = [FragC::default(); ND];
     let mut state = RowState::new();
     // K_j and V_{j−1} have landed and are visible to the tensor cores, and every warp is done

@@ -1,0 +1,90 @@
+//! The keys the two rows of a lane (g and g + 8 of its warp's 16) and its block see under the
+//! causal mask and the local window, and the score modifiers of the tensor-core forwards: one
+//! place that turns a block of raw `Q·Kᵀ` scores into masked, modified base-2 scores for the
+//! online softmax, for `mma.sync` and `wgmma` alike.
+
+use crate::attn::score_mod::{ScoreMod, Window, key_range};
+use crate::tile::mma::FragC;
+
+/// The keys the rows of a lane and of its block see, and how their scores are modified.
+#[derive(Clone, Copy)]
+pub struct RowKeys {
+    /// Per row (g, g + 8): allowed keys `starts[r] .. ends[r]`.
+    pub starts: [u32; 2],
+    pub ends: [u32; 2],
+    /// Keys `masked_before .. unmasked_end` are allowed for every row of the block: blocks
+    /// inside skip the mask.
+    pub masked_before: u32,
+    pub unmasked_end: u32,
+    /// Softcap and ALiBi (off where the instance has no modifiers, so the code folds away),
+    /// and the rows' aligned diagonals `i + n_k − n_q` for ALiBi's distance.
+    score_mod: ScoreMod<f32>,
+    diagonals: [i64; 2],
+}
+
+impl RowKeys {
+    /// The lane's rows `rows` of a block of rows `first ..= last`, in a sequence of `n_q` rows
+    /// and `n_k` keys.
+    #[inline(always)]
+    pub fn new(
+        rows: [u32; 2],
+        (first, last): (u32, u32),
+        (n_q, n_k): (u32, u32),
+        (causal, window): (bool, Window),
+        score_mod: ScoreMod<f32>,
+    ) -> RowKeys {
+        let range = |row: u32| key_range(row, n_q, n_k, causal, window);
+        let ((start_lo, end_lo), (start_hi, end_hi)) = (range(rows[0]), range(rows[1]));
+        let diagonal = |row: u32| row as i64 + n_k as i64 - n_q as i64;
+        RowKeys {
+            starts: [start_lo, start_hi],
+            ends: [end_lo, end_hi],
+            // Both ends grow with the row: the last row starts latest, the first ends earliest.
+            masked_before: range(last).0,
+            unmasked_end: range(first).1,
+            score_mod,
+            diagonals: [diagonal(rows[0]), diagonal(rows[1])],
+        }
+    }
+
+    /// Whether the block of keys `k0 .. k0 + bc` holds a key some row of the block may not see.
+    #[inline(always)]
+    pub fn partial(&self, k0: u32, bc: u32) -> bool {
+        k0 + bc > self.unmasked_end || k0 < self.masked_before
+    }
+
+    /// Raw scores `sc` of keys `k0 .. k0 + 8·NK` (lane columns `k0 + 8j + 2t + c`) to base-2
+    /// scores: times `τ · log2 e`, modified (softcap, ALiBi), and `−∞` at keys the row may not
+    /// see. Blocks every row sees whole skip the mask.
+    #[inline(always)]
+    pub fn prepare<const NK: usize>(&self, sc: &mut [FragC; NK], scale_log2: f32, k0: u32, t: u32) {
+        let m = self.score_mod;
+        if m.softcap != 0.0 || m.slope != 0.0 {
+            let col0 = k0 + 2 * t;
+            for (j, f) in sc.iter_mut().enumerate() {
+                for e in 0..4 {
+                    let col = (col0 + 8 * j as u32 + (e % 2) as u32) as i64;
+                    let distance = (self.diagonals[e / 2] - col).unsigned_abs() as f32;
+                    f.0[e] = m.apply_log2(f.0[e], scale_log2, distance);
+                }
+            }
+        } else {
+            for f in sc.iter_mut() {
+                for e in 0..4 {
+                    f.0[e] *= scale_log2;
+                }
+            }
+        }
+        if self.partial(k0, 8 * NK as u32) {
+            // Selects, not branches, so the loop unrolls and `sc` stays in registers.
+            let col0 = k0 + 2 * t;
+            for (j, f) in sc.iter_mut().enumerate() {
+                for e in 0..4 {
+                    let col = col0 + 8 * j as u32 + (e % 2) as u32;
+                    let hidden = col >= self.ends[e / 2] || col < self.starts[e / 2];
+                    f.0[e] = if hidden { f32::NEG_INFINITY } else { f.0[e] };
+                }
+            }
+        }
+    }
+}
