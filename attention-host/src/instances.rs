@@ -74,6 +74,12 @@ pub fn sm80_backward(dtype: DType, cfg: &TcBackwardConfig) -> String {
     format!("flash_tc_backward_{dtype}_d{}_w{}", cfg.head_dim, cfg.warps)
 }
 
+/// The `mma.sync` backward main kernel `cfg` with the window and score modifiers (compiled for
+/// the defaults only).
+pub fn sm80_backward_mods(dtype: DType, cfg: &TcBackwardConfig) -> String {
+    sm80_backward(dtype, cfg).replacen("_backward_", "_backward_mods_", 1)
+}
+
 /// The `wgmma` backward main kernel `cfg`; `general` as for [`sm90_forward`].
 pub fn sm90_backward(dtype: DType, cfg: &WgBackwardConfig, general: bool) -> String {
     format!(
@@ -128,6 +134,9 @@ pub fn entry_points() -> Vec<Entry> {
         }
         for &cfg in sm80::backward::VARIANTS {
             push(Family::Sm80, sm80_backward(dtype, &cfg));
+            if sm80::backward::config(cfg.head_dim) == Some(cfg) {
+                push(Family::Sm80, sm80_backward_mods(dtype, &cfg));
+            }
         }
         for d in [64, 128] {
             push(Family::Sm80, tensor_core_preprocess(dtype, d));

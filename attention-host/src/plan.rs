@@ -261,15 +261,6 @@ fn admits(
              softcap, ALiBi and sink logits only)"
                 .into(),
         ),
-        Family::Sm80
-            if direction == Direction::Backward && problem.options.attention.has_score_mods() =>
-        {
-            Err(
-                "has no backward with a local window, softcap, ALiBi or sink logits yet (forward \
-                 only)"
-                    .into(),
-            )
-        }
         Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction),
     }
 }
@@ -359,7 +350,11 @@ fn plan_tiles(
             )
         }
         Tiles::Sm80Backward(c) => {
-            let entry = instances::sm80_backward(dtype, &c);
+            let entry = if mods {
+                instances::sm80_backward_mods(dtype, &c)
+            } else {
+                instances::sm80_backward(dtype, &c)
+            };
             (
                 entry,
                 c.block_rows(),
@@ -622,8 +617,8 @@ mod tests {
         );
     }
 
-    /// Windows and score modifiers run on the `wgmma` `mods` instances (both directions), the
-    /// `mma.sync` ones (forward; its backward refuses them with the reason) or the exact kernels.
+    /// Windows and score modifiers run on the tensor-core families' `mods` instances (both
+    /// directions), and on the exact kernels with length masks or dropout off Hopper.
     #[test]
     fn score_modifiers_route_to_the_mods_instances() {
         let (h, a) = (h200(), a100());
@@ -647,17 +642,12 @@ mod tests {
                     o().kernel(KernelChoice::Only(Family::Sm80)),
                     direction,
                 );
-                match direction {
-                    Direction::Forward => {
-                        assert_eq!(p.entry, "flash_tc_forward_mods_bf16_d64_w4_k64");
-                        assert_eq!(sm80.unwrap().entry, p.entry);
-                    }
-                    Direction::Backward => {
-                        assert_eq!(p.family, Family::Exact);
-                        let e = sm80.unwrap_err().to_string();
-                        assert!(e.contains("softcap, ALiBi or sink logits"), "{e}");
-                    }
-                }
+                let want = match direction {
+                    Direction::Forward => "flash_tc_forward_mods_bf16_d64_w4_k64",
+                    Direction::Backward => "flash_tc_backward_mods_bf16_d64_w4",
+                };
+                assert_eq!(p.entry, want);
+                assert_eq!(sm80.unwrap().entry, want);
                 let lengths = options.clone().key_lengths(vec![5, 70]);
                 let p = select_on(
                     &a,

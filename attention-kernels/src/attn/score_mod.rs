@@ -173,6 +173,24 @@ impl ScoreMod<f32> {
     }
 }
 
+impl ScoreMod<f32> {
+    /// The softcap's `∂s'/∂s = 1 − tanh²` recovered from the probability `p = 2^(s'·log2 e −
+    /// lse_log2)` the backward already holds (keeping `tanh` would hold a register per score
+    /// across its products): `log2 p + lse_log2` is the modified score in base-2 units, which
+    /// plus ALiBi's bias is `c·log2 e·tanh`. Clamped, so that a `p` that underflowed to 0 gives 0,
+    /// not NaN. 1 without a softcap.
+    #[inline(always)]
+    pub fn grad_from_p(&self, p: f32, lse_log2: f32, distance: f32) -> f32 {
+        if self.softcap == 0.0 {
+            return 1.0;
+        }
+        let c_log2 = self.softcap * core::f32::consts::LOG2_E;
+        let bias = self.slope * core::f32::consts::LOG2_E * distance;
+        let t = ((p.ln() * core::f32::consts::LOG2_E + lse_log2 + bias) / c_log2).clamp(-1.0, 1.0);
+        1.0 - t * t
+    }
+}
+
 /// `|i + n_k − n_q − j|`, ALiBi's distance of row `i` from key `j`, as f32.
 #[inline(always)]
 pub fn distance(i: u32, j: u32, n_q: u32, n_k: u32) -> f32 {
@@ -365,6 +383,28 @@ mod tests {
         assert!((base2 - natural * core::f32::consts::LOG2_E).abs() < 1e-5);
         let g = m.grad_log2(raw, tau * core::f32::consts::LOG2_E);
         assert!((g - grad).abs() < 1e-6);
+    }
+
+    /// The gradient recovered from P is the one computed from the score.
+    #[test]
+    fn grad_from_p_matches_the_scores() {
+        let m = ScoreMod::<f32> {
+            softcap: 3.0,
+            slope: 0.125,
+        };
+        let scale_log2 = 0.125 * core::f32::consts::LOG2_E;
+        let lse_log2 = 5.5f32;
+        for raw in [-30.0f32, -4.0, 0.5, 9.0, 40.0] {
+            let dist = 3.0;
+            let p = (m.apply_log2(raw, scale_log2, dist) - lse_log2).exp2();
+            let want = m.grad_log2(raw, scale_log2);
+            assert!(
+                (m.grad_from_p(p, lse_log2, dist) - want).abs() < 1e-4,
+                "{raw}"
+            );
+        }
+        assert_eq!(m.grad_from_p(0.0, lse_log2, 1.0), 0.0);
+        assert_eq!(ScoreMod::<f32>::default().grad_from_p(0.3, 1.0, 2.0), 1.0);
     }
 
     #[test]

@@ -467,10 +467,7 @@ unsafe fn backward<
             let col = 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
             let d_row = unsafe { load_shared_f32x2(stats(base, st) + br * 4 + col * 4) };
-            // The softcap's `1 − tanh²`, with tanh recovered from P itself (keeping the scores
-            // would hold 4·NQ more registers across the dV product): `log2 P + LSE·log2 e` is
-            // the modified score, plus ALiBi's bias it is `c·log2 e·tanh`. Clamped, so that a P
-            // that underflowed to 0 gives a factor of 0, not NaN.
+            // The softcap's `1 − tanh²`, recovered from P (`ScoreMod::grad_from_p`).
             let lse = if score_mod.softcap != 0.0 {
                 // SAFETY: columns col, col + 1 are inside the stage's statistics.
                 unsafe { load_shared_f32x2(stats(base, st) + col * 4) }
@@ -478,15 +475,7 @@ unsafe fn backward<
                 [0.0; 2]
             };
             for e in 0..4 {
-                let grad = if score_mod.softcap != 0.0 {
-                    let c_log2 = score_mod.softcap * core::f32::consts::LOG2_E;
-                    let bias = score_mod.slope * core::f32::consts::LOG2_E * distance(j, e);
-                    let tanh = (log2(s_t[j].0[e]) + lse[e % 2] + bias) / c_log2;
-                    let tanh = tanh.clamp(-1.0, 1.0);
-                    1.0 - tanh * tanh
-                } else {
-                    1.0
-                };
+                let grad = score_mod.grad_from_p(s_t[j].0[e], lse[e % 2], distance(j, e));
                 // A masked Pᵀ gives dS = 0 even where dPᵀ (a masked V) or D (a NaN row) is not
                 // finite.
                 let ds = s_t[j].0[e] * (dp_t[j].0[e] * z(j, e) - d_row[e % 2]) * grad;

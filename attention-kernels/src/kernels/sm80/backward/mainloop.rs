@@ -23,6 +23,7 @@ use crate::arch::{
 use crate::attn::backward::Pair;
 use crate::attn::mask::hidden;
 use crate::attn::mask::{Exponent, MASKED, is_masked, sanitize_own_chunks, sanitize_pair};
+use crate::attn::score_mod::{ScoreMod, Window, key_range, rows_seeing_keys};
 use crate::kernels::sm80::backward::TcBackwardConfig;
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
@@ -67,6 +68,7 @@ unsafe fn backward<
     const NQP: usize,
     const WARPS: usize,
     const DQ: usize,
+    const MODS: bool,
 >(
     p: &TensorCoreBackwardParams,
 ) {
@@ -108,8 +110,22 @@ unsafe fn backward<
         head_dim: d,
         warps: WARPS as u32,
     };
-    let first_block = cfg.first_q_block(k0, s.n_q, s.n_k, causal);
-    let per_head = s.n_q.div_ceil(br).saturating_sub(first_block);
+    // The window and the score modifiers: `MODS` instances only (the host routes every call that
+    // has one there), so the others compile without them. The K/V block visits only the Q
+    // blocks of rows whose window reaches it.
+    let window = if MODS { p.mods.window } else { Window::NONE };
+    let windowed = !window.is_none();
+    let keys_of = |row: u32| key_range(row, s.n_q, s.n_k, causal, window);
+    let (first_block, end_block) = if windowed {
+        let (first, end) = rows_seeing_keys(k0, (k0 + bc).min(s.n_k), s.n_q, s.n_k, causal, window);
+        (first / br, end.div_ceil(br))
+    } else {
+        (
+            cfg.first_q_block(k0, s.n_q, s.n_k, causal),
+            s.n_q.div_ceil(br),
+        )
+    };
+    let per_head = end_block.saturating_sub(first_block);
     let iters = per_head * group;
     let head_of = |i: u32| hk * group + i / per_head;
     let row0_of = |i: u32| (first_block + i % per_head) * br;
@@ -186,7 +202,21 @@ unsafe fn backward<
         wait_all();
         let st = i & 1;
         let (h, q0) = (head_of(i), row0_of(i));
-        let masked = cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal);
+        let masked = if windowed {
+            // Both ends of a row's keys grow with the row: the first row sees the fewest keys
+            // at the right, the last the fewest at the left.
+            keys_of(q0).1 < k0 + bc || keys_of((q0 + br).min(s.n_q) - 1).0 > k0
+        } else {
+            cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal)
+        };
+        // Softcap and ALiBi of head h.
+        let score_mod = if MODS {
+            // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
+            unsafe { p.mods.for_head(h) }
+        } else {
+            ScoreMod::default()
+        };
+        let modified = score_mod.softcap != 0.0 || score_mod.slope != 0.0;
         // On a block with masked pairs a non-finite Q row would reach dK of keys it does not
         // see as 0 · NaN through dSᵀ·Q. Such a row's LSE is NaN or −∞ (every score it has is
         // non-finite), so zeroing its non-finite elements changes neither P nor any gradient of
@@ -212,6 +242,12 @@ unsafe fn backward<
         // warp's own rows of the dSᵀ tile: read back as A operands for dV and by element for dS
         // (which overwrites it in place).
         let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
+        // ALiBi's distance `|row + n_k − n_q − key|` of element e at query column `col`.
+        let distance = |col: u32, e: usize| {
+            let row = (q0 + col + (e % 2) as u32) as i64;
+            let key = if e < 2 { key_lo } else { key_hi } as i64;
+            (row + s.n_k as i64 - s.n_q as i64 - key).unsigned_abs() as f32
+        };
         for half in 0..2 {
             let lane = opaque(lane);
             let t = lane % 4;
@@ -237,7 +273,13 @@ unsafe fn backward<
                 // SAFETY: columns col, col + 1 are inside the stage's statistics.
                 let lse = unsafe { load_shared_f32x2(stats(st) + col * 4) };
                 for e in 0..4 {
-                    f.0[e] = exp2(f.0[e] * p.scale_log2 - lse[e % 2]);
+                    let x = f.0[e];
+                    let score = if modified {
+                        score_mod.apply_log2(x, p.scale_log2, distance(col, e))
+                    } else {
+                        x * p.scale_log2
+                    };
+                    f.0[e] = exp2(score - lse[e % 2]);
                 }
                 if masked || k_poisoned {
                     // Selects, not branches, so the loop unrolls and `pt` stays in registers.
@@ -245,7 +287,13 @@ unsafe fn backward<
                     for e in 0..4 {
                         let key = if e < 2 { key_lo } else { key_hi };
                         let row = q0 + col + (e % 2) as u32;
-                        let hidden = row >= s.n_q || hidden(row, key, s.n_q, s.n_k, causal);
+                        let outside = if windowed {
+                            let (first, end) = keys_of(row);
+                            key < first || key >= end
+                        } else {
+                            hidden(row, key, s.n_q, s.n_k, causal)
+                        };
+                        let hidden = row >= s.n_q || outside;
                         // MASKED (−0, which 2^x never is): dS below is 0 there, whatever dPᵀ.
                         f.0[e] = if hidden { MASKED } else { f.0[e] };
                     }
@@ -315,8 +363,16 @@ unsafe fn backward<
                     // A masked Pᵀ gives dS = 0 even where dPᵀ (a masked V) or D (a NaN row)
                     // is not finite.
                     let skip = masked || k_poisoned;
+                    // The softcap's `1 − tanh²`, recovered from P (`ScoreMod::grad_from_p`; P
+                    // as rounded for dV).
+                    let lse = if score_mod.softcap != 0.0 {
+                        load_shared_f32x2(stats(st) + col * 4)
+                    } else {
+                        [0.0; 2]
+                    };
                     for e in 0..4 {
-                        let ds = p_row[e] * (f.0[e] - d_row[e % 2]);
+                        let grad = score_mod.grad_from_p(p_row[e], lse[e % 2], distance(col, e));
+                        let ds = p_row[e] * (f.0[e] - d_row[e % 2]) * grad;
                         f.0[e] = if skip && is_masked(p_row[e]) { 0.0 } else { ds };
                     }
                     store_shared_u32(lo_at, T::pack(f.0[0], f.0[1]));
@@ -421,7 +477,7 @@ unsafe fn backward<
 /// One entry point per (dtype, configuration), named `flash_tc_backward_<dtype>_d<d>_w<warps>` as
 /// the host formats it; the test checks that every `VARIANTS` entry exists.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $mods:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
             // SAFETY: the host validated the buffers against `p` and launched the configuration's
@@ -435,6 +491,7 @@ macro_rules! entry_points {
                     { $cfg.block_rows() as usize / 16 },
                     { $cfg.warps as usize },
                     { $cfg.dq_tiles() as usize },
+                    $mods,
                 >(&p)
             }
         }
@@ -442,17 +499,21 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_tc_backward_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 };
-    flash_tc_backward_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 };
-    flash_tc_backward_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 };
-    flash_tc_backward_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 };
+    flash_tc_backward_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, false;
+    flash_tc_backward_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false;
+    flash_tc_backward_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false;
+    flash_tc_backward_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false;
+    flash_tc_backward_mods_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, true;
+    flash_tc_backward_mods_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, true;
+    flash_tc_backward_mods_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, true;
+    flash_tc_backward_mods_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
 #[cfg(feature = "tuning")]
 entry_points! {
-    flash_tc_backward_bf16_d64_w8 => Bf16, TcBackwardConfig { head_dim: 64, warps: 8 };
-    flash_tc_backward_f16_d64_w8 => F16, TcBackwardConfig { head_dim: 64, warps: 8 };
-    flash_tc_backward_bf16_d128_w8 => Bf16, TcBackwardConfig { head_dim: 128, warps: 8 };
-    flash_tc_backward_f16_d128_w8 => F16, TcBackwardConfig { head_dim: 128, warps: 8 };
+    flash_tc_backward_bf16_d64_w8 => Bf16, TcBackwardConfig { head_dim: 64, warps: 8 }, false;
+    flash_tc_backward_f16_d64_w8 => F16, TcBackwardConfig { head_dim: 64, warps: 8 }, false;
+    flash_tc_backward_bf16_d128_w8 => Bf16, TcBackwardConfig { head_dim: 128, warps: 8 }, false;
+    flash_tc_backward_f16_d128_w8 => F16, TcBackwardConfig { head_dim: 128, warps: 8 }, false;
 }
