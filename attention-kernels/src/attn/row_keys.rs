@@ -4,7 +4,7 @@
 //! online softmax, for `mma.sync` and `wgmma` alike.
 
 use crate::attn::score_mod::{ScoreMod, Window, key_range};
-use crate::tile::mma::FragC;
+use crate::tile::mma::{FragC, each_fragment};
 
 /// The keys the rows of a lane and of its block see, and how their scores are modified.
 #[derive(Clone, Copy)]
@@ -58,16 +58,17 @@ impl RowKeys {
     /// see. Blocks every row sees whole skip the mask.
     #[inline(always)]
     pub fn prepare<const NK: usize>(&self, sc: &mut [FragC; NK], scale_log2: f32, k0: u32, t: u32) {
+        const { assert!(NK <= 16) };
         let m = self.score_mod;
         if m.softcap != 0.0 || m.slope != 0.0 {
             let col0 = k0 + 2 * t;
-            for (j, f) in sc.iter_mut().enumerate() {
+            each_fragment!(sc, |j, f| {
                 for e in 0..4 {
                     let col = (col0 + 8 * j as u32 + (e % 2) as u32) as i64;
                     let distance = (self.diagonals[e / 2] - col).unsigned_abs() as f32;
                     f.0[e] = m.apply_log2(f.0[e], scale_log2, distance);
                 }
-            }
+            });
         } else {
             for f in sc.iter_mut() {
                 for e in 0..4 {
@@ -76,15 +77,15 @@ impl RowKeys {
             }
         }
         if self.partial(k0, 8 * NK as u32) {
-            // Selects, not branches, so the loop unrolls and `sc` stays in registers.
+            // Selects, not branches, so `sc` stays in registers.
             let col0 = k0 + 2 * t;
-            for (j, f) in sc.iter_mut().enumerate() {
+            each_fragment!(sc, |j, f| {
                 for e in 0..4 {
                     let col = col0 + 8 * j as u32 + (e % 2) as u32;
                     let hidden = col >= self.ends[e / 2] || col < self.starts[e / 2];
                     f.0[e] = if hidden { f32::NEG_INFINITY } else { f.0[e] };
                 }
-            }
+            });
         }
     }
 }

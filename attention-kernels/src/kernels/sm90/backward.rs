@@ -46,7 +46,7 @@ use crate::kernels::sm90::WgBackwardConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, red_add_f32x4};
-use crate::tile::mma::{FragA, FragC};
+use crate::tile::mma::{FragA, FragC, each_fragment};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
 
@@ -371,26 +371,26 @@ unsafe fn backward<
             let key = if e < 2 { key_lo } else { key_hi } as i64;
             (row + n_k as i64 - n_q as i64 - key).unsigned_abs() as f32
         };
-        for j in 0..NQ {
+        each_fragment!(s_t, |j, f| {
             let col = 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
             let lse = unsafe { load_shared_f32x2(stats(base, st) + col * 4) };
             for e in 0..4 {
-                let x = s_t[j].0[e];
+                let x = f.0[e];
                 let score = if modified {
                     score_mod.apply_log2(x, p.scale_log2, distance(j, e))
                 } else {
                     x * p.scale_log2
                 };
-                s_t[j].0[e] = exp2(score - lse[e % 2]);
+                f.0[e] = exp2(score - lse[e % 2]);
             }
-        }
+        });
         // Most blocks of a long sequence hide no pair: the mask is a second pass over the few
         // that do, not a test per score everywhere.
         let past_end = GENERAL && q0 + br > n_q;
         let skip = past_end || masked || k_poisoned;
         if past_end || masked {
-            for (j, f) in s_t.iter_mut().enumerate() {
+            each_fragment!(s_t, |j, f| {
                 let col = 8 * j as u32 + 2 * t;
                 for e in 0..4 {
                     // A select, not a branch, so the loop unrolls and stays in registers.
@@ -409,7 +409,7 @@ unsafe fn backward<
                         f.0[e]
                     };
                 }
-            }
+            });
         }
         if k_poisoned {
             for j in 0..NQ {
@@ -463,7 +463,7 @@ unsafe fn backward<
         dp_t.pin();
 
         // dSᵀ = Pᵀ ∘ (dPᵀ∘Z − D) into `dp_t`, then to the dSᵀ tile for dQ.
-        for j in 0..NQ {
+        each_fragment!(dp_t, s_t, |j, f, pf| {
             let col = 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
             let d_row = unsafe { load_shared_f32x2(stats(base, st) + br * 4 + col * 4) };
@@ -475,17 +475,13 @@ unsafe fn backward<
                 [0.0; 2]
             };
             for e in 0..4 {
-                let grad = score_mod.grad_from_p(s_t[j].0[e], lse[e % 2], distance(j, e));
+                let grad = score_mod.grad_from_p(pf.0[e], lse[e % 2], distance(j, e));
                 // A masked Pᵀ gives dS = 0 even where dPᵀ (a masked V) or D (a NaN row) is not
                 // finite.
-                let ds = s_t[j].0[e] * (dp_t[j].0[e] * z(j, e) - d_row[e % 2]) * grad;
-                dp_t[j].0[e] = if skip && is_masked(s_t[j].0[e]) {
-                    0.0
-                } else {
-                    ds
-                };
+                let ds = pf.0[e] * (f.0[e] * z(j, e) - d_row[e % 2]) * grad;
+                f.0[e] = if skip && is_masked(pf.0[e]) { 0.0 } else { ds };
             }
-        }
+        });
         let mut ds_a = [FragA::default(); NQP];
         for k in 0..NQP {
             ds_a[k] = T::pack_a(&dp_t[2 * k], &dp_t[2 * k + 1]);

@@ -221,10 +221,11 @@ fn check_backward_head(
     let (hq, hk) = (shape.heads_q, shape.heads_kv);
     // The plane's one head is head 0: its ALiBi slope and sink.
     let mut options = options.clone();
-    for per_head in [&mut options.alibi_slopes, &mut options.sinks] {
-        if let Some(values) = per_head {
-            values.truncate(1);
-        }
+    for values in [&mut options.alibi_slopes, &mut options.sinks]
+        .into_iter()
+        .flatten()
+    {
+        values.truncate(1);
     }
     let options = &options;
     let want = backward_f32(

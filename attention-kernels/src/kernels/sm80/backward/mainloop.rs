@@ -29,7 +29,7 @@ use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, load_shared_u32, red_add_f32};
-use crate::tile::mma::{FragB, FragC};
+use crate::tile::mma::{FragB, FragC, each_fragment};
 
 /// `b` with its non-finite elements replaced by 0.
 #[inline(always)]
@@ -268,7 +268,7 @@ unsafe fn backward<
             }
             // Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows past n_q
             // and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already.
-            for (j, f) in pt.iter_mut().enumerate() {
+            each_fragment!(pt, |j, f| {
                 let col = 8 * (half * NQP + j) as u32 + 2 * t;
                 // SAFETY: columns col, col + 1 are inside the stage's statistics.
                 let lse = unsafe { load_shared_f32x2(stats(st) + col * 4) };
@@ -298,7 +298,7 @@ unsafe fn backward<
                         f.0[e] = if hidden { MASKED } else { f.0[e] };
                     }
                 }
-            }
+            });
             for k in 0..NQP / 2 {
                 let a = T::pack_a(&pt[2 * k], &pt[2 * k + 1]);
                 let c = 2 * (half * NQP / 2 + k) as u32;
@@ -344,7 +344,7 @@ unsafe fn backward<
                 }
                 ds.iter_mut().for_each(FragC::pin);
             }
-            for (j, f) in ds.iter_mut().enumerate() {
+            each_fragment!(ds, |j, f| {
                 let jj = (half * NQP + j) as u32;
                 let col = 8 * jj + 2 * t;
                 let (lo_at, hi_at) = (
@@ -378,7 +378,7 @@ unsafe fn backward<
                     store_shared_u32(lo_at, T::pack(f.0[0], f.0[1]));
                     store_shared_u32(hi_at, T::pack(f.0[2], f.0[3]));
                 }
-            }
+            });
         }
         sync_warp();
 
