@@ -397,17 +397,13 @@ unsafe fn backward<
                     let key = if e < 2 { key_lo } else { key_hi };
                     let row = q0 + col + (e % 2) as u32;
                     // MASKED (−0, which 2^x never is): dS below is 0 there, whatever dPᵀ.
-                    let outside = if windowed {
+                    let hidden = if windowed {
                         let (first, end) = keys_of(row);
-                        key < first || key >= end
+                        row >= n_q || key < first || key >= end
                     } else {
-                        hidden(row, key, n_q, n_k, causal)
+                        row >= n_q || hidden(row, key, n_q, n_k, causal)
                     };
-                    f.0[e] = if row >= n_q || outside {
-                        MASKED
-                    } else {
-                        f.0[e]
-                    };
+                    f.0[e] = if hidden { MASKED } else { f.0[e] };
                 }
             });
         }

@@ -287,13 +287,12 @@ unsafe fn backward<
                     for e in 0..4 {
                         let key = if e < 2 { key_lo } else { key_hi };
                         let row = q0 + col + (e % 2) as u32;
-                        let outside = if windowed {
+                        let hidden = if windowed {
                             let (first, end) = keys_of(row);
-                            key < first || key >= end
+                            row >= s.n_q || key < first || key >= end
                         } else {
-                            hidden(row, key, s.n_q, s.n_k, causal)
+                            row >= s.n_q || hidden(row, key, s.n_q, s.n_k, causal)
                         };
-                        let hidden = row >= s.n_q || outside;
                         // MASKED (−0, which 2^x never is): dS below is 0 there, whatever dPᵀ.
                         f.0[e] = if hidden { MASKED } else { f.0[e] };
                     }
