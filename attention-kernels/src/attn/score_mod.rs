@@ -2,7 +2,7 @@
 //!
 //! For query row `i` of a sequence with `n_q` rows and `n_k` keys, write `a = i + n_k − n_q` (the
 //! row's aligned diagonal: bottom-right aligned, like the causal mask of
-//! [`allowed_key_end`](crate::abi::shape::allowed_key_end)). Then:
+//! `abi::shape::allowed_key_end`). Then:
 //! - the local window `(left, right)` allows key `j` iff `a − left ≤ j ≤ a + right`, intersected
 //!   with `0 ≤ j < n_k` and with the causal mask when it is on ([`key_range`]); windowed-out keys
 //!   are masked keys (they never contribute, whatever they hold) and blocks of keys that no row of
@@ -19,7 +19,6 @@
 //!
 //! The masks and the non-finite policy of [`mask`](super::mask) apply to the modified score.
 
-use crate::abi::shape::allowed_key_end;
 use crate::attn::online_state::Real;
 
 /// A window extent that bounds nothing.
@@ -63,12 +62,21 @@ const fn clamp(x: i64, n: u32) -> u32 {
 }
 
 /// The keys `start .. end` query row `i` may see (empty when `start >= end`): the causal prefix
-/// of [`allowed_key_end`] cut to the window. Both ends grow with `i`, so a block of rows
+/// of `abi::shape::allowed_key_end` cut to the window. Both ends grow with `i`, so a block of rows
 /// `i0 ..= i1` sees keys `key_range(i0).0 .. key_range(i1).1` at most, and no other.
 #[inline(always)]
 pub const fn key_range(i: u32, n_q: u32, n_k: u32, causal: bool, window: Window) -> (u32, u32) {
-    let mut end = allowed_key_end(i, n_q, n_k, causal);
-    let diagonal = i as i64 + n_k as i64 - n_q as i64;
+    key_range_at(i as i64 + n_k as i64 - n_q as i64, n_k, causal, window)
+}
+
+/// [`key_range`] of the row whose aligned diagonal is `diagonal = i + n_k − n_q`.
+#[inline(always)]
+pub const fn key_range_at(diagonal: i64, n_k: u32, causal: bool, window: Window) -> (u32, u32) {
+    let mut end = if causal {
+        clamp(diagonal + 1, n_k)
+    } else {
+        n_k
+    };
     let start = if window.left == UNBOUNDED {
         0
     } else {
@@ -252,6 +260,7 @@ pub fn sink_gradient(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi::shape::allowed_key_end;
 
     /// The window is the row's diagonal ± extents cut to the keys and the causal mask.
     #[test]

@@ -201,7 +201,7 @@ unsafe fn forward<
         ScoreMod::default()
     };
     let keys = RowKeys::new(
-        [row_lo, row_hi],
+        row_lo,
         (q0, last_row),
         (seq.q_len, seq.k_len),
         (causal, window),
@@ -331,16 +331,10 @@ unsafe fn forward<
         let dropped = |r: usize, col: u32| {
             dropping && dropout_multiplier(&p.dropout, key, seq.index, h, rows[r], col) == 0.0
         };
+        let (starts, ends) = keys.ranges();
         // SAFETY: allowed keys are below the sequence's key length, rows of V.
         poison = unsafe {
-            non_finite_part::<T, ND>(
-                (from, n_blocks * bc),
-                keys.starts,
-                keys.ends,
-                v,
-                lane,
-                dropped,
-            )
+            non_finite_part::<T, ND>((from, n_blocks * bc), starts, ends, v, lane, dropped)
         };
     }
     // Stage O through the first K stage (row-major, 16-byte chunks swizzled) once every warpgroup

@@ -106,7 +106,7 @@ unsafe fn forward<
         ScoreMod::default()
     };
     let keys = RowKeys::new(
-        [row_lo, row_hi],
+        row_lo,
         (q0, last_row),
         (s.n_q, s.n_k),
         (causal, window),
@@ -197,16 +197,10 @@ unsafe fn forward<
         } else {
             keys.unmasked_end / bc * bc
         };
+        let (starts, ends) = keys.ranges();
         // SAFETY: allowed keys are below n_k, rows of V.
         let poison = unsafe {
-            non_finite_part::<T, ND>(
-                (from, n_blocks * bc),
-                keys.starts,
-                keys.ends,
-                v,
-                lane,
-                |_, _| false,
-            )
+            non_finite_part::<T, ND>((from, n_blocks * bc), starts, ends, v, lane, |_, _| false)
         };
         poison.apply(&mut o);
     }
