@@ -366,10 +366,11 @@ unsafe fn backward<
         };
         let modified = score_mod.softcap != 0.0 || score_mod.slope != 0.0;
         // ALiBi's distance `|row + n_k − n_q − key|` of element e of fragment j.
+        // In i32, which holds every row and key (below 2^31, the host's validation).
         let distance = |j: usize, e: usize| {
-            let row = (q0 + 8 * j as u32 + 2 * t + (e % 2) as u32) as i64;
-            let key = if e < 2 { key_lo } else { key_hi } as i64;
-            (row + n_k as i64 - n_q as i64 - key).unsigned_abs() as f32
+            let row = (q0 + 8 * j as u32 + 2 * t + (e % 2) as u32) as i32;
+            let key = if e < 2 { key_lo } else { key_hi } as i32;
+            (row + (n_k as i32 - n_q as i32) - key).unsigned_abs() as f32
         };
         each_fragment!(s_t, |j, f| {
             let col = 8 * j as u32 + 2 * t;

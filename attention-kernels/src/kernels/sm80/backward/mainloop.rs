@@ -243,10 +243,11 @@ unsafe fn backward<
         // (which overwrites it in place).
         let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
         // ALiBi's distance `|row + n_k − n_q − key|` of element e at query column `col`.
+        // In i32, which holds every row and key (below 2^31, the host's validation).
         let distance = |col: u32, e: usize| {
-            let row = (q0 + col + (e % 2) as u32) as i64;
-            let key = if e < 2 { key_lo } else { key_hi } as i64;
-            (row + s.n_k as i64 - s.n_q as i64 - key).unsigned_abs() as f32
+            let row = (q0 + col + (e % 2) as u32) as i32;
+            let key = if e < 2 { key_lo } else { key_hi } as i32;
+            (row + (s.n_k as i32 - s.n_q as i32) - key).unsigned_abs() as f32
         };
         for half in 0..2 {
             let lane = opaque(lane);
