@@ -185,12 +185,13 @@ pub struct HostForward {
     pub plan: Plan,
 }
 
-/// dQ, dK, dV downloaded and widened to f32.
+/// dQ, dK, dV downloaded and widened to f32; the sink gradients (`[heads_q]`) with sink logits.
 #[derive(Clone, Debug)]
 pub struct HostGradients {
     pub dq: Vec<f32>,
     pub dk: Vec<f32>,
     pub dv: Vec<f32>,
+    pub d_sinks: Option<Vec<f32>>,
     pub plan: Plan,
 }
 
@@ -278,6 +279,7 @@ pub fn backward_host(
         dq: g.dq.to_f32()?,
         dk: g.dk.to_f32()?,
         dv: g.dv.to_f32()?,
+        d_sinks: g.d_sinks.map(|d| d.to_vec()).transpose()?,
         plan: g.plan,
     })
 }

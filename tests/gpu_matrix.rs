@@ -18,6 +18,10 @@
 //!   backward, D computed from the stored f16 O, which `dS = P(dP − D)` amplifies where dP ≈ D.
 //! - bf16 `1e-2`: the same with 8 significant bits (2⁻⁸ ≈ 3.9e-3 per element).
 //!
+//! A third list crosses the local window (left/right 0, one-sided, wider than N, with and without
+//! causal), softcap, ALiBi and sink logits (alone and together) with the axes above; the sink
+//! gradient `dσ_h` is held to the same bound relative to `Σ_rows |P_sink · D|`.
+//!
 //! `FLASH_ATTN_FAMILIES=exact,sm80` restricts the families (sanitizer runs one family at a time);
 //! `FLASH_ATTN_MATRIX_MAX_LEN=n` keeps the cases whose sequences are at most `n` long and
 //! `FLASH_ATTN_MATRIX_MAX_HEAD_DIM=d` those whose head dim is at most `d` (racecheck of the exact
@@ -34,6 +38,39 @@ use flash_attn_testkit::testing::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The local window and score modifiers of a case (`AttentionOptions::window`, `softcap`,
+/// `alibi_slopes`, `sinks`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mods {
+    None,
+    /// (left, right) extents.
+    Window(u32, u32),
+    Softcap,
+    Alibi,
+    Sinks,
+    /// Window, softcap, ALiBi and sinks together.
+    All(u32, u32),
+}
+
+impl Mods {
+    fn apply(self, mut a: AttentionOptions, heads_q: u32, rng: &mut StdRng) -> AttentionOptions {
+        let softcap = |a: AttentionOptions| a.softcap(3.0);
+        let alibi = |a: AttentionOptions| a.alibi_slopes(flash_attn::alibi_slopes(heads_q));
+        let mut sinks = |a: AttentionOptions| {
+            a.sinks((0..heads_q).map(|_| rng.gen_range(-1.0f32..3.0)).collect())
+        };
+        match self {
+            Mods::None => {}
+            Mods::Window(l, r) => a = a.window(l, r),
+            Mods::Softcap => a = softcap(a),
+            Mods::Alibi => a = alibi(a),
+            Mods::Sinks => a = sinks(a),
+            Mods::All(l, r) => a = sinks(alibi(softcap(a.window(l, r)))),
+        }
+        a
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Case {
     dtype: DType,
@@ -45,6 +82,7 @@ struct Case {
     dropout: bool,
     heads: (u32, u32),
     lengths: LengthMode,
+    mods: Mods,
 }
 
 const EXACT_HEAD_DIMS: [u32; 8] = [16, 32, 40, 64, 80, 96, 128, 256];
@@ -73,6 +111,7 @@ fn exact_cases() -> Vec<Case> {
                 dropout: (i / 5) % 2 == 1,
                 heads: if long { (2, 1) } else { heads[(i / 4) % 3] },
                 lengths: LengthMode::ALL[(i / 7) % 3],
+                mods: Mods::None,
             }
         })
         .collect()
@@ -95,6 +134,51 @@ fn tensor_core_cases() -> Vec<Case> {
                 dropout: (i / 5) % 2 == 1,
                 heads: if long { (2, 1) } else { heads[(i / 4) % 3] },
                 lengths: LengthMode::ALL[(i / 7) % 3],
+                mods: Mods::None,
+            }
+        })
+        .collect()
+}
+
+/// The window and score modifiers over both domains' dtypes and head dims: windows with
+/// left/right 0, one-sided, wider than the sequence, with and without causal, each modifier
+/// alone and all together, under GQA, length masks and dropout.
+fn score_mod_cases() -> Vec<Case> {
+    let mods = [
+        Mods::Window(0, 0),
+        Mods::Window(16, 0),
+        Mods::Window(3, 40),
+        Mods::Window(u32::MAX, 0),
+        Mods::Window(5000, 5000),
+        Mods::Window(0, u32::MAX),
+        Mods::Softcap,
+        Mods::Alibi,
+        Mods::Sinks,
+        Mods::All(64, 7),
+        Mods::All(200, 0),
+    ];
+    let sizes = [(128, 128), (97, 230), (230, 97), (1, 17), (1000, 1000)];
+    let heads = [(2, 2), (4, 2), (3, 1)];
+    (0..33)
+        .map(|i| {
+            let (n_q, n_k) = sizes[i % sizes.len()];
+            let long = n_q.max(n_k) >= 1000;
+            Case {
+                dtype: [DType::Bf16, DType::F16, DType::F32][i % 3],
+                // The paper schedule on half the f32 cases (exact only, like f32).
+                schedule: if i % 3 == 2 && (i / 3) % 2 == 1 {
+                    Schedule::Paper
+                } else {
+                    Schedule::RowOwned
+                },
+                causal: (i / 2) % 2 == 1,
+                head_dim: [64, 128][(i / 3) % 2],
+                n_q,
+                n_k,
+                dropout: i % 7 == 3,
+                heads: if long { (2, 1) } else { heads[(i / 4) % 3] },
+                lengths: LengthMode::ALL[(i / 5) % 3],
+                mods: mods[i % mods.len()],
             }
         })
         .collect()
@@ -118,6 +202,7 @@ impl Case {
         if self.dropout {
             a = a.dropout(0.17, rng.r#gen(), rng.gen_range(0..1000));
         }
+        a = self.mods.apply(a, self.heads.0, rng);
         (shape, FlashOptions::new(a).schedule(self.schedule))
     }
 }
@@ -152,6 +237,9 @@ struct Reference {
     dq: Vec<f64>,
     dk: Vec<f64>,
     dv: Vec<f64>,
+    d_sinks: Option<Vec<f64>>,
+    /// Per head `Σ_rows |P_sink · D|`, the scale of `dσ_h` (a sum of terms of both signs).
+    d_sink_scale: Vec<f64>,
 }
 
 fn reference(
@@ -173,6 +261,21 @@ fn reference(
     );
     let f = forward_f32(shape, &q, &k, &v, options).unwrap();
     let g = backward_f32(shape, &q, &k, &v, &d_o, options).unwrap();
+    let d = shape.head_dim as usize;
+    let mut d_sink_scale = vec![0.0; shape.heads_q as usize];
+    if let Some(sinks) = &options.sinks {
+        // LSE is [batch, heads_q, n_q]; O and dO [batch, n_q, heads_q, d].
+        for (row, &lse) in f.lse.iter().enumerate() {
+            let (b, h, i) = (
+                row / (shape.heads_q * shape.n_q) as usize,
+                row / shape.n_q as usize % shape.heads_q as usize,
+                row % shape.n_q as usize,
+            );
+            let at = ((b * shape.n_q as usize + i) * shape.heads_q as usize + h) * d;
+            let delta: f64 = (0..d).map(|c| f.o[at + c] * d_o[at + c] as f64).sum();
+            d_sink_scale[h] += ((sinks[h] as f64 - lse).exp() * delta).abs();
+        }
+    }
     Reference {
         q,
         k,
@@ -183,6 +286,26 @@ fn reference(
         dq: g.dq,
         dk: g.dk,
         dv: g.dv,
+        d_sinks: g.d_sinks,
+        d_sink_scale,
+    }
+}
+
+/// Worst `|got − want|` of the sink gradients over their scale; 0 without sinks, NaN where one
+/// is missing or NaN.
+fn d_sink_err(got: &Option<Vec<f32>>, r: &Reference) -> f64 {
+    match (got, &r.d_sinks) {
+        (None, None) => 0.0,
+        (Some(got), Some(want)) => got
+            .iter()
+            .zip(want)
+            .zip(&r.d_sink_scale)
+            .map(|((&g, &w), &scale)| (g as f64 - w).abs() / scale.max(1e-30))
+            .fold(
+                0.0,
+                |m: f64, e| if e.is_nan() { f64::NAN } else { m.max(e) },
+            ),
+        _ => f64::NAN,
     }
 }
 
@@ -210,6 +333,7 @@ fn run_family(
         ("dq", rel_err(&got.dq, &r.dq)),
         ("dk", rel_err(&got.dk, &r.dk)),
         ("dv", rel_err(&got.dv, &r.dv)),
+        ("dsink", d_sink_err(&got.d_sinks, r)),
     ])
 }
 
@@ -286,6 +410,24 @@ fn exact_domain_on_every_family() {
         assert!(list.iter().any(|c| c.head_dim == d), "head dim {d} missing");
     }
     run_matrix("exact_domain_on_every_family", list);
+}
+
+#[test]
+fn score_modifiers_on_every_family() {
+    let list = score_mod_cases();
+    for mode in LengthMode::ALL {
+        assert!(
+            list.iter()
+                .any(|c| c.lengths == mode && c.mods != Mods::None)
+        );
+    }
+    for causal in [false, true] {
+        assert!(
+            list.iter()
+                .any(|c| c.causal == causal && matches!(c.mods, Mods::Window(..) | Mods::All(..)))
+        );
+    }
+    run_matrix("score_modifiers_on_every_family", list);
 }
 
 #[test]

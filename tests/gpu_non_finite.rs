@@ -9,7 +9,8 @@
 //! row sees; NaN/±∞ in K and V past a batch item's key length, and in a neighbouring packed
 //! sequence; NaN in V or K at a causally masked key that only the last row sees; empty rows (key
 //! length 0, causal with N_q > N_k) next to NaN inputs. Lengths of 300 and more over several
-//! tiles with tails. The `mma.sync` kernels take no length masks: those scenarios are skipped
+//! tiles with tails. Local windows with NaN/±∞ in K and V of keys outside most rows' windows
+//! (windowed-out keys are masked keys). The `mma.sync` kernels take no length masks: those scenarios are skipped
 //! there with a visible line. Where no CUDA device answers, the test prints `SKIP` and returns.
 //!
 //! Every family runs through the public entry points (`forward_into` / `backward_into`, forced
@@ -156,6 +157,23 @@ fn scenarios(rng: &mut StdRng, dt: DType, d: u32) -> Vec<Scenario> {
         out.push(c);
         let mut c = base("nan_k_last_key", s, causal.clone());
         c.k[kv_row(&s, 0, n_k - 1) + 6] = f32::NAN;
+        out.push(c);
+    }
+    // Local windows: K and V of keys 7 and 200 hold NaN/±∞; only rows whose window holds them
+    // (7 ∈ [i − 32, i + right], 200 likewise) may turn non-finite. Causal, two-sided, and
+    // (0, 0) with N_q > N_k, whose first rows see nothing.
+    for (causal, (left, right), (n_q, n_k)) in [
+        (true, (32, 0), (333, 333)),
+        (false, (16, 4), (300, 413)),
+        (false, (0, 0), (430, 333)),
+    ] {
+        let s = shape(1, n_q, n_k, d);
+        let opts = AttentionOptions::new().causal(causal).window(left, right);
+        let mut c = base(&format!("window_{left}_{right}_poisoned_keys"), s, opts);
+        for (n, j) in [7u32, 200].into_iter().enumerate() {
+            c.k[kv_row(&s, 0, j) + 3] = POISONS[n];
+            c.v[kv_row(&s, 0, j) + 5] = POISONS[n + 1];
+        }
         out.push(c);
     }
     // Causal with N_q > N_k: the first 97 rows are empty; NaN in one of their Q rows, +∞ in V

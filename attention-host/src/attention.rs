@@ -29,11 +29,13 @@ pub struct ForwardOutput {
 }
 
 /// dQ (Q's layout), dK and dV (K/V's layout, summed over each KV head's query heads) in the
-/// inputs' dtype, and the plan that computed them.
+/// inputs' dtype, the sink gradients (f32 `[heads_q]`) when the call has sink logits, and the
+/// plan that computed them.
 pub struct Gradients {
     pub dq: DeviceTensor,
     pub dk: DeviceTensor,
     pub dv: DeviceTensor,
+    pub d_sinks: Option<DeviceF32>,
     pub plan: Plan,
 }
 
@@ -137,6 +139,10 @@ pub fn backward(
         dq: DeviceTensor::uninitialized(problem.dtype, shape.q_elems())?,
         dk: DeviceTensor::uninitialized(problem.dtype, shape.kv_elems())?,
         dv: DeviceTensor::uninitialized(problem.dtype, shape.kv_elems())?,
+        d_sinks: match options.attention.sinks {
+            Some(_) => Some(DeviceF32::uninitialized(shape.heads_q as usize)?),
+            None => None,
+        },
     };
     let workspace = Workspace::new(&plan)?;
     launch_backward(gpu, &problem, &plan, inputs, &out, &workspace)?;
@@ -144,6 +150,7 @@ pub fn backward(
         dq: out.dq,
         dk: out.dk,
         dv: out.dv,
+        d_sinks: out.d_sinks,
         plan,
     })
 }
@@ -188,6 +195,7 @@ fn backward_into_tiles(
     check_tensor("dq", &out.dq, problem.dtype, shape.q_elems())?;
     check_tensor("dk", &out.dk, problem.dtype, shape.kv_elems())?;
     check_tensor("dv", &out.dv, problem.dtype, shape.kv_elems())?;
+    check_d_sinks(&problem, out)?;
     workspace.check(&plan)?;
     launch_backward(gpu, &problem, &plan, inputs, out, workspace)?;
     Ok(plan)
@@ -297,6 +305,20 @@ fn check_tensor(name: &str, t: &DeviceTensor, dtype: DType, want: usize) -> Resu
         ));
     }
     Ok(())
+}
+
+/// A call with sink logits writes their gradients: the buffers must hold `heads_q` f32 for them.
+fn check_d_sinks(problem: &Problem, out: &GradientBuffers) -> Result<()> {
+    let heads = problem.shape.heads_q as usize;
+    match (&problem.options.attention.sinks, &out.d_sinks) {
+        (None, _) => Ok(()),
+        (Some(_), Some(d)) if d.len() == heads => Ok(()),
+        (Some(_), d) => Err(invalid!(
+            "a call with sink logits needs d_sinks of {heads} f32 (GradientBuffers::with_d_sinks), got {}",
+            d.as_ref()
+                .map_or("none".to_owned(), |d| format!("{} f32", d.len()))
+        )),
+    }
 }
 
 fn check_lse(lse: &DeviceF32, shape: &AttentionShape) -> Result<()> {

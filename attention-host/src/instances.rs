@@ -31,12 +31,24 @@ pub fn exact_backward(dtype: DType, kernel: &str) -> String {
     format!("flash_backward_{kernel}_{dtype}")
 }
 
+/// The exact backward's sink gradient (`dσ_h = −Σ_rows P_sink · D`, one warp per query head;
+/// f32 whatever the dtype).
+pub fn exact_d_sink() -> String {
+    "flash_backward_d_sink".to_owned()
+}
+
 /// The `mma.sync` forward `cfg`.
 pub fn sm80_forward(dtype: DType, cfg: &TcConfig) -> String {
     format!(
         "flash_tc_forward_{dtype}_d{}_w{}_k{}",
         cfg.head_dim, cfg.warps, cfg.block_keys
     )
+}
+
+/// The `mma.sync` forward `cfg` with the window and score modifiers (compiled for the defaults
+/// only).
+pub fn sm80_forward_mods(dtype: DType, cfg: &TcConfig) -> String {
+    sm80_forward(dtype, cfg).replacen("_forward_", "_forward_mods_", 1)
 }
 
 /// The `wgmma` forward `cfg`; `general` names the instance that takes length masks and dropout
@@ -51,9 +63,21 @@ pub fn sm90_forward(dtype: DType, cfg: &WgConfig, general: bool) -> String {
     )
 }
 
+/// The `wgmma` forward `cfg` that takes the window and score modifiers besides every option of
+/// the general one (compiled for the defaults only).
+pub fn sm90_forward_mods(dtype: DType, cfg: &WgConfig) -> String {
+    sm90_forward(dtype, cfg, true).replacen("_general_", "_mods_", 1)
+}
+
 /// The `mma.sync` backward main kernel `cfg`.
 pub fn sm80_backward(dtype: DType, cfg: &TcBackwardConfig) -> String {
     format!("flash_tc_backward_{dtype}_d{}_w{}", cfg.head_dim, cfg.warps)
+}
+
+/// The `mma.sync` backward main kernel `cfg` with the window and score modifiers (compiled for
+/// the defaults only).
+pub fn sm80_backward_mods(dtype: DType, cfg: &TcBackwardConfig) -> String {
+    sm80_backward(dtype, cfg).replacen("_backward_", "_backward_mods_", 1)
 }
 
 /// The `wgmma` backward main kernel `cfg`; `general` as for [`sm90_forward`].
@@ -66,9 +90,20 @@ pub fn sm90_backward(dtype: DType, cfg: &WgBackwardConfig, general: bool) -> Str
     )
 }
 
+/// The `wgmma` backward main kernel `cfg` with the window and score modifiers, as
+/// [`sm90_forward_mods`].
+pub fn sm90_backward_mods(dtype: DType, cfg: &WgBackwardConfig) -> String {
+    sm90_backward(dtype, cfg, true).replacen("_general_", "_mods_", 1)
+}
+
 /// The tensor-core backward's preprocess (D, LSE · log2 e, zeroed dQ accumulator).
 pub fn tensor_core_preprocess(dtype: DType, head_dim: u32) -> String {
     format!("flash_tc_backward_preprocess_{dtype}_d{head_dim}")
+}
+
+/// The tensor-core backward's sink gradient (after the preprocess, one warp per query head).
+pub fn tensor_core_d_sink() -> String {
+    "flash_tc_backward_d_sink".to_owned()
 }
 
 /// The tensor-core backward's dQ conversion (f32 accumulator · τ to the dtype).
@@ -128,6 +163,8 @@ pub fn entry_points() -> Vec<Entry> {
             push(Family::Exact, exact_backward(dtype, kernel));
         }
     }
+    push(Family::Exact, exact_d_sink());
+    push(Family::Sm80, tensor_core_d_sink());
     for dtype in HALF_DTYPES {
         for d in decode::HEAD_DIMS {
             for r in decode::ROW_TILES {
@@ -136,9 +173,15 @@ pub fn entry_points() -> Vec<Entry> {
         }
         for &cfg in sm80::forward::VARIANTS {
             push(Family::Sm80, sm80_forward(dtype, &cfg));
+            if sm80::forward::config(cfg.head_dim) == Some(cfg) {
+                push(Family::Sm80, sm80_forward_mods(dtype, &cfg));
+            }
         }
         for &cfg in sm80::backward::VARIANTS {
             push(Family::Sm80, sm80_backward(dtype, &cfg));
+            if sm80::backward::config(cfg.head_dim) == Some(cfg) {
+                push(Family::Sm80, sm80_backward_mods(dtype, &cfg));
+            }
         }
         for d in [64, 128] {
             push(Family::Sm80, tensor_core_preprocess(dtype, d));
@@ -149,12 +192,14 @@ pub fn entry_points() -> Vec<Entry> {
             push(Family::Sm90, sm90_forward(dtype, &cfg, false));
             if sm90::config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm90, sm90_forward(dtype, &cfg, true));
+                push(Family::Sm90, sm90_forward_mods(dtype, &cfg));
             }
         }
         for &cfg in sm90::BACKWARD_VARIANTS {
             push(Family::Sm90, sm90_backward(dtype, &cfg, false));
             if sm90::backward_config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm90, sm90_backward(dtype, &cfg, true));
+                push(Family::Sm90, sm90_backward_mods(dtype, &cfg));
             }
         }
     }

@@ -1,7 +1,7 @@
 //! Host side of the attention kernels. A call reads top to bottom:
 //! [`attention`] (the entry points) → [`problem`] (validate once) → [`plan`](mod@plan) (choose the family
 //! and instance) → [`families`] (that family's launcher) → [`runtime`] (context, module, typed
-//! launches, buffers). [`tensors`], [`layout`] and [`instances`] are shared by every family; [`reference`](mod@reference) is
+//! launches, buffers). [`tensors`], [`layout`], [`score_mods`] and [`instances`] are shared by every family; [`reference`](mod@reference) is
 //! the f64 CPU reference the kernels are held to, [`ledger`] and [`schedule`] the article's
 //! models, [`materialized`] the three-stage baseline.
 
@@ -23,6 +23,7 @@ pub mod problem;
 pub mod reference;
 pub mod runtime;
 pub mod schedule;
+pub mod score_mods;
 pub mod tensors;
 
 /// The CUDA driver bindings the runtime is built on ([`Gpu::context`], [`Gpu::stream`] and the
@@ -41,7 +42,9 @@ pub use family::{Direction, Family, KernelChoice};
 pub use flash_options::{FlashOptions, Schedule};
 pub use kv_cache::KvCache;
 pub use merge::{Merged, PartShape, merge, merge_into};
-pub use options::{AttentionOptions, CheckedElems, Dropout, Lengths};
+pub use options::{
+    AttentionOptions, CheckedElems, Dropout, Lengths, Window, alibi_slopes, key_range,
+};
 pub use plan::{DeviceCaps, Plan, Tiles};
 pub use problem::Problem;
 pub use runtime::buffer::{DeviceF32, DeviceTensor};

@@ -58,7 +58,7 @@ pub fn materialized_forward(
     let shape = &workspace.shape;
     check_qkv(shape, q, k, v)?;
     options.validate(shape)?;
-    if options.dropout.is_some() || options.lengths != Lengths::Full {
+    if options.dropout.is_some() || options.lengths != Lengths::Full || options.has_score_mods() {
         return Err(invalid!(
             "the materialized baseline supports scale and causal only"
         ));

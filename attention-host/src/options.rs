@@ -5,6 +5,8 @@
 
 use attention_kernels::abi::philox::DropoutRng;
 use attention_kernels::abi::shape::AttentionShape;
+use attention_kernels::attn::score_mod::UNBOUNDED;
+pub use attention_kernels::attn::score_mod::{Window, key_range};
 
 use crate::error::{Result, invalid};
 
@@ -48,6 +50,28 @@ pub struct AttentionOptions {
     pub causal: bool,
     pub lengths: Lengths,
     pub dropout: Option<Dropout>,
+    /// Local window `(left, right)`, bottom-right aligned like the causal mask: row `i` of a
+    /// sequence with `n_q` rows and `n_k` keys sees key `j` iff
+    /// `i + n_k − n_q − left <= j <= i + n_k − n_q + right` (and `j <= i + n_k − n_q` when
+    /// `causal` is also set; key lengths and packed sequences give `n_q`, `n_k` as for causal).
+    /// Windowed-out keys are masked keys; a row left with none has `O = 0`, `LSE = −∞` (or the
+    /// sink). `None`: no window (see `attention_kernels::attn::score_mod::key_range`).
+    pub window: Option<Window>,
+    /// Logit softcap `c > 0`: each scaled score `s = τ·⟨q, k⟩` becomes `c · tanh(s / c)` before
+    /// any bias, mask or softmax (FlashAttention's `softcap`, Gemma 2); the backward multiplies
+    /// dS by `1 − tanh²(s / c)`.
+    pub softcap: Option<f32>,
+    /// ALiBi slopes, one per query head (`heads_q` finite values): the score of row `i`, key `j`
+    /// gets `− slope_h · |i + n_k − n_q − j|` added after the softcap (FlashAttention-2's bias;
+    /// under causal it is `slope_h · (j − (i + n_k − n_q))`, so P, O and the gradients match
+    /// FlashAttention-2's causal kernel, whose LSE omits the row constant). No slope gradient.
+    pub alibi_slopes: Option<Vec<f32>>,
+    /// Sink logits, one per query head (`heads_q` finite values, gpt-oss): an extra logit
+    /// `σ_h` in each row's softmax denominator with no value row, so
+    /// `LSE = ln(Σ_j e^{s_j} + e^{σ_h})` and `P_j = e^{s_j − LSE}`; a row with no allowed key
+    /// has `O = 0`, `LSE = σ_h`. The backward returns
+    /// `dσ_h = −Σ_rows e^{σ_h − LSE} · rowsum(dO ∘ O)`.
+    pub sinks: Option<Vec<f32>>,
 }
 
 impl AttentionOptions {
@@ -76,6 +100,38 @@ impl AttentionOptions {
     pub fn dropout(mut self, p: f32, seed: u64, offset: u64) -> Self {
         self.dropout = Some(Dropout { p, seed, offset });
         self
+    }
+
+    /// A local window of `left` keys before and `right` keys after each row's aligned diagonal
+    /// (see [`AttentionOptions::window`]); `u32::MAX` leaves that side open.
+    pub fn window(mut self, left: u32, right: u32) -> Self {
+        self.window = Some(Window { left, right });
+        self
+    }
+    pub fn softcap(mut self, softcap: f32) -> Self {
+        self.softcap = Some(softcap);
+        self
+    }
+    pub fn alibi_slopes(mut self, slopes: Vec<f32>) -> Self {
+        self.alibi_slopes = Some(slopes);
+        self
+    }
+    pub fn sinks(mut self, sinks: Vec<f32>) -> Self {
+        self.sinks = Some(sinks);
+        self
+    }
+
+    /// The window the kernels take ([`Window::NONE`] without one).
+    pub fn window_or_none(&self) -> Window {
+        self.window.unwrap_or(Window::NONE)
+    }
+
+    /// Whether any of window, softcap, ALiBi or sinks is on.
+    pub fn has_score_mods(&self) -> bool {
+        self.window.is_some()
+            || self.softcap.is_some()
+            || self.alibi_slopes.is_some()
+            || self.sinks.is_some()
     }
 
     /// `τ` for head dimension `d`.
@@ -107,6 +163,7 @@ impl AttentionOptions {
                 d.p
             ));
         }
+        self.validate_score_mods(shape)?;
         match &self.lengths {
             Lengths::Full => Ok(()),
             Lengths::KeyLengths(lens) => {
@@ -147,6 +204,48 @@ impl AttentionOptions {
             }
         }
     }
+}
+
+impl AttentionOptions {
+    fn validate_score_mods(&self, shape: &AttentionShape) -> Result<()> {
+        if let Some(c) = self.softcap
+            && !(c.is_finite() && c > 0.0)
+        {
+            return Err(invalid!("softcap must be finite and positive, got {c}"));
+        }
+        if let Some(w) = self.window
+            && w == Window::NONE
+        {
+            return Err(invalid!(
+                "a window of ({UNBOUNDED}, {UNBOUNDED}) bounds nothing: leave the window unset"
+            ));
+        }
+        for (name, values) in [("alibi slopes", &self.alibi_slopes), ("sinks", &self.sinks)] {
+            let Some(values) = values else { continue };
+            if values.len() != shape.heads_q as usize {
+                return Err(invalid!(
+                    "{} {name} for heads_q = {} (one per query head)",
+                    values.len(),
+                    shape.heads_q
+                ));
+            }
+            if let Some((h, x)) = values.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                return Err(invalid!("{name} must be finite, head {h} has {x}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The standard ALiBi slopes of `heads` heads (Press et al.): for `n` the largest power of two
+/// `<= heads`, `2^(−8k/n)` for `k = 1 ..= n`, then for the remaining heads every other slope of
+/// the schedule of `2n`, `2^(−4k/n)` for `k = 1, 3, 5, …`.
+pub fn alibi_slopes(heads: u32) -> Vec<f32> {
+    let n = if heads == 0 { 0 } else { 1u32 << heads.ilog2() };
+    let geometric = |n: u32, k: u32| 2f64.powf(-8.0 * k as f64 / n as f64) as f32;
+    let mut slopes: Vec<f32> = (1..=n).map(|k| geometric(n, k)).collect();
+    slopes.extend((0..heads - n).map(|k| geometric(2 * n, 2 * k + 1)));
+    slopes
 }
 
 fn check_cu_seqlens(name: &str, cu: &[u32], total: u32) -> Result<()> {

@@ -241,7 +241,7 @@ pub fn with_tiles(
     }
     if problem.needs_general() && !default {
         return Err(invalid!(
-            "length masks and dropout run on the default tiles only, not {tiles:?}"
+            "length masks, dropout and score modifiers run on the default tiles only, not {tiles:?}"
         ));
     }
     admits(device, problem, direction, family)
@@ -273,9 +273,11 @@ fn admits(
         Family::Sm80 if device.compute_capability.0 < 8 => {
             Err("needs compute capability 8.0 or newer".into())
         }
-        Family::Sm80 if problem.needs_general() => {
-            Err("takes scale and causal only: no key lengths, packed sequences or dropout".into())
-        }
+        Family::Sm80 if problem.needs_lengths_or_dropout() => Err(
+            "takes no key lengths, packed sequences or dropout (scale, causal, local window, \
+             softcap, ALiBi and sink logits only)"
+                .into(),
+        ),
         Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction),
     }
 }
@@ -296,6 +298,7 @@ fn plan_tiles(
     tiles: Tiles,
 ) -> std::result::Result<Plan, String> {
     let (s, dtype, general) = (&problem.shape, problem.dtype, problem.needs_general());
+    let mods = problem.options.attention.has_score_mods();
     let (entry, block_rows, block_keys, threads, shared_bytes) = match tiles {
         Tiles::Exact(b) => {
             let entry = match (direction, problem.options.schedule) {
@@ -309,6 +312,16 @@ fn plan_tiles(
                 .map_err(|_| format!("{b:?} needs {shared} bytes of shared memory"))?;
             (entry, b.block_rows, b.block_cols, THREADS, shared)
         }
+        Tiles::Sm90Forward(c) if mods => {
+            let entry = instances::sm90_forward_mods(dtype, &c);
+            (
+                entry,
+                c.block_rows(),
+                c.block_keys,
+                c.threads(),
+                c.shared_bytes(),
+            )
+        }
         Tiles::Sm90Forward(c) => {
             let entry = instances::sm90_forward(dtype, &c, general);
             (
@@ -320,11 +333,25 @@ fn plan_tiles(
             )
         }
         Tiles::Sm80Forward(c) => {
-            let entry = instances::sm80_forward(dtype, &c);
+            let entry = if mods {
+                instances::sm80_forward_mods(dtype, &c)
+            } else {
+                instances::sm80_forward(dtype, &c)
+            };
             (
                 entry,
                 c.block_rows(),
                 c.block_keys,
+                c.threads(),
+                c.shared_bytes(),
+            )
+        }
+        Tiles::Sm90Backward(c) if mods => {
+            let entry = instances::sm90_backward_mods(dtype, &c);
+            (
+                entry,
+                c.block_rows(),
+                c.block_keys(),
                 c.threads(),
                 c.shared_bytes(),
             )
@@ -340,7 +367,11 @@ fn plan_tiles(
             )
         }
         Tiles::Sm80Backward(c) => {
-            let entry = instances::sm80_backward(dtype, &c);
+            let entry = if mods {
+                instances::sm80_backward_mods(dtype, &c)
+            } else {
+                instances::sm80_backward(dtype, &c)
+            };
             (
                 entry,
                 c.block_rows(),
@@ -603,6 +634,50 @@ mod tests {
                 .filter(|(f, _)| *f != Family::Decode)
                 .all(|(_, why)| why.contains("--kernel exact"))
         );
+    }
+
+    /// Windows and score modifiers run on the tensor-core families' `mods` instances (both
+    /// directions), and on the exact kernels with length masks or dropout off Hopper.
+    #[test]
+    fn score_modifiers_route_to_the_mods_instances() {
+        let (h, a) = (h200(), a100());
+        let mods = [
+            AttentionOptions::new().window(128, 0),
+            AttentionOptions::new().softcap(30.0),
+            AttentionOptions::new().alibi_slopes(vec![0.5, 0.25, 0.125, 0.0625]),
+            AttentionOptions::new().sinks(vec![0.0; 4]),
+        ];
+        for options in mods {
+            for direction in [Direction::Forward, Direction::Backward] {
+                let o = || FlashOptions::new(options.clone());
+                let p = select_on(&h, shape(128), DType::Bf16, o(), direction).unwrap();
+                assert_eq!(p.family, Family::Sm90);
+                assert!(p.entry.contains("_mods_"), "{}", p.entry);
+                let p = select_on(&a, shape(64), DType::Bf16, o(), direction).unwrap();
+                let sm80 = select_on(
+                    &h,
+                    shape(64),
+                    DType::Bf16,
+                    o().kernel(KernelChoice::Only(Family::Sm80)),
+                    direction,
+                );
+                let want = match direction {
+                    Direction::Forward => "flash_tc_forward_mods_bf16_d64_w4_k64",
+                    Direction::Backward => "flash_tc_backward_mods_bf16_d64_w4",
+                };
+                assert_eq!(p.entry, want);
+                assert_eq!(sm80.unwrap().entry, want);
+                let lengths = options.clone().key_lengths(vec![5, 70]);
+                let p = select_on(
+                    &a,
+                    shape(64),
+                    DType::Bf16,
+                    FlashOptions::new(lengths),
+                    direction,
+                );
+                assert_eq!(p.unwrap().family, Family::Exact);
+            }
+        }
     }
 
     #[test]

@@ -20,22 +20,32 @@ pub struct BackwardInputs<'a> {
     pub lse: &'a DeviceF32,
 }
 
-/// Buffers the backward writes: dQ in Q's layout, dK and dV in K/V's, the inputs' dtype.
+/// Buffers the backward writes: dQ in Q's layout, dK and dV in K/V's, the inputs' dtype; the
+/// sink gradients (f32 `[heads_q]`), which a call with sink logits needs and no other writes.
 pub struct GradientBuffers {
     pub dq: DeviceTensor,
     pub dk: DeviceTensor,
     pub dv: DeviceTensor,
+    pub d_sinks: Option<DeviceF32>,
 }
 
 impl GradientBuffers {
-    /// NaN-poisoned buffers for `shape`, so an element the kernels fail to write shows.
+    /// NaN-poisoned buffers for `shape`, so an element the kernels fail to write shows; no sink
+    /// gradients ([`GradientBuffers::with_d_sinks`] adds them).
     pub fn poisoned(shape: &AttentionShape, dtype: DType) -> Result<GradientBuffers> {
         crate::options::validate_shape(shape)?;
         Ok(GradientBuffers {
             dq: DeviceTensor::poisoned(dtype, shape.q_elems())?,
             dk: DeviceTensor::poisoned(dtype, shape.kv_elems())?,
             dv: DeviceTensor::poisoned(dtype, shape.kv_elems())?,
+            d_sinks: None,
         })
+    }
+
+    /// The buffers with NaN-poisoned sink gradients for `shape.heads_q` heads.
+    pub fn with_d_sinks(mut self, shape: &AttentionShape) -> Result<GradientBuffers> {
+        self.d_sinks = Some(DeviceF32::poisoned(shape.heads_q as usize)?);
+        Ok(self)
     }
 }
 

@@ -7,12 +7,14 @@ use super::validate::check;
 use crate::error::Result;
 use crate::options::AttentionOptions;
 
-/// `dq` has Q's layout, `dk` and `dv` K/V's (summed over the query heads of a GQA group).
+/// `dq` has Q's layout, `dk` and `dv` K/V's (summed over the query heads of a GQA group);
+/// `d_sinks` one value per query head when the call has sink logits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gradients {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,
     pub dv: Vec<f64>,
+    pub d_sinks: Option<Vec<f64>>,
 }
 
 /// Gradients of `⟨dO, O⟩` where `O` is [`forward`](super::forward) of the same inputs.
@@ -39,6 +41,7 @@ pub fn backward(
     let mut dq = vec![0.0; shape.q_elems()];
     let mut dk = vec![0.0; shape.kv_elems()];
     let mut dv = vec![0.0; shape.kv_elems()];
+    let mut d_sinks = problem.sinks.as_ref().map(|s| vec![0.0; s.len()]);
     let mut o = vec![0.0; d];
     for row in problem.rows() {
         let q_off = problem.row_offset(&row);
@@ -62,9 +65,13 @@ pub fn backward(
             }
         }
         let row_dot = dot(d_o_row, &o);
-        for &(_, p, z, kv) in &support {
+        // ∂LSE/∂σ = P_sink, and O moves with every P_j = e^{s_j − LSE}: dσ = −P_sink · D.
+        if let Some(d_sinks) = &mut d_sinks {
+            d_sinks[row.head as usize] -= row.softmax.sink_prob * row_dot;
+        }
+        for &(j, p, z, kv) in &support {
             let dp = z * dot(d_o_row, &v[kv..kv + d]);
-            let ds = p * (dp - row_dot);
+            let ds = p * (dp - row_dot) * row.softmax.grad(j);
             for c in 0..d {
                 dv[kv + c] += p * z * d_o_row[c];
                 dq[q_off + c] += problem.scale * ds * k[kv + c];
@@ -72,7 +79,12 @@ pub fn backward(
             }
         }
     }
-    Ok(Gradients { dq, dk, dv })
+    Ok(Gradients {
+        dq,
+        dk,
+        dv,
+        d_sinks,
+    })
 }
 
 #[cfg(test)]

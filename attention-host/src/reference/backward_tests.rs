@@ -195,3 +195,76 @@ fn d_o_length_is_checked() {
         .is_err()
     );
 }
+
+#[test]
+fn finite_differences_window_softcap_and_alibi() {
+    check_by_finite_differences(
+        &shape(1, 5, 6, 2, 1, 3),
+        &AttentionOptions::new().causal(true).window(2, 0),
+        60,
+    );
+    check_by_finite_differences(
+        &shape(1, 4, 6, 2, 2, 2),
+        &AttentionOptions::new().window(1, 2).softcap(0.8),
+        61,
+    );
+    check_by_finite_differences(
+        &shape(2, 4, 3, 2, 1, 3),
+        &AttentionOptions::new()
+            .scale(2.0)
+            .softcap(1.3)
+            .alibi_slopes(vec![0.7, 0.2]),
+        62,
+    );
+    check_by_finite_differences(
+        &shape(1, 6, 6, 2, 1, 2),
+        &AttentionOptions::new()
+            .causal(true)
+            .dropout(0.3, 4, 1)
+            .softcap(2.0)
+            .alibi_slopes(vec![0.3, 0.1])
+            .sinks(vec![0.5, -0.5]),
+        63,
+    );
+}
+
+/// `dσ_h` against central differences of the loss in each sink logit, with empty rows (their
+/// P_sink is 1 but D is 0) and a window.
+#[test]
+fn finite_differences_of_the_sink_logits() {
+    let s = shape(1, 5, 3, 3, 1, 2);
+    let x = inputs(&s, 64);
+    let sinks = vec![0.4f32, -1.25, 1.5];
+    let options = |sinks: Vec<f32>| {
+        AttentionOptions::new()
+            .causal(true)
+            .window(1, 0)
+            .softcap(1.7)
+            .sinks(sinks)
+    };
+    let g = backward(&s, &x.q, &x.k, &x.v, &x.d_o, &options(sinks.clone())).unwrap();
+    let d_sinks = g.d_sinks.unwrap();
+    // f32 sinks: a step that f32 represents exactly, so the difference quotient sees it.
+    let h = 1.0 / 1024.0;
+    for head in 0..3 {
+        let at = |delta: f32| {
+            let mut moved = sinks.clone();
+            moved[head] += delta;
+            loss(&s, &x, &options(moved))
+        };
+        let numeric = (at(h) - at(-h)) / (2.0 * h as f64);
+        // Central differences err by O(h²) ≈ 1e-6 here.
+        assert!(
+            (d_sinks[head] - numeric).abs() < 1e-5,
+            "head {head}: {} vs {numeric}",
+            d_sinks[head]
+        );
+        assert!(d_sinks[head] != 0.0);
+    }
+    assert!(
+        backward(&s, &x.q, &x.k, &x.v, &x.d_o, &AttentionOptions::new())
+            .unwrap()
+            .d_sinks
+            .is_none()
+    );
+}

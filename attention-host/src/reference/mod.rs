@@ -10,8 +10,14 @@
 //! `D_i = rowsum(dO_i ∘ O_i)`, `dS_ij = P_ij (Z_ij ⟨dO_i, v_j⟩ − D_i)`, `dV_j += P_ij Z_ij dO_i`,
 //! `dQ_i += τ dS_ij k_j`, `dK_j += τ dS_ij q_i`.
 //!
+//! The local window, softcap, ALiBi and sink logits follow `attention_kernels::attn::score_mod`
+//! (the kernels' own functions, in f64): allowed keys are `key_range`'s, each score is modified
+//! before the softmax, the sink joins the denominator, and the backward multiplies dS by the
+//! softcap's `1 − tanh²` and returns `dσ_h = −Σ_rows P_sink · D`.
+//!
 //! Rows with no allowed key (an empty sequence, a causal row above the diagonal, a zero key
-//! length) give `O = 0`, `LSE = −∞` and zero gradients, never NaN.
+//! length, a window that misses every key) give `O = 0`, `LSE = −∞` (the sink logit with one)
+//! and zero gradients, never NaN.
 //!
 //! Non-finite inputs follow IEEE propagation, with one rule for `−∞`:
 //! - a score of `−∞` (e.g. from an infinite input) at an allowed key is treated as masked: the key
@@ -29,6 +35,8 @@ mod dropout;
 mod forward;
 mod merge;
 mod row;
+#[cfg(test)]
+mod score_mod_tests;
 mod sequences;
 #[cfg(test)]
 mod test_support;

@@ -1,7 +1,8 @@
 //! One query row of the reference: its allowed keys, scores and softmax, and where its tensors live.
 
-use attention_kernels::abi::shape::{AttentionShape, allowed_key_end};
+use attention_kernels::abi::shape::AttentionShape;
 use attention_kernels::attn::online_state::Real;
+use attention_kernels::attn::score_mod::{ScoreMod, Window, key_range, with_sink};
 
 use super::dropout::DropoutMask;
 use super::sequences::{Sequence, sequences};
@@ -15,6 +16,10 @@ pub(super) struct Problem<'a> {
     pub k: &'a [f64],
     pub scale: f64,
     pub causal: bool,
+    pub window: Window,
+    pub softcap: f64,
+    pub alibi_slopes: Option<Vec<f64>>,
+    pub sinks: Option<Vec<f64>>,
     pub dropout: DropoutMask,
     pub sequences: Vec<Sequence>,
 }
@@ -40,6 +45,10 @@ impl<'a> Problem<'a> {
             k,
             scale: options.scale_for(shape.head_dim) as f64,
             causal: options.causal,
+            window: options.window_or_none(),
+            softcap: options.softcap.unwrap_or(0.0) as f64,
+            alibi_slopes: widen(&options.alibi_slopes),
+            sinks: widen(&options.sinks),
             dropout: DropoutMask::new(options),
             sequences: sequences(shape, &options.lengths),
         }
@@ -110,31 +119,57 @@ impl<'a> Problem<'a> {
         let d = self.shape.head_dim as usize;
         let q_off = self.q_offset(seq.item, seq.q_start + local, head);
         let q = &self.q[q_off..q_off + d];
-        let end = allowed_key_end(local, seq.n_q, seq.n_k, self.causal);
-        let scores = (0..end)
+        let (start, end) = key_range(local, seq.n_q, seq.n_k, self.causal, self.window);
+        let score_mod = self.score_mod(head);
+        let (scores, grads) = (0..end)
             .map(|j| {
+                if j < start {
+                    return (f64::NEG_INFINITY, 0.0);
+                }
                 let k_off = self.kv_offset(seq.item, seq.k_start + j, self.shape.kv_head(head));
-                self.scale * dot(q, &self.k[k_off..k_off + d])
+                let s = self.scale * dot(q, &self.k[k_off..k_off + d]);
+                score_mod.apply(s, local, j, seq.n_q, seq.n_k)
             })
-            .collect();
+            .unzip();
+        let sink = self.sinks.as_ref().map(|s| s[head as usize]);
         Row {
             seq,
             head,
             local,
-            softmax: RowSoftmax::new(scores),
+            softmax: RowSoftmax::new(scores, grads, sink),
+        }
+    }
+
+    fn score_mod(&self, head: u32) -> ScoreMod<f64> {
+        ScoreMod {
+            softcap: self.softcap,
+            slope: self.alibi_slopes.as_ref().map_or(0.0, |s| s[head as usize]),
         }
     }
 }
 
-/// Softmax over the allowed prefix of a row; a `−∞` score is a masked key.
+fn widen(values: &Option<Vec<f32>>) -> Option<Vec<f64>> {
+    values
+        .as_ref()
+        .map(|v| v.iter().map(|&x| x as f64).collect())
+}
+
+/// Softmax over the keys `0 .. end` of a row (keys the window cuts off before the row's start
+/// are scored `−∞`); a `−∞` score is a masked key. With a sink logit the denominator includes
+/// `e^sink`.
 pub(super) struct RowSoftmax {
+    /// Modified scores.
     pub scores: Vec<f64>,
+    /// `∂s'/∂s` of each modified score (1 without a softcap).
+    pub grads: Vec<f64>,
     pub probs: Vec<f64>,
     pub lse: f64,
+    /// `e^{sink − LSE}`, the sink's share of the denominator (0 without a sink).
+    pub sink_prob: f64,
 }
 
 impl RowSoftmax {
-    pub fn new(scores: Vec<f64>) -> Self {
+    pub fn new(scores: Vec<f64>, grads: Vec<f64>, sink: Option<f64>) -> Self {
         let masked = f64::NEG_INFINITY;
         let row_max = scores
             .iter()
@@ -144,8 +179,10 @@ impl RowSoftmax {
             let probs = vec![0.0; scores.len()];
             return RowSoftmax {
                 scores,
+                grads,
                 probs,
-                lse: masked,
+                lse: sink.unwrap_or(masked),
+                sink_prob: if sink.is_some() { 1.0 } else { 0.0 },
             };
         }
         let shifted: Vec<f64> = scores
@@ -159,11 +196,17 @@ impl RowSoftmax {
             })
             .collect();
         let row_sum: f64 = shifted.iter().sum();
-        let probs = shifted.iter().map(|e| e / row_sum).collect();
+        let (lse, factor) = match sink {
+            Some(sink) => with_sink(row_max, row_sum, sink),
+            None => (row_max + row_sum.ln(), 1.0 / row_sum),
+        };
+        let probs = shifted.iter().map(|e| e * factor).collect();
         RowSoftmax {
             scores,
+            grads,
             probs,
-            lse: row_max + row_sum.ln(),
+            lse,
+            sink_prob: sink.map_or(0.0, |sink| (sink - lse).exp()),
         }
     }
 
@@ -175,6 +218,11 @@ impl RowSoftmax {
             .enumerate()
             .filter(|(_, (s, _))| **s != f64::NEG_INFINITY)
             .map(|(j, (_, p))| (j, *p))
+    }
+
+    /// `∂s'/∂s` of key `j` of the row.
+    pub fn grad(&self, j: usize) -> f64 {
+        self.grads[j]
     }
 }
 

@@ -8,6 +8,53 @@
 use super::layout::{BlockSizes, SequenceLayout};
 use super::philox::DropoutRng;
 use super::shape::AttentionShape;
+use crate::attn::score_mod::Window;
+
+/// The local window and the score modifiers of a call (semantics in `attn::score_mod`). Arrays
+/// are f32 `[heads_q]` device addresses, 0 when the option is off.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ScoreMods {
+    pub window: Window,
+    /// Softcap `c` of `s ← c·tanh(s / c)`; 0 for none.
+    pub softcap: f32,
+    /// ALiBi slope per query head.
+    pub alibi_slopes: u64,
+    /// Sink logit per query head.
+    pub sinks: u64,
+    /// Backward: `dsink` per query head, accumulated (zeroed by the host); 0 without sinks.
+    pub d_sinks: u64,
+}
+
+impl ScoreMods {
+    /// The softcap and ALiBi slope of query head `h`.
+    ///
+    /// # Safety
+    /// `alibi_slopes`, when set, holds `heads_q > h` f32.
+    #[inline(always)]
+    pub unsafe fn for_head(&self, h: u32) -> crate::attn::score_mod::ScoreMod<f32> {
+        let slope = if self.alibi_slopes == 0 {
+            0.0
+        } else {
+            // SAFETY: caller.
+            unsafe { *(self.alibi_slopes as *const f32).add(h as usize) }
+        };
+        crate::attn::score_mod::ScoreMod {
+            softcap: self.softcap,
+            slope,
+        }
+    }
+
+    /// The sink logit of query head `h`, if the call has sinks.
+    ///
+    /// # Safety
+    /// `sinks`, when set, holds `heads_q > h` f32.
+    #[inline(always)]
+    pub unsafe fn sink(&self, h: u32) -> Option<f32> {
+        // SAFETY: caller.
+        (self.sinks != 0).then(|| unsafe { *(self.sinks as *const f32).add(h as usize) })
+    }
+}
 
 /// Stage 1 of the materialized baseline: `S = τ·QKᵀ`, masked, written as `[batch, heads_q, n_q, n_k]`.
 #[repr(C)]
@@ -61,6 +108,9 @@ pub struct TensorCoreForwardParams {
     pub scale_log2: f32,
     /// 1 for the causal mask, 0 for none.
     pub causal: u32,
+    /// Window and score modifiers: the `wgmma` general instances honour them; the host refuses
+    /// them for the others.
+    pub mods: ScoreMods,
 }
 
 /// The tensor-core backward (`kernels::sm80::backward`, `kernels::sm90`), one struct for its three kernels. Q, K, V, O, dO,
@@ -95,6 +145,8 @@ pub struct TensorCoreBackwardParams {
     pub scale_log2: f32,
     /// 1 for the causal mask, 0 for none.
     pub causal: u32,
+    /// As in [`TensorCoreForwardParams`]; `d_sinks` is written by `flash_tc_backward_d_sink`.
+    pub mods: ScoreMods,
 }
 
 #[repr(C)]
@@ -118,6 +170,7 @@ pub struct FlashForwardParams {
     pub blocks: BlockSizes,
     pub scale: f32,
     pub causal: u32,
+    pub mods: ScoreMods,
     /// Paper schedule: the K/V block `j` this launch merges, and 1 on the last launch.
     pub kv_block: u32,
     pub last: u32,
@@ -146,6 +199,7 @@ pub struct FlashBackwardParams {
     pub blocks: BlockSizes,
     pub scale: f32,
     pub causal: u32,
+    pub mods: ScoreMods,
 }
 
 /// Most parts one launch of the table merge takes (their addresses travel in the parameters);

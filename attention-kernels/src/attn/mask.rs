@@ -316,19 +316,22 @@ mod device {
 
     /// The non-finite part of `Σ_j w_j · x_j` over keys `keys.0 .. keys.1` for the lane's
     /// output elements (`m16n8` layout, `2·ND ≤ 32` owned columns), for [`Poison::apply`]: key
-    /// `j` counts for row g (g + 8) when below `ends[0]` (`ends[1]`), and each non-finite operand
+    /// `j` counts for row g (g + 8) when in `starts[0] .. ends[0]` (`starts[1] .. ends[1]`: a
+    /// local window's rows start past 0), and each non-finite operand
     /// element `x = (j, col)` adds `w · x`, where the weight `w` of an allowed key is positive
     /// (the reference's `exp` does not underflow for scores that differ by less than ~745) unless
     /// `dropped(row, j)` (dropout's 0: `0 · ∞ = NaN`); a NaN row is NaN already. So the sum needs
     /// no weights: NaN, `+∞` or `−∞` per element, added to O at any point (it survives every
-    /// positive rescaling). Slow (every key and owned column is read back from global memory),
-    /// for the rare causal diagonal tiles whose operand held a non-finite value.
+    /// positive rescaling, and adding one twice changes nothing, so `keys` may cover blocks the
+    /// product already took them from). Slow (every key and owned column is read back from
+    /// global memory), for the rare partly masked tiles whose operand held a non-finite value.
     ///
     /// # Safety
     /// Every key below `max(ends)` is a readable row of `op` with `8·ND` elements.
     #[inline(never)]
     pub unsafe fn non_finite_part<T: Exponent, const ND: usize>(
         keys: (u32, u32),
+        starts: [u32; 2],
         ends: [u32; 2],
         op: Operand,
         lane: u32,
@@ -340,7 +343,10 @@ mod device {
         let end = keys.1.min(ends[0].max(ends[1]));
         let mut key = keys.0;
         while key < end {
-            let (lo, hi) = (key < ends[0], key < ends[1]);
+            let (lo, hi) = (
+                starts[0] <= key && key < ends[0],
+                starts[1] <= key && key < ends[1],
+            );
             let row = op.base + key as u64 * op.stride;
             // A run-time loop (bound through `opaque`): this is the slow path.
             let cols = opaque(2 * ND as u32);

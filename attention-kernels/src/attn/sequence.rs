@@ -3,6 +3,7 @@
 use crate::abi::layout::{LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout};
 use crate::abi::shape::AttentionShape;
 use crate::abi::shape::allowed_key_end;
+use crate::attn::score_mod::{Window, key_range};
 
 /// Rows and keys of one sequence. Row and key indices inside it are local (`0 .. q_len`).
 #[derive(Clone, Copy)]
@@ -84,6 +85,30 @@ impl Sequence {
     #[inline(always)]
     pub fn key_end(&self, i: u32, causal: bool) -> u32 {
         allowed_key_end(i, self.q_len, self.k_len, causal)
+    }
+
+    /// The keys `start .. end` local row `i` may see under the causal mask and the window
+    /// ([`key_range`] over the sequence's own rows and keys).
+    #[inline(always)]
+    pub fn key_range(&self, i: u32, causal: bool, window: Window) -> (u32, u32) {
+        key_range(i, self.q_len, self.k_len, causal, window)
+    }
+
+    /// The keys any of local rows `i0 ..= i1` may see, as whole blocks of `block` keys:
+    /// `first .. end` with `first` a multiple of `block` (both ends of [`key_range`] grow with
+    /// the row); blocks outside it are skipped.
+    #[inline(always)]
+    pub fn block_key_range(
+        &self,
+        i0: u32,
+        i1: u32,
+        causal: bool,
+        window: Window,
+        block: u32,
+    ) -> (u32, u32) {
+        let (start, _) = self.key_range(i0, causal, window);
+        let (_, end) = self.key_range(i1, causal, window);
+        (start / block * block, end)
     }
 
     /// Element offset of (local query row `i`, head `h`) in Q, O, dQ or dO.

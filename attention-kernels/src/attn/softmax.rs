@@ -6,6 +6,7 @@
 
 use crate::arch::{exp2, log2, shfl_xor};
 use crate::attn::mask::row_is_empty;
+use crate::attn::score_mod::with_sink;
 use crate::tile::mma::{FragA, FragC, MmaElem};
 
 /// Running `(m, l)` of rows g and g + 8: `m` the base-2 row maximum so far, `l` this lane's part of
@@ -84,15 +85,19 @@ impl RowState {
     }
 
     /// Normalises `o` by the row sums and returns the natural-log `LSE = m ln 2 + ln l` of rows
-    /// g and g + 8; a row that saw no allowed key gets `O = 0`, `LSE = −∞`.
+    /// g and g + 8; a row that saw no allowed key gets `O = 0`, `LSE = −∞`. With a sink logit
+    /// (natural units) the sum and LSE include it (`score_mod::with_sink`): an empty row gets
+    /// `O = 0`, `LSE = sink`.
     #[inline(always)]
-    pub fn finish<const ND: usize>(&self, o: &mut [FragC; ND]) -> [f32; 2] {
+    pub fn finish<const ND: usize>(&self, o: &mut [FragC; ND], sink: Option<f32>) -> [f32; 2] {
         let mut lse = [f32::NEG_INFINITY; 2];
         let mut inv = [0.0f32; 2];
         for r in 0..2 {
             let l = quad_sum(self.l[r]);
-            // ℓ is NaN for a row with a NaN or +∞ score: O and LSE come out NaN, not empty.
-            if !row_is_empty(l) {
+            if let Some(sink) = sink {
+                (lse[r], inv[r]) = with_sink(self.m[r] * core::f32::consts::LN_2, l, sink);
+            } else if !row_is_empty(l) {
+                // ℓ is NaN for a row with a NaN or +∞ score: O and LSE come out NaN, not empty.
                 inv[r] = 1.0 / l;
                 lse[r] = (self.m[r] + log2(l)) * core::f32::consts::LN_2;
             }

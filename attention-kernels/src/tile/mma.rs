@@ -91,3 +91,30 @@ mma_elem!(
     "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
     "cvt.rn.f16x2.f32"
 );
+
+/// `body` for fragment `j` of an array of at most 16 fragments, once per fragment with `j` a
+/// constant: no loop, so the fragments stay in registers whatever the body's size (a loop the
+/// unroller leaves rolled indexes them at run time and moves the whole array to local memory).
+/// `each_fragment!(array, |j, f| { … })` with `f: &mut` the fragment;
+/// `each_fragment!(array, other, |j, f, x| { … })` with `x: &` fragment `j` of `other` too.
+macro_rules! each_fragment {
+    ($array:expr, |$j:ident, $f:ident| $body:block) => {
+        each_fragment!(@each $array, $j, $f, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    ($array:expr, $other:expr, |$j:ident, $f:ident, $x:ident| $body:block) => {
+        each_fragment!(@pair $array, $other, $j, $f, $x, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    (@each $array:expr, $j:ident, $f:ident, $body:block, $($n:literal)*) => {$(
+        if let Some($f) = $array.get_mut($n) {
+            let $j: usize = $n;
+            $body
+        }
+    )*};
+    (@pair $array:expr, $other:expr, $j:ident, $f:ident, $x:ident, $body:block, $($n:literal)*) => {$(
+        if let (Some($f), Some($x)) = ($array.get_mut($n), $other.get($n)) {
+            let $j: usize = $n;
+            $body
+        }
+    )*};
+}
+pub(crate) use each_fragment;

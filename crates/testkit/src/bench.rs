@@ -19,6 +19,23 @@ pub fn forward_flops(shape: &AttentionShape, causal: bool) -> f64 {
     if causal { f / 2.0 } else { f }
 }
 
+/// FLOPs of the forward pass over the (row, key) pairs a local window and the causal mask
+/// allow (`4·d` per pair, every batch item and head), so windowed runs report the work they do.
+pub fn windowed_forward_flops(
+    shape: &AttentionShape,
+    options: &flash_attn::AttentionOptions,
+) -> f64 {
+    use flash_attn::key_range;
+    let window = options.window_or_none();
+    let pairs: u64 = (0..shape.n_q)
+        .map(|i| {
+            let (start, end) = key_range(i, shape.n_q, shape.n_k, options.causal, window);
+            end.saturating_sub(start) as u64
+        })
+        .sum();
+    4.0 * shape.batch as f64 * shape.heads_q as f64 * pairs as f64 * shape.head_dim as f64
+}
+
 /// FLOPs of the backward pass as the anchors count them: 2.5 × the forward's.
 pub fn backward_flops(shape: &AttentionShape, causal: bool) -> f64 {
     2.5 * forward_flops(shape, causal)

@@ -24,6 +24,8 @@ pub struct Outputs {
     pub dq: Vec<f32>,
     pub dk: Vec<f32>,
     pub dv: Vec<f32>,
+    /// The sink gradients, for a call with sink logits.
+    pub d_sinks: Option<Vec<f32>>,
 }
 
 /// Forward and backward of `case` with `options` (whose `kernel` names the family); `None` where
@@ -59,7 +61,10 @@ pub fn run_case(
         d_o: &d_o,
         lse: &lse_in,
     };
-    let grads = GradientBuffers::poisoned(shape, dt).unwrap();
+    let mut grads = GradientBuffers::poisoned(shape, dt).unwrap();
+    if options.attention.sinks.is_some() {
+        grads = grads.with_d_sinks(shape).unwrap();
+    }
     let workspace = Workspace::new(&bwd_plan).unwrap();
     flash_attn::backward_into(gpu, shape, &inputs, &grads, &workspace, options).unwrap();
     gpu.synchronize().unwrap();
@@ -69,5 +74,6 @@ pub fn run_case(
         dq: grads.dq.to_f32().unwrap(),
         dk: grads.dk.to_f32().unwrap(),
         dv: grads.dv.to_f32().unwrap(),
+        d_sinks: grads.d_sinks.map(|d| d.to_vec().unwrap()),
     })
 }

@@ -1,4 +1,4 @@
-//! Launcher of the exact recompute backward: D first, then K/V-outer dK/dV (and dQ by atomics, or
+//! Launcher of the exact recompute backward: D first (and the sink gradients), then K/V-outer dK/dV (and dQ by atomics, or
 //! the deterministic row-owned dQ pass).
 
 use attention_kernels::abi::layout::BlockSizes;
@@ -11,6 +11,7 @@ use crate::layout::DeviceLayout;
 use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::{Gpu, LaunchConfig};
+use crate::score_mods::DeviceScoreMods;
 use crate::tensors::{BackwardInputs, GradientBuffers, Workspace};
 
 /// Rows of D per block of the `delta` kernel (one warp each).
@@ -31,6 +32,11 @@ pub(crate) fn launch_backward(
     let deterministic = problem.options.deterministic;
     let dtype = problem.dtype;
     let layout = DeviceLayout::upload(shape, &attention.lengths)?;
+    let d_sinks = match (&attention.sinks, &out.d_sinks) {
+        (Some(_), Some(d)) => d.device_ptr(),
+        _ => 0,
+    };
+    let mods = DeviceScoreMods::upload(attention, d_sinks)?;
     let dq_accum = if deterministic {
         0
     } else {
@@ -56,6 +62,7 @@ pub(crate) fn launch_backward(
         blocks,
         scale: attention.scale_for(shape.head_dim),
         causal: attention.causal as u32,
+        mods: mods.params,
     };
     let rows = shape.row_elems() as u32;
     let delta_cfg = LaunchConfig {
@@ -68,6 +75,14 @@ pub(crate) fn launch_backward(
         delta_cfg,
         &params,
     )?;
+    if d_sinks != 0 {
+        let sink_cfg = LaunchConfig {
+            grid: (shape.heads_q, 1, 1),
+            block: (32, 1, 1),
+            shared_bytes: 0,
+        };
+        gpu.launch(&instances::exact_d_sink(), sink_cfg, &params)?;
+    }
     gpu.launch(&plan.entry, plan.launch_config(), &params)?;
     if deterministic {
         let dq_cfg = LaunchConfig {

@@ -10,6 +10,7 @@ use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::Gpu;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
+use crate::score_mods::DeviceScoreMods;
 use crate::tensors::Workspace;
 
 /// Launches `plan` (an exact forward with `blocks`) without waiting: O and LSE of
@@ -30,6 +31,7 @@ pub(crate) fn launch_forward(
 ) -> Result<()> {
     let (shape, attention) = (&problem.shape, &problem.options.attention);
     let layout = DeviceLayout::upload(shape, &attention.lengths)?;
+    let mods = DeviceScoreMods::upload(attention, 0)?;
     let mut params = FlashForwardParams {
         q: q.device_ptr(),
         k: k.device_ptr(),
@@ -45,6 +47,7 @@ pub(crate) fn launch_forward(
         blocks,
         scale: attention.scale_for(shape.head_dim),
         causal: attention.causal as u32,
+        mods: mods.params,
         kv_block: 0,
         last: 1,
     };

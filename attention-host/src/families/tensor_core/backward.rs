@@ -1,7 +1,8 @@
 //! Launcher of the tensor-core backward, one for both families: preprocess (`D`, `LSE · log2 e`,
-//! zeroed dQ accumulator), the main kernel (`mma.sync` from `attention_kernels::kernels::sm80::backward`
-//! or `wgmma` from `attention_kernels::kernels::sm90`, as [`crate::plan`] chose), the dQ
-//! conversion, and the gradients of NaN rows.
+//! zeroed dQ accumulator; then the sink gradients where the call has sink logits), the main
+//! kernel (`mma.sync` from `attention_kernels::kernels::sm80::backward` or `wgmma` from
+//! `attention_kernels::kernels::sm90`, as [`crate::plan`] chose), the dQ conversion, and the
+//! gradients of NaN rows.
 
 use attention_kernels::abi::params::TensorCoreBackwardParams;
 use attention_kernels::attn::backward::{
@@ -14,6 +15,7 @@ use crate::layout::DeviceLayout;
 use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::{Gpu, LaunchConfig};
+use crate::score_mods::DeviceScoreMods;
 use crate::tensors::{BackwardInputs, GradientBuffers, Workspace};
 
 /// Launches the four kernels of `plan` (a tensor-core backward) without waiting. The caller
@@ -31,6 +33,11 @@ pub(crate) fn launch_backward(
     let scale = options.scale_for(shape.head_dim);
     let layout = DeviceLayout::upload(shape, &options.lengths)?;
     let n_q_pad = n_q_pad(shape.n_q);
+    let d_sinks = match (&options.sinks, &out.d_sinks) {
+        (Some(_), Some(d)) => d.device_ptr(),
+        _ => 0,
+    };
+    let mods = DeviceScoreMods::upload(options, d_sinks)?;
     let params = TensorCoreBackwardParams {
         q: inputs.q.device_ptr(),
         k: inputs.k.device_ptr(),
@@ -51,6 +58,7 @@ pub(crate) fn launch_backward(
         scale,
         scale_log2: scale * std::f32::consts::LOG2_E,
         causal: options.causal as u32,
+        mods: mods.params,
     };
     let rows = shape.batch * shape.heads_q * n_q_pad;
     gpu.launch(
@@ -62,6 +70,17 @@ pub(crate) fn launch_backward(
         },
         &params,
     )?;
+    if d_sinks != 0 {
+        gpu.launch(
+            &instances::tensor_core_d_sink(),
+            LaunchConfig {
+                grid: (shape.heads_q, 1, 1),
+                block: (32, 1, 1),
+                shared_bytes: 0,
+            },
+            &params,
+        )?;
+    }
     gpu.launch(&plan.entry, plan.launch_config(), &params)?;
     gpu.launch(
         &instances::tensor_core_convert_dq(dtype),

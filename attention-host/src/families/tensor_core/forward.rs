@@ -10,6 +10,7 @@ use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::Gpu;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
+use crate::score_mods::DeviceScoreMods;
 
 /// Launches `plan` (a tensor-core forward) without waiting. The caller validated the tensors
 /// against `problem`.
@@ -26,6 +27,7 @@ pub(crate) fn launch_forward(
 ) -> Result<()> {
     let (shape, options) = (&problem.shape, &problem.options.attention);
     let layout = DeviceLayout::upload(shape, &options.lengths)?;
+    let mods = DeviceScoreMods::upload(options, 0)?;
     let params = TensorCoreForwardParams {
         q: q.device_ptr(),
         k: k.device_ptr(),
@@ -37,6 +39,7 @@ pub(crate) fn launch_forward(
         shape: *shape,
         scale_log2: options.scale_for(shape.head_dim) * std::f32::consts::LOG2_E,
         causal: options.causal as u32,
+        mods: mods.params,
     };
     gpu.launch(&plan.entry, plan.launch_config(), &params)
 }

@@ -3,8 +3,9 @@
 //! gradients at every key of its support and nothing at the keys it scored `−∞` (which a
 //! non-finite Q or K can give), and the main kernels cannot tell those apart from the LSE: the
 //! preprocess makes the row empty for them (P = 0, D = 0, its non-finite Q elements zeroed), and
-//! this pass writes NaN where the reference has it: dK and dV of each allowed key the row scores
-//! other than `−∞` (from the real Q and K), and the row's dQ. Rows that are not NaN cost one load.
+//! this pass writes NaN where the reference has it: dK and dV of each key of the row's window
+//! whose modified score (softcap, ALiBi) is other than `−∞`, from the real Q and K, and the row's
+//! dQ. Rows that are not NaN cost one load.
 
 use crate::abi::layout::{LENGTHS_PACKED, SequenceLayout};
 use crate::abi::params::TensorCoreBackwardParams;
@@ -12,6 +13,7 @@ use crate::abi::shape::AttentionShape;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{ballot, block_dim_x, block_x, thread_x, warp_sum};
 use crate::attn::backward::Pair;
+use crate::attn::score_mod::distance;
 use crate::attn::sequence::Sequence;
 
 /// One thread per row `(b, h, i)` of the LSE `[batch, heads_q, n_q]`; the warp takes its NaN
@@ -47,6 +49,9 @@ unsafe fn poison_row<T: Pair>(p: &TensorCoreBackwardParams, row: u32, lane: u32)
     let words = (s.head_dim / 2) as usize;
     let q_at = seq.q_offset(&s, local, h) / 2;
     let hk = s.kv_head(h);
+    // SAFETY: the slopes, when set, hold heads_q > h values (validated by the host).
+    let score_mod = unsafe { p.mods.for_head(h) };
+    let (first, end) = seq.key_range(local, p.causal != 0, p.mods.window);
     let (q, k) = (p.q as *const u32, p.k as *const u32);
     let nan = T::pack(f32::NAN, f32::NAN);
     let poison = |base: u64, at: usize| {
@@ -58,7 +63,7 @@ unsafe fn poison_row<T: Pair>(p: &TensorCoreBackwardParams, row: u32, lane: u32)
         }
     };
     let mut any = false;
-    for j in 0..seq.key_end(local, p.causal != 0) {
+    for j in first..end {
         let k_at = seq.k_offset(&s, j, hk) / 2;
         let mut dot = 0.0f32;
         let mut w = lane as usize;
@@ -69,8 +74,9 @@ unsafe fn poison_row<T: Pair>(p: &TensorCoreBackwardParams, row: u32, lane: u32)
             w += 32;
         }
         // A sum with a `+∞` or NaN term is not `−∞` in any order, so the lanes' order does not
-        // change the test (τ > 0 keeps the sign).
-        if warp_sum(dot) != f32::NEG_INFINITY {
+        // change the test (τ > 0 keeps the sign; a softcap maps −∞ to −c, in the support).
+        let d = distance(local, j, seq.q_len, seq.k_len);
+        if score_mod.apply_log2(warp_sum(dot), p.scale_log2, d) != f32::NEG_INFINITY {
             any = true;
             poison(p.dk, k_at);
             poison(p.dv, k_at);

@@ -5,6 +5,7 @@ use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{block_dim_x, block_x, thread_x, warp_sum};
 use crate::attn::backward::{PREPROCESS_WARPS, Pair};
+use crate::attn::score_mod::sink_gradient;
 use crate::tile::mem::store_global_16;
 use crate::tile::mma::MmaElem;
 
@@ -66,6 +67,37 @@ unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
             *d_sum.add(row as usize) = if empty { 0.0 } else { dot };
         }
     }
+}
+
+/// `dσ_h` of the sink logits (`score_mod::sink_gradient`) after the preprocess, from the
+/// forward's LSE and the padded `D`. Grid `(heads_q)`, one warp each.
+unsafe fn d_sink(p: &TensorCoreBackwardParams) {
+    let s = p.shape;
+    let h = block_x();
+    // SAFETY: the host launches this kernel only with sinks, one block per query head.
+    let Some(sink) = (unsafe { p.mods.sink(h) }) else {
+        return;
+    };
+    let acc = sink_gradient(sink, s.batch, s.n_q, |b, i| {
+        let bh = (b * s.heads_q + h) as usize;
+        // SAFETY: row i of (b, h) is inside LSE and the padded D.
+        unsafe {
+            (
+                *(p.lse as *const f32).add(bh * s.n_q as usize + i as usize),
+                *(p.d_sum as *const f32).add(bh * p.n_q_pad as usize + i as usize),
+            )
+        }
+    });
+    if thread_x() == 0 {
+        // SAFETY: `d_sinks` holds heads_q f32.
+        unsafe { *(p.mods.d_sinks as *mut f32).add(h as usize) = acc };
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn flash_tc_backward_d_sink(p: TensorCoreBackwardParams) {
+    // SAFETY: the host ran the preprocess and launched one warp per query head.
+    unsafe { d_sink(&p) }
 }
 
 /// Eight elements per thread: `dQ = τ · accumulator`, rounded to the storage dtype.

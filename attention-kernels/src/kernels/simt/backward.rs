@@ -17,6 +17,7 @@ use crate::arch::{
 };
 use crate::attn::dropout::dropout_multiplier;
 use crate::attn::mask::{MASKED, allowed_weight};
+use crate::attn::score_mod::sink_gradient;
 use crate::attn::sequence::Sequence;
 use crate::kernels::simt::smem::padded;
 use crate::kernels::simt::tile::{
@@ -52,6 +53,32 @@ unsafe fn delta<T: Storage>(p: &FlashBackwardParams) {
     if lane == 0 {
         // SAFETY: `row` indexes D.
         unsafe { *(p.delta as *mut f32).add(row as usize) = acc };
+    }
+}
+
+/// `dsink_h = −Σ_rows e^{sink_h − LSE} · D` over every row of head `h` (batch items and packed
+/// sequences alike), after `delta`. Grid `(heads_q)`, one warp per head: a fixed order of
+/// addition, so the result is the same on every run.
+unsafe fn d_sink(p: &FlashBackwardParams) {
+    let s = &p.shape;
+    let (h, lane) = (block_x(), thread_x() % 32);
+    // SAFETY: the host launches this kernel only with sinks, one block per query head.
+    let Some(sink) = (unsafe { p.mods.sink(h) }) else {
+        return;
+    };
+    let acc = sink_gradient(sink, s.batch, s.n_q, |b, i| {
+        let row = (b as usize * s.heads_q as usize + h as usize) * s.n_q as usize + i as usize;
+        // SAFETY: `row` indexes LSE and D.
+        unsafe {
+            (
+                *(p.lse as *const f32).add(row),
+                *(p.delta as *const f32).add(row),
+            )
+        }
+    });
+    if lane == 0 {
+        // SAFETY: `d_sinks` holds heads_q f32.
+        unsafe { *(p.mods.d_sinks as *mut f32).add(h as usize) = acc };
     }
 }
 
@@ -150,25 +177,33 @@ unsafe fn recompute_tile(
 ) -> bool {
     let d = p.shape.head_dim;
     let causal = p.causal != 0;
+    // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
+    let score_mod = unsafe { p.mods.for_head(h) };
     let mut any_masked = false;
     for_each(rows * cols, |e| {
         let (r, c) = (e / cols, e % cols);
         let (i, j) = (i0 + r, j0 + c);
+        let (start, end) = seq.key_range(i, causal, p.mods.window);
         // SAFETY: r < B_r, c < B_c, rows of d elements.
         unsafe {
             // Masked entries, and allowed ones scored −∞ (outside the row's support, as in the
             // reference), are MASKED in both tiles: the products skip them whatever K, V, Q or
-            // dO hold. Any other entry has a non-empty row (LSE finite or NaN).
-            let score = if j < seq.key_end(i, causal) {
-                p.scale * dot(qt.q.row(r), k.row(c), d)
+            // dO hold. Any other entry has a non-empty row (LSE finite or NaN). `grad` is the
+            // modifiers' ∂s'/∂s, which dS carries to dQ and dK.
+            let (score, grad) = if start <= j && j < end {
+                let s = p.scale * dot(qt.q.row(r), k.row(c), d);
+                score_mod.apply(s, i, j, seq.q_len, seq.k_len)
             } else {
-                f32::NEG_INFINITY
+                (f32::NEG_INFINITY, 0.0)
             };
             let (pr_drop, d_s) = if score != f32::NEG_INFINITY {
                 let pr = exp(score - qt.lse.get(0, r));
                 let z = dropout_multiplier(&p.dropout, key, seq.index, h, i, j);
                 let dp = dot(qt.d_o.row(r), v.row(c), d) * z;
-                (pr * z, allowed_weight(pr * (dp - qt.delta.get(0, r))))
+                (
+                    pr * z,
+                    allowed_weight(pr * (dp - qt.delta.get(0, r)) * grad),
+                )
             } else {
                 any_masked = true;
                 (MASKED, MASKED)
@@ -218,9 +253,12 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
             let mut i0 = 0;
             while i0 < seq.q_len {
                 let rows = br.min(seq.q_len - i0);
-                // key_end grows with the row: if the block's last row sees no key of this tile,
-                // no row does, and the tile contributes nothing.
-                if seq.key_end(i0 + rows - 1, causal) > j0 {
+                // Both ends of a row's key range grow with the row: if the block's last row
+                // sees no key at or past j0, or its first row none before j0 + cols, no row
+                // sees this tile, and the pair is skipped.
+                let (first, _) = seq.key_range(i0, causal, p.mods.window);
+                let (_, end) = seq.key_range(i0 + rows - 1, causal, p.mods.window);
+                if end > j0 && first < j0 + cols {
                     sync_threads();
                     load_query_block::<T>(p, &seq, &qt, h, i0, rows);
                     sync_threads();
@@ -313,8 +351,8 @@ unsafe fn dq<T: Storage>(p: &FlashBackwardParams) {
     unsafe {
         load_query_block::<T>(p, &seq, &qt, h, i0, rows);
         fill(dq_acc, rows, d, 0.0);
-        let kv_end = seq.key_end(i0 + rows - 1, p.causal != 0);
-        let mut j0 = 0;
+        let (mut j0, kv_end) =
+            seq.block_key_range(i0, i0 + rows - 1, p.causal != 0, p.mods.window, bc);
         while j0 < kv_end {
             let cols = bc.min(seq.k_rows - j0);
             sync_threads();
@@ -363,4 +401,10 @@ entry_points! {
     flash_backward_dq_convert_f32 => dq_convert::<f32>(FlashBackwardParams);
     flash_backward_dq_convert_f16 => dq_convert::<F16>(FlashBackwardParams);
     flash_backward_dq_convert_bf16 => dq_convert::<Bf16>(FlashBackwardParams);
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn flash_backward_d_sink(p: FlashBackwardParams) {
+    // SAFETY: the host validated the buffers against `p` and launched one warp per query head.
+    unsafe { d_sink(&p) }
 }

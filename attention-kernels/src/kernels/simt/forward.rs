@@ -14,6 +14,7 @@ use crate::arch::{
 };
 use crate::attn::dropout::dropout_multiplier;
 use crate::attn::mask::{MASKED, row_is_empty};
+use crate::attn::score_mod::with_sink;
 use crate::attn::sequence::Sequence;
 use crate::kernels::simt::smem::padded;
 use crate::kernels::simt::tile::{Arena, Tile, dot, fill, for_each, load_rows, mul_acc};
@@ -130,13 +131,18 @@ unsafe fn merge_kv_block<T: Storage>(
     sync_threads();
 
     let causal = p.causal != 0;
+    // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
+    let score_mod = unsafe { p.mods.for_head(qb.h) };
+    let (q_len, k_len) = (qb.seq.q_len, qb.seq.k_len);
     for_each(qb.rows * cols, |e| {
         let (r, c) = (e / cols, e % cols);
-        let allowed = j0 + c < qb.seq.key_end(qb.i0 + r, causal);
+        let (i, j) = (qb.i0 + r, j0 + c);
+        let (start, end) = qb.seq.key_range(i, causal, p.mods.window);
         // SAFETY: r < B_r, c < B_c.
         unsafe {
-            let score = if allowed {
-                p.scale * dot(t.q.row(r), t.k.row(c), d)
+            let score = if start <= j && j < end {
+                let s = p.scale * dot(t.q.row(r), t.k.row(c), d);
+                score_mod.apply(s, i, j, q_len, k_len).0
             } else {
                 f32::NEG_INFINITY
             };
@@ -199,37 +205,42 @@ unsafe fn merge_kv_block<T: Storage>(
 }
 
 /// Writes O_i = acc / ℓ_i in the storage type and LSE_i = m_i + log ℓ_i; a row with no allowed
-/// key (ℓ = 0) gets O = 0 and LSE = −∞, a NaN row (ℓ NaN) NaN in both.
+/// key (ℓ = 0) gets O = 0 and LSE = −∞, a NaN row (ℓ NaN) NaN in both. With a sink logit, ℓ and
+/// LSE include it (`score_mod::with_sink`): an empty row gets O = 0 and LSE = sink.
 unsafe fn write_output<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &Tiles) {
     let s = &p.shape;
     let d = s.head_dim;
     let o = (p.o as *mut T).wrapping_add(qb.seq.q_offset(s, qb.i0, qb.h));
     let stride = (s.heads_q * d) as usize;
+    // SAFETY: the head's sink exists when sinks are on (validated by the host).
+    let sink = unsafe { p.mods.sink(qb.h) };
+    // (LSE, the factor of the unnormalised O) of row r.
+    let finish = |r: u32| {
+        // SAFETY: r < rows of the block.
+        let (m, l) = unsafe { (t.row_max.get(0, r), t.row_sum.get(0, r)) };
+        match sink {
+            Some(sink) => with_sink(m, l, sink),
+            None if row_is_empty(l) => (f32::NEG_INFINITY, 0.0),
+            None => (m + ln(l), 1.0 / l),
+        }
+    };
     sync_threads();
     for_each(qb.rows * d, |e| {
         let (r, x) = (e / d, e % d);
         // SAFETY: r < rows of the block, x < d.
         unsafe {
             let l = t.row_sum.get(0, r);
-            let out = if row_is_empty(l) {
-                0.0
-            } else {
-                t.acc.get(r, x) / l
+            let out = match sink {
+                _ if row_is_empty(l) => 0.0,
+                Some(_) => t.acc.get(r, x) * finish(r).1,
+                None => t.acc.get(r, x) / l,
             };
             *o.add(r as usize * stride + x as usize) = T::from_f32(out);
         }
     });
     for_each(qb.rows, |r| {
         // SAFETY: r < rows of the block; LSE holds every row.
-        unsafe {
-            let l = t.row_sum.get(0, r);
-            let lse = if row_is_empty(l) {
-                f32::NEG_INFINITY
-            } else {
-                t.row_max.get(0, r) + ln(l)
-            };
-            *(p.lse as *mut f32).add(qb.seq.row_index(s, qb.i0 + r, qb.h)) = lse;
-        }
+        unsafe { *(p.lse as *mut f32).add(qb.seq.row_index(s, qb.i0 + r, qb.h)) = finish(r).0 };
     });
 }
 
@@ -255,9 +266,14 @@ unsafe fn row_owned<T: Storage>(p: &FlashForwardParams) {
     unsafe {
         load_query::<T>(p, &qb, &t);
         init_state(&qb, &t, d);
-        // key_end grows with the row, so the last row bounds the K/V blocks any row needs.
-        let kv_end = qb.seq.key_end(qb.i0 + qb.rows - 1, p.causal != 0);
-        let mut j0 = 0;
+        // Blocks no row of the Q block sees (causal, windowed) are skipped.
+        let (mut j0, kv_end) = qb.seq.block_key_range(
+            qb.i0,
+            qb.i0 + qb.rows - 1,
+            p.causal != 0,
+            p.mods.window,
+            p.blocks.block_cols,
+        );
         while j0 < kv_end {
             merge_kv_block::<T>(p, &qb, &t, j0, key);
             j0 += p.blocks.block_cols;
@@ -296,7 +312,14 @@ unsafe fn paper<T: Storage>(p: &FlashForwardParams) {
             });
         }
         let j0 = p.kv_block * p.blocks.block_cols;
-        if j0 < qb.seq.k_rows {
+        let (first, end) = qb.seq.block_key_range(
+            qb.i0,
+            qb.i0 + qb.rows - 1,
+            p.causal != 0,
+            p.mods.window,
+            p.blocks.block_cols,
+        );
+        if j0 < qb.seq.k_rows && first <= j0 && j0 < end {
             merge_kv_block::<T>(p, &qb, &t, j0, p.dropout.key());
         }
         if p.last != 0 {

@@ -20,7 +20,10 @@
 //! The `GENERAL` instances take every option, as the forward's do: sequences located from the
 //! layout (`grid.z` is the sequence; rows past a packed sequence's end are masked, since their
 //! statistics belong to the next one) and dropout (`dV += (P∘Z)ᵀ·dO`, `dS = P ∘ (dP∘Z − D)`, with
-//! the exact kernels' Philox draws). The others take the sequence from the kernel parameters.
+//! the exact kernels' Philox draws). The `MODS` instances (general ones too) add the local window
+//! (a K/V block visits only the Q blocks whose rows' windows reach it), softcap (dS times
+//! `1 − tanh²`) and ALiBi (`attn::score_mod`), kept apart so that the general instances pay no
+//! registers for them. The others take the sequence from the kernel parameters.
 //! Generic over `KD = d / 16`, `ND = d / 8` (fragments of dK, dV), `WG` and `DQ = ND / WG`
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
@@ -29,19 +32,20 @@ use crate::abi::philox::DropoutRng;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{
-    block_x, block_y, block_z, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x,
+    block_x, block_y, block_z, exp2, log2, opaque, shared_window, shfl_xor, sync_threads, thread_x,
 };
 use crate::attn::backward::{first_q_block, needs_mask};
 use crate::attn::mask::hidden;
 use crate::attn::mask::{
     Exponent, MASKED, is_masked, quad_any, sanitize_own_chunks, sanitize_row_part,
 };
+use crate::attn::score_mod::{ScoreMod, Window, key_range, rows_seeing_keys};
 use crate::attn::sequence::Sequence;
 use crate::kernels::sm90::WgBackwardConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, red_add_f32x4};
-use crate::tile::mma::{FragA, FragC};
+use crate::tile::mma::{FragA, FragC, each_fragment};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
 
@@ -83,6 +87,7 @@ unsafe fn backward<
     const DQ: usize,
     const CARRY_DQ: bool,
     const GENERAL: bool,
+    const MODS: bool,
 >(
     p: &TensorCoreBackwardParams,
 ) where
@@ -148,8 +153,17 @@ unsafe fn backward<
     let stage_of = |i: u32| i % 3;
     let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
-    let first_block = first_q_block(k0, n_q, n_k, causal);
-    let per_head = n_q.div_ceil(br).saturating_sub(first_block);
+    // The window (general instances only; the others compile without it): the K/V block visits
+    // only the Q blocks of rows whose window reaches it.
+    let window = if MODS { p.mods.window } else { Window::NONE };
+    let windowed = !window.is_none();
+    let (first_block, end_block) = if windowed {
+        let (first, end) = rows_seeing_keys(k0, (k0 + bc).min(n_k), n_q, n_k, causal, window);
+        (first / br, end.div_ceil(br))
+    } else {
+        (first_q_block(k0, n_q, n_k, causal), n_q.div_ceil(br))
+    };
+    let per_head = end_block.saturating_sub(first_block);
     let iters = per_head * heads_per_kv;
     let head_of = |i: u32| hk * heads_per_kv + i / per_head;
     let row0_of = |i: u32| (first_block + i % per_head) * br;
@@ -276,7 +290,14 @@ unsafe fn backward<
         wait_all();
         let st = stage_of(i);
         let (h, q0) = (head_of(i), row0_of(i));
-        let masked = needs_mask(q0, k0, bc, n_q, n_k, causal);
+        let keys_of = |row: u32| key_range(row, n_q, n_k, causal, window);
+        let masked = if windowed {
+            // Both ends of a row's keys grow with the row: the first row sees the fewest keys
+            // at the right, the last the fewest at the left.
+            keys_of(q0).1 < k0 + bc || keys_of((q0 + br).min(n_q) - 1).0 > k0
+        } else {
+            needs_mask(q0, k0, bc, n_q, n_k, causal)
+        };
         // A non-finite Q row would reach dK as 0 · NaN through dSᵀ·Q. Every score of such a row
         // is non-finite, so its LSE is NaN or −∞ and the preprocess made it empty (P = 0,
         // D = 0; `nan_rows` writes a NaN row's gradients): zeroing its non-finite elements
@@ -334,33 +355,56 @@ unsafe fn backward<
         // Pᵀ into `s_t`. Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows
         // past n_q and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already,
         // except past the end of a packed sequence (the next sequence's rows), masked too.
-        for j in 0..NQ {
+        // Softcap and ALiBi of head h (general instances only).
+        let score_mod = if MODS {
+            // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
+            unsafe { p.mods.for_head(h) }
+        } else {
+            ScoreMod::default()
+        };
+        let modified = score_mod.softcap != 0.0 || score_mod.slope != 0.0;
+        // ALiBi's distance `|row + n_k − n_q − key|` of element e of fragment j.
+        // In i32, which holds every row and key (below 2^31, the host's validation).
+        let distance = |j: usize, e: usize| {
+            let row = (q0 + 8 * j as u32 + 2 * t + (e % 2) as u32) as i32;
+            let key = if e < 2 { key_lo } else { key_hi } as i32;
+            (row + (n_k as i32 - n_q as i32) - key).unsigned_abs() as f32
+        };
+        each_fragment!(s_t, |j, f| {
             let col = 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
             let lse = unsafe { load_shared_f32x2(stats(base, st) + col * 4) };
             for e in 0..4 {
-                s_t[j].0[e] = exp2(s_t[j].0[e] * p.scale_log2 - lse[e % 2]);
+                let x = f.0[e];
+                let score = if modified {
+                    score_mod.apply_log2(x, p.scale_log2, distance(j, e))
+                } else {
+                    x * p.scale_log2
+                };
+                f.0[e] = exp2(score - lse[e % 2]);
             }
-        }
+        });
         // Most blocks of a long sequence hide no pair: the mask is a second pass over the few
         // that do, not a test per score everywhere.
         let past_end = GENERAL && q0 + br > n_q;
         let skip = past_end || masked || k_poisoned;
         if past_end || masked {
-            for (j, f) in s_t.iter_mut().enumerate() {
+            each_fragment!(s_t, |j, f| {
                 let col = 8 * j as u32 + 2 * t;
                 for e in 0..4 {
                     // A select, not a branch, so the loop unrolls and stays in registers.
                     let key = if e < 2 { key_lo } else { key_hi };
                     let row = q0 + col + (e % 2) as u32;
                     // MASKED (−0, which 2^x never is): dS below is 0 there, whatever dPᵀ.
-                    f.0[e] = if row >= n_q || hidden(row, key, n_q, n_k, causal) {
-                        MASKED
+                    let hidden = if windowed {
+                        let (first, end) = keys_of(row);
+                        row >= n_q || key < first || key >= end
                     } else {
-                        f.0[e]
+                        row >= n_q || hidden(row, key, n_q, n_k, causal)
                     };
+                    f.0[e] = if hidden { MASKED } else { f.0[e] };
                 }
-            }
+            });
         }
         if k_poisoned {
             for f in s_t.iter_mut() {
@@ -409,21 +453,25 @@ unsafe fn backward<
         dp_t.pin();
 
         // dSᵀ = Pᵀ ∘ (dPᵀ∘Z − D) into `dp_t`, then to the dSᵀ tile for dQ.
-        for j in 0..NQ {
+        each_fragment!(dp_t, s_t, |j, f, pf| {
             let col = 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
             let d_row = unsafe { load_shared_f32x2(stats(base, st) + br * 4 + col * 4) };
+            // The softcap's `1 − tanh²`, recovered from P (`ScoreMod::grad_from_p`).
+            let lse = if score_mod.softcap != 0.0 {
+                // SAFETY: columns col, col + 1 are inside the stage's statistics.
+                unsafe { load_shared_f32x2(stats(base, st) + col * 4) }
+            } else {
+                [0.0; 2]
+            };
             for e in 0..4 {
+                let grad = score_mod.grad_from_p(pf.0[e], lse[e % 2], distance(j, e));
                 // A masked Pᵀ gives dS = 0 even where dPᵀ (a masked V) or D (a NaN row) is not
                 // finite.
-                let ds = s_t[j].0[e] * (dp_t[j].0[e] * z(j, e) - d_row[e % 2]);
-                dp_t[j].0[e] = if skip && is_masked(s_t[j].0[e]) {
-                    0.0
-                } else {
-                    ds
-                };
+                let ds = pf.0[e] * (f.0[e] * z(j, e) - d_row[e % 2]) * grad;
+                f.0[e] = if skip && is_masked(pf.0[e]) { 0.0 } else { ds };
             }
-        }
+        });
         let mut ds_a = [FragA::default(); NQP];
         for k in 0..NQP {
             ds_a[k] = T::pack_a(&dp_t[2 * k], &dp_t[2 * k + 1]);
@@ -516,9 +564,10 @@ unsafe fn backward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_wgmma_backward_<dtype>_d<d>_g<groups>`
-/// as the host formats it, and `flash_wgmma_backward_general_…` taking every option.
+/// as the host formats it, `flash_wgmma_backward_general_…` (lengths and dropout) and
+/// `flash_wgmma_backward_mods_…` (those and the score modifiers).
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $general:literal;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $general:literal, $mods:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
             // SAFETY: the host validated the buffers against `p`, ran the preprocess kernel on the
@@ -532,6 +581,7 @@ macro_rules! entry_points {
                     { $cfg.dq_cols() as usize / 8 },
                     { $cfg.carry_dq() },
                     $general,
+                    $mods,
                 >(&p)
             }
         }
@@ -539,12 +589,16 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false;
-    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false;
-    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false;
-    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false;
-    flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true;
-    flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true;
-    flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true;
-    flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true;
+    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false;
+    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false;
+    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false;
+    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false;
+    flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false;
+    flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false;
+    flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false;
+    flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false;
+    flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true;
+    flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true;
+    flash_wgmma_backward_mods_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true;
+    flash_wgmma_backward_mods_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true;
 }

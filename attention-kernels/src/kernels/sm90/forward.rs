@@ -17,7 +17,9 @@
 //! Philox draws as the exact kernels and the CPU reference after ℓ has summed the undropped P.
 //! The others serve full-length batches without dropout with the sequence taken from the kernel
 //! parameters, which cost no registers (the layout's values read from memory held 20 more, enough
-//! to halve the blocks per SM at d = 64).
+//! to halve the blocks per SM at d = 64). The `MODS` instances (general ones too) add the local
+//! window (blocks outside every row's window are skipped), softcap, ALiBi and sink logits
+//! (`attn::score_mod`); kept apart so that the general instances pay no registers for them.
 //! Generic over `KD = d / 16` (k-steps of `Q·Kᵀ`), `ND = d / 8` (fragments of O), `NK` (fragments
 //! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
 
@@ -30,6 +32,8 @@ use crate::arch::{
 };
 use crate::attn::dropout::dropout_multiplier;
 use crate::attn::mask::{Exponent, Operand, Poison, non_finite_part, sanitize_own_chunks};
+use crate::attn::row_keys::RowKeys;
+use crate::attn::score_mod::{ScoreMod, Window};
 use crate::attn::sequence::Sequence;
 use crate::attn::softmax::{RowState, pack, rescale};
 use crate::kernels::sm90::WgConfig;
@@ -40,38 +44,20 @@ use crate::tile::mma::{FragA, FragC};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
 
-/// Scales and masks the scores `sc` of keys `k0 .. k0 + 8·NK` (lane columns `k0 + 8j + 2t + c`,
-/// rows allowed up to keys `ends`) and folds them into `state`: `sc` becomes P, the result is the
-/// factor that rescales O. Blocks wholly below `unmasked_end` skip the mask. A function rather
-/// than a closure so that it is always inlined (a call would put the scores in local memory).
+/// Scales, modifies and masks the scores `sc` of keys `k0 .. k0 + 8·NK` (`RowKeys::prepare`)
+/// and folds them into `state`: `sc` becomes P, the result is the factor that rescales O. A
+/// function rather than a closure so that it is always inlined (a call would put the scores in
+/// local memory).
 #[inline(always)]
 fn mask_and_fold<const NK: usize>(
     sc: &mut [FragC; NK],
     state: &mut RowState,
     scale_log2: f32,
-    (k0, unmasked_end): (u32, u32),
-    ends: [u32; 2],
+    k0: u32,
+    keys: &RowKeys,
     t: u32,
 ) -> [f32; 2] {
-    for f in sc.iter_mut() {
-        for e in 0..4 {
-            f.0[e] *= scale_log2;
-        }
-    }
-    if k0 + 8 * NK as u32 > unmasked_end {
-        // Selects, not branches, so the loop unrolls and `sc` stays in registers.
-        let col0 = k0 + 2 * t;
-        for (j, f) in sc.iter_mut().enumerate() {
-            for e in 0..4 {
-                let col = col0 + 8 * j as u32 + (e % 2) as u32;
-                f.0[e] = if col >= ends[e / 2] {
-                    f32::NEG_INFINITY
-                } else {
-                    f.0[e]
-                };
-            }
-        }
-    }
+    keys.prepare(sc, scale_log2, k0, t);
     state.fold(sc)
 }
 
@@ -115,6 +101,7 @@ unsafe fn forward<
     const NP: usize,
     const WG: usize,
     const GENERAL: bool,
+    const MODS: bool,
 >(
     p: &TensorCoreForwardParams,
 ) where
@@ -186,37 +173,55 @@ unsafe fn forward<
         |block: u32| unsafe { v_tile(block).fill_async(v_rows, block * bc, bc, tid, threads) };
     let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
-    let key_end = |row: u32| seq.key_end(row, causal);
+    // The window and the score modifiers: general instances only (the host routes every call
+    // that has one there), so the others compile without them.
+    let window = if MODS { p.mods.window } else { Window::NONE };
+    let windowed = !window.is_none();
     let last_row = (q0 + br).min(seq.q_len) - 1;
-    let n_blocks = key_end(last_row).div_ceil(bc);
-    // Keys below this are allowed for every row of the block: those blocks skip the mask.
-    let unmasked_end = key_end(q0);
+    // Blocks before the first row's window start and past the last row's end are skipped.
+    let (first_block, n_blocks) = {
+        let (first, end) = seq.block_key_range(q0, last_row, causal, window, bc);
+        (first / bc, end.div_ceil(bc))
+    };
 
     // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
     unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };
-    if n_blocks > 0 {
-        fill_k(0);
+    if n_blocks > first_block {
+        fill_k(first_block);
     }
 
     let group_row = 64 * group;
     let (g, t) = (lane / 4, lane % 4);
     let row_lo = q0 + group_row + 16 * warp + g;
     let row_hi = row_lo + 8;
-    let (end_lo, end_hi) = (key_end(row_lo), key_end(row_hi));
+    let score_mod = if MODS {
+        // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
+        unsafe { p.mods.for_head(h) }
+    } else {
+        ScoreMod::default()
+    };
+    let keys = RowKeys::new(
+        row_lo,
+        (q0, last_row),
+        (seq.q_len, seq.k_len),
+        (causal, window),
+        score_mod,
+    );
     let mut o = [FragC::default(); ND];
     let mut state = RowState::new();
     // K_j and V_{j−1} have landed and are visible to the tensor cores, and every warp is done
     // with the products of step j − 1, whose stages the next fills overwrite.
-    // A causal diagonal block hides some of its keys from some rows: a non-finite V there would
-    // reach them as 0 · NaN through P·V. Its V is sanitized as it lands (each thread its own
-    // chunks, before the step barrier that publishes them to the tensor cores; the barrier votes
-    // whether any was non-finite), and the allowed keys' non-finite part is added to O after the
-    // loop (±∞ and NaN survive every rescaling). `v_landed`: the block whose V this barrier
-    // publishes, if any.
+    // A causal diagonal block (or a window's edge) hides some of its keys from some rows: a
+    // non-finite V there would reach them as 0 · NaN through P·V. Its V is sanitized as it lands
+    // (each thread its own chunks, before the step barrier that publishes them to the tensor
+    // cores; the barrier votes whether any was non-finite), and the allowed keys' non-finite
+    // part is added to O after the loop (±∞ and NaN survive every rescaling). Keys past the
+    // sequence's length load as zeros and need nothing. `v_landed`: the block whose V this
+    // barrier publishes, if any.
     let step_barrier = |v_landed: Option<u32>| {
         wait_all();
         let bad = match v_landed {
-            Some(block) if causal && block * bc + bc > unmasked_end => {
+            Some(block) if (causal || windowed) && keys.partial(block * bc, bc) => {
                 // SAFETY: the thread's own copies of V_block have landed (`wait_all`).
                 unsafe { sanitize_own_chunks::<T, _>(&v_tile(block), bc, tid, threads) }
             }
@@ -249,33 +254,26 @@ unsafe fn forward<
 
     let mut poisoned = false;
 
-    if n_blocks > 0 {
+    if n_blocks > first_block {
         step_barrier(None);
-        if n_blocks > 1 {
-            fill_k(1);
+        if n_blocks > first_block + 1 {
+            fill_k(first_block + 1);
         }
-        fill_v(0);
+        fill_v(first_block);
         let mut sc = [FragC::default(); NK];
         wgmma::fence();
-        scores(0, &mut sc);
+        scores(first_block, &mut sc);
         wgmma::wait::<0>();
         sc.pin();
         // O is still zero: its factor changes nothing.
-        let ends = [end_lo, end_hi];
-        mask_and_fold(
-            &mut sc,
-            &mut state,
-            p.scale_log2,
-            (0, unmasked_end),
-            ends,
-            t,
-        );
+        let k0 = first_block * bc;
+        mask_and_fold(&mut sc, &mut state, p.scale_log2, k0, &keys, t);
         if GENERAL && p.dropout.enabled() {
-            apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], 0, t);
+            apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], k0, t);
         }
         // P of the previous step, waiting for its V.
         let mut pf = pack::<T, NK, NP>(&sc);
-        for block in 1..n_blocks {
+        for block in first_block + 1..n_blocks {
             poisoned |= step_barrier(Some(block - 1));
             if block + 1 < n_blocks {
                 fill_k(block + 1);
@@ -288,14 +286,7 @@ unsafe fn forward<
             wgmma::wait::<1>();
             sc.pin();
             let k0 = block * bc;
-            let alpha = mask_and_fold(
-                &mut sc,
-                &mut state,
-                p.scale_log2,
-                (k0, unmasked_end),
-                ends,
-                t,
-            );
+            let alpha = mask_and_fold(&mut sc, &mut state, p.scale_log2, k0, &keys, t);
             if GENERAL && p.dropout.enabled() {
                 apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], k0, t);
             }
@@ -311,7 +302,13 @@ unsafe fn forward<
         o.pin();
     }
 
-    let lse = state.finish(&mut o);
+    // SAFETY: the head's sink exists when sinks are on (validated by the host).
+    let sink = if MODS {
+        unsafe { p.mods.sink(h) }
+    } else {
+        None
+    };
+    let lse = state.finish(&mut o, sink);
     // The allowed diagonal keys' non-finite part, if any V there was: computed without touching
     // O's accumulators (ptxas serializes the wgmma pipeline otherwise) and put into the staged
     // O below.
@@ -321,16 +318,23 @@ unsafe fn forward<
             base: v_rows.base,
             stride: kv_stride,
         };
-        let from = unmasked_end / bc * bc;
+        // Every visited block: blocks the product already took non-finite values from add
+        // them again, which changes nothing.
+        let from = if windowed {
+            first_block * bc
+        } else {
+            keys.unmasked_end / bc * bc
+        };
         let dropping = GENERAL && p.dropout.enabled();
         let key = p.dropout.key();
         let rows = [row_lo, row_hi];
         let dropped = |r: usize, col: u32| {
             dropping && dropout_multiplier(&p.dropout, key, seq.index, h, rows[r], col) == 0.0
         };
+        let (starts, ends) = keys.ranges();
         // SAFETY: allowed keys are below the sequence's key length, rows of V.
         poison = unsafe {
-            non_finite_part::<T, ND>((from, n_blocks * bc), [end_lo, end_hi], v, lane, dropped)
+            non_finite_part::<T, ND>((from, n_blocks * bc), starts, ends, v, lane, dropped)
         };
     }
     // Stage O through the first K stage (row-major, 16-byte chunks swizzled) once every warpgroup
@@ -387,9 +391,10 @@ unsafe fn forward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_wgmma_forward_<dtype>_d<d>_g<groups>_k<keys>`
-/// as the host formats it, and `flash_wgmma_forward_general_…` (every option) for the defaults.
+/// as the host formats it, `flash_wgmma_forward_general_…` (lengths and dropout) and
+/// `flash_wgmma_forward_mods_…` (those and the score modifiers) for the defaults.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $dropout:literal;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $dropout:literal, $mods:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreForwardParams) {
             // SAFETY: the host validated the buffers against `p` and launched the configuration's
@@ -403,6 +408,7 @@ macro_rules! entry_points {
                     { $cfg.block_keys as usize / 16 },
                     { $cfg.warpgroups as usize },
                     $dropout,
+                    $mods,
                 >(&p)
             }
         }
@@ -410,25 +416,29 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false;
-    flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false;
-    flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false;
-    flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false;
-    flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true;
-    flash_wgmma_forward_general_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true;
-    flash_wgmma_forward_general_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true;
-    flash_wgmma_forward_general_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true;
+    flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false;
+    flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false;
+    flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false;
+    flash_wgmma_forward_general_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false;
+    flash_wgmma_forward_general_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false;
+    flash_wgmma_forward_general_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false;
+    flash_wgmma_forward_mods_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true;
+    flash_wgmma_forward_mods_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true;
+    flash_wgmma_forward_mods_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true;
+    flash_wgmma_forward_mods_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
 #[cfg(feature = "tuning")]
 entry_points! {
-    flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false;
-    flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false;
-    flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false;
-    flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false;
-    flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false;
-    flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false;
-    flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false;
-    flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false;
+    flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false;
+    flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false;
+    flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false;
+    flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false;
+    flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false;
+    flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false;
+    flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false;
 }

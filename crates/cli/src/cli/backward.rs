@@ -36,6 +36,9 @@ pub struct BackwardArgs {
     /// Where dV is written (shape of V).
     #[arg(long)]
     pub dv: PathBuf,
+    /// Where the sink gradients are written (f32, `[heads_q]`; with --sinks).
+    #[arg(long, requires = "sinks")]
+    pub d_sinks: Option<PathBuf>,
     /// Bitwise reproducible gradients (dQ from a separate pass instead of atomics; the exact
     /// kernels only).
     #[arg(long)]
@@ -55,7 +58,11 @@ pub fn run(args: &BackwardArgs) -> Result<(), Box<dyn std::error::Error>> {
         .into());
     }
     let dtype = args.call.dtype(q.dtype);
-    let options = args.call.call.options().deterministic(args.deterministic);
+    let options = args
+        .call
+        .call
+        .options(shape.heads_q)
+        .deterministic(args.deterministic);
     let gpu = flash_attn::gpu()?;
     let (o, lse) = match (&args.o, &args.lse) {
         (Some(o), Some(lse)) => (npy::read(o)?.data, npy::read(lse)?.data),
@@ -74,5 +81,8 @@ pub fn run(args: &BackwardArgs) -> Result<(), Box<dyn std::error::Error>> {
     npy::write(&args.dq, &q.shape, q.dtype, &g.dq)?;
     npy::write(&args.dk, &k.shape, q.dtype, &g.dk)?;
     npy::write(&args.dv, &v.shape, q.dtype, &g.dv)?;
+    if let (Some(path), Some(d)) = (&args.d_sinks, &g.d_sinks) {
+        npy::write(path, &[d.len()], npy::NpyDType::F32, d)?;
+    }
     Ok(())
 }

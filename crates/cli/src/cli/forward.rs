@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use crate::npy::{self, NpyArray, NpyDType};
 use flash_attn::{
     AttentionOptions, AttentionShape, BlockSizes, DType, FlashOptions, KernelChoice, Schedule,
+    Window,
 };
 
 /// The options of a call, as `forward`, `backward` and `plan` take them.
@@ -34,6 +35,8 @@ pub struct CallArgs {
     /// Offset of this call in the dropout RNG's stream (advance it between calls).
     #[arg(long, default_value_t = 0)]
     pub offset: u64,
+    #[command(flatten)]
+    pub mods: ScoreModArgs,
     /// Kernel family: auto (the fastest that can run the call), decode, sm90, sm80 or exact. A
     /// family that cannot run the call is refused with the reason.
     #[arg(long, default_value = "auto")]
@@ -50,9 +53,64 @@ pub struct CallArgs {
     pub block_cols: Option<u32>,
 }
 
+/// The local window and the score modifiers (semantics in `flash_attn::AttentionOptions`).
+#[derive(clap::Args, Debug, Default)]
+pub struct ScoreModArgs {
+    /// Local window LEFT,RIGHT: row i sees keys i + n_k − n_q − LEFT ..= i + n_k − n_q + RIGHT
+    /// (bottom-right aligned like --causal, and cut by it when both are given); `inf` leaves a
+    /// side open, e.g. --window 1023,0.
+    #[arg(long, value_name = "LEFT,RIGHT", value_parser = parse_window)]
+    pub window: Option<Window>,
+    /// Logit softcap C: each scaled score s becomes C·tanh(s / C).
+    #[arg(long, value_name = "C")]
+    pub softcap: Option<f32>,
+    /// ALiBi with the standard geometric slopes of heads_q heads (2^(−8k/n), …): bias
+    /// −slope_h · |i + n_k − n_q − j|.
+    #[arg(long)]
+    pub alibi: bool,
+    /// Sink logits: one value for every query head, or one per head, comma separated.
+    #[arg(long, value_name = "SINK[,SINK...]", value_delimiter = ',')]
+    pub sinks: Option<Vec<f32>>,
+}
+
+impl ScoreModArgs {
+    /// `a` with these modifiers, for a call of `heads_q` query heads.
+    pub fn apply(&self, mut a: AttentionOptions, heads_q: u32) -> AttentionOptions {
+        a.window = self.window;
+        a.softcap = self.softcap;
+        if self.alibi {
+            a.alibi_slopes = Some(flash_attn::alibi_slopes(heads_q));
+        }
+        a.sinks = self.sinks.as_ref().map(|s| match s[..] {
+            [one] => vec![one; heads_q as usize],
+            _ => s.clone(),
+        });
+        a
+    }
+}
+
+fn parse_window(s: &str) -> Result<Window, String> {
+    let side = |x: &str| match x.trim() {
+        "inf" => Ok(u32::MAX),
+        x => x
+            .parse::<u32>()
+            .map_err(|e| format!("window side {x:?}: {e}")),
+    };
+    match s.split_once(',') {
+        Some((l, r)) => Ok(Window {
+            left: side(l)?,
+            right: side(r)?,
+        }),
+        None => Err(format!("expected LEFT,RIGHT, got {s:?}")),
+    }
+}
+
 impl CallArgs {
-    pub fn options(&self) -> FlashOptions {
-        let mut a = AttentionOptions::new().causal(self.causal);
+    /// The options of a call with `heads_q` query heads (ALiBi slopes and sinks are per head).
+    pub fn options(&self, heads_q: u32) -> FlashOptions {
+        let mut a = self
+            .mods
+            .apply(AttentionOptions::new().causal(self.causal), heads_q);
         a.scale = self.scale;
         if let Some(l) = &self.key_lengths {
             a = a.key_lengths(l.clone());
@@ -177,7 +235,7 @@ pub fn run(args: &ForwardArgs) -> Result<(), Box<dyn std::error::Error>> {
         &q.data,
         &k.data,
         &v.data,
-        &args.call.call.options(),
+        &args.call.call.options(shape.heads_q),
     )?;
     if args.call.print_plan {
         print!("{}", out.plan);

@@ -61,7 +61,10 @@ pub fn run(args: &PlanArgs) -> CliResult {
         head_dim: args.head_dim,
     };
     let dtype = args.dtype;
-    let options = args.call.options().deterministic(args.deterministic);
+    let options = args
+        .call
+        .options(shape.heads_q)
+        .deterministic(args.deterministic);
     let (device, on) = match &args.arch {
         Some(arch) => (
             DeviceCaps::for_arch(arch, flash_attn::PTX_SM90A.is_some())?,

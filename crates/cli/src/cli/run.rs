@@ -11,14 +11,17 @@ use flash_attn::{
     AttentionError, AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32,
     DeviceTensor, Direction, FlashOptions, Gpu, GradientBuffers, KernelChoice, Workspace, memory,
 };
-use flash_attn_testkit::bench::{backward_flops, forward_flops};
+use flash_attn_testkit::bench::{forward_flops, windowed_forward_flops};
 use flash_attn_testkit::inputs::uniform;
 use flash_attn_testkit::sampled_rows::{check_rows, relative_error};
 
 use super::CliResult;
+use super::forward::ScoreModArgs;
 
 /// Seed of the embedded default input.
 const DEFAULT_SEED: u64 = 0x02B;
+/// Heads of the CPU path's small input.
+const CPU_HEADS: u32 = 2;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -50,10 +53,16 @@ pub struct RunArgs {
     /// Seed of the random input.
     #[arg(long, default_value_t = DEFAULT_SEED)]
     seed: u64,
+    #[command(flatten)]
+    mods: ScoreModArgs,
 }
 
 pub fn run(args: &RunArgs) -> CliResult {
-    let options = AttentionOptions::new().causal(args.causal);
+    // ALiBi slopes and sinks are per query head: the GPU fixture's heads, or the CPU input's.
+    let options = |heads: u32| {
+        args.mods
+            .apply(AttentionOptions::new().causal(args.causal), heads)
+    };
     match flash_attn::gpu() {
         Ok(gpu) => {
             let shape = AttentionShape {
@@ -64,13 +73,13 @@ pub fn run(args: &RunArgs) -> CliResult {
                 heads_kv: args.heads,
                 head_dim: args.head_dim,
             };
-            run_gpu(&gpu, &shape, args, &options)
+            run_gpu(&gpu, &shape, args, &options(args.heads))
         }
         Err(AttentionError::NoDevice(why)) => {
             println!(
                 "no CUDA device answered ({why}); running the CPU path on a small embedded input"
             );
-            run_cpu(&options, args.seed)
+            run_cpu(&options(CPU_HEADS), args.seed)
         }
         Err(e) => Err(e.into()),
     }
@@ -126,26 +135,21 @@ fn run_gpu(
         .collect::<Result<_, _>>()?;
     let (q, k, v, d_o) = (&dev[0], &dev[1], &dev[2], &dev[3]);
     let rows = sample_rows(shape);
-    let rows_note = format!("{} sampled rows", rows.len());
-    let fwd_flops = forward_flops(shape, options.causal);
     let mut stages = Vec::new();
-
-    memory::reset_peak();
-    let workspace = MaterializedWorkspace::new(shape, dtype)?;
-    let o = DeviceTensor::poisoned(dtype, shape.q_elems())?;
-    let samples_ms = time_calls(gpu, 2, args.samples, || {
-        materialized_forward(gpu, &workspace, q, k, v, &o, options)
-    })?;
-    let error = check_rows(shape, options, (q_h, k_h, v_h), &o.to_f32()?, &rows)?;
-    stages.push(Stage {
-        name: "materialized forward (S, P in HBM)".into(),
-        samples_ms,
-        flops: fwd_flops,
-        peak_bytes: memory::peak_bytes(),
-        error,
-        checked_on: rows_note.clone(),
-    });
-    drop((workspace, o));
+    if options.has_score_mods() {
+        println!("materialized baseline skipped: it takes scale and causal only");
+    } else {
+        run_materialized(
+            gpu,
+            shape,
+            args,
+            options,
+            (q_h, k_h, v_h),
+            (q, k, v),
+            &rows,
+            &mut stages,
+        )?;
+    }
 
     for &choice in &args.kernel {
         let flash = FlashOptions::new(options.clone()).kernel(choice);
@@ -161,6 +165,37 @@ fn run_gpu(
         )?;
     }
     report(&stages, dtype)
+}
+
+/// The materialized baseline (S and P in HBM), timed and checked on the sampled rows.
+#[allow(clippy::too_many_arguments)]
+fn run_materialized(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    args: &RunArgs,
+    options: &AttentionOptions,
+    (q_h, k_h, v_h): (&[f32], &[f32], &[f32]),
+    (q, k, v): (&DeviceTensor, &DeviceTensor, &DeviceTensor),
+    rows: &[(u32, u32, u32)],
+    stages: &mut Vec<Stage>,
+) -> CliResult {
+    let dtype = args.dtype;
+    memory::reset_peak();
+    let workspace = MaterializedWorkspace::new(shape, dtype)?;
+    let o = DeviceTensor::poisoned(dtype, shape.q_elems())?;
+    let samples_ms = time_calls(gpu, 2, args.samples, || {
+        materialized_forward(gpu, &workspace, q, k, v, &o, options)
+    })?;
+    let error = check_rows(shape, options, (q_h, k_h, v_h), &o.to_f32()?, rows)?;
+    stages.push(Stage {
+        name: "materialized forward (S, P in HBM)".into(),
+        samples_ms,
+        flops: forward_flops(shape, options.causal),
+        peak_bytes: memory::peak_bytes(),
+        error,
+        checked_on: format!("{} sampled rows", rows.len()),
+    });
+    Ok(())
 }
 
 /// The backward of one (batch 0, head 0) plane against the f64 reference of that plane: the
@@ -184,6 +219,15 @@ fn check_backward_head(
             .collect()
     };
     let (hq, hk) = (shape.heads_q, shape.heads_kv);
+    // The plane's one head is head 0: its ALiBi slope and sink.
+    let mut options = options.clone();
+    for values in [&mut options.alibi_slopes, &mut options.sinks]
+        .into_iter()
+        .flatten()
+    {
+        values.truncate(1);
+    }
+    let options = &options;
     let want = backward_f32(
         &plane,
         &slice(&host[0], hq, shape.n_q),
@@ -233,7 +277,7 @@ fn time_family(
     let family = plan.family;
     println!("--kernel {}: forward plan\n{plan}", flash.kernel);
     let rows_note = format!("{} sampled rows", rows.len());
-    let fwd_flops = forward_flops(shape, options.causal);
+    let fwd_flops = windowed_forward_flops(shape, options);
     let check = |o: &DeviceTensor| {
         check_rows(
             shape,
@@ -283,7 +327,7 @@ fn time_family(
         d_o,
         lse: &forward.lse,
     };
-    let bwd_flops = backward_flops(shape, options.causal);
+    let bwd_flops = 2.5 * windowed_forward_flops(shape, options);
     memory::reset_peak();
     let mut grads = None;
     let samples_ms = time_calls(gpu, 2, samples, || {
@@ -303,7 +347,10 @@ fn time_family(
     });
 
     memory::reset_peak();
-    let out = GradientBuffers::poisoned(shape, dtype)?;
+    let mut out = GradientBuffers::poisoned(shape, dtype)?;
+    if options.sinks.is_some() {
+        out = out.with_d_sinks(shape)?;
+    }
     let workspace = Workspace::new(&grads.plan)?;
     let samples_ms = time_calls(gpu, 2, samples, || {
         flash_attn::backward_into(gpu, shape, &inputs, &out, &workspace, flash).map(drop)
@@ -389,8 +436,8 @@ fn run_cpu(options: &AttentionOptions, seed: u64) -> CliResult {
         batch: 1,
         n_q: 128,
         n_k: 128,
-        heads_q: 2,
-        heads_kv: 2,
+        heads_q: CPU_HEADS,
+        heads_kv: CPU_HEADS,
         head_dim: 32,
     };
     let q = uniform(seed, shape.q_elems());

@@ -23,12 +23,13 @@ use crate::arch::{
 use crate::attn::backward::Pair;
 use crate::attn::mask::hidden;
 use crate::attn::mask::{Exponent, MASKED, is_masked, sanitize_own_chunks, sanitize_pair};
+use crate::attn::score_mod::{ScoreMod, Window, key_range, rows_seeing_keys};
 use crate::kernels::sm80::backward::TcBackwardConfig;
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{load_shared_f32x2, load_shared_u32, red_add_f32};
-use crate::tile::mma::{FragB, FragC};
+use crate::tile::mma::{FragB, FragC, each_fragment};
 
 /// `b` with its non-finite elements replaced by 0.
 #[inline(always)]
@@ -67,6 +68,7 @@ unsafe fn backward<
     const NQP: usize,
     const WARPS: usize,
     const DQ: usize,
+    const MODS: bool,
 >(
     p: &TensorCoreBackwardParams,
 ) {
@@ -108,8 +110,22 @@ unsafe fn backward<
         head_dim: d,
         warps: WARPS as u32,
     };
-    let first_block = cfg.first_q_block(k0, s.n_q, s.n_k, causal);
-    let per_head = s.n_q.div_ceil(br).saturating_sub(first_block);
+    // The window and the score modifiers: `MODS` instances only (the host routes every call that
+    // has one there), so the others compile without them. The K/V block visits only the Q
+    // blocks of rows whose window reaches it.
+    let window = if MODS { p.mods.window } else { Window::NONE };
+    let windowed = !window.is_none();
+    let keys_of = |row: u32| key_range(row, s.n_q, s.n_k, causal, window);
+    let (first_block, end_block) = if windowed {
+        let (first, end) = rows_seeing_keys(k0, (k0 + bc).min(s.n_k), s.n_q, s.n_k, causal, window);
+        (first / br, end.div_ceil(br))
+    } else {
+        (
+            cfg.first_q_block(k0, s.n_q, s.n_k, causal),
+            s.n_q.div_ceil(br),
+        )
+    };
+    let per_head = end_block.saturating_sub(first_block);
     let iters = per_head * group;
     let head_of = |i: u32| hk * group + i / per_head;
     let row0_of = |i: u32| (first_block + i % per_head) * br;
@@ -186,7 +202,21 @@ unsafe fn backward<
         wait_all();
         let st = i & 1;
         let (h, q0) = (head_of(i), row0_of(i));
-        let masked = cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal);
+        let masked = if windowed {
+            // Both ends of a row's keys grow with the row: the first row sees the fewest keys
+            // at the right, the last the fewest at the left.
+            keys_of(q0).1 < k0 + bc || keys_of((q0 + br).min(s.n_q) - 1).0 > k0
+        } else {
+            cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal)
+        };
+        // Softcap and ALiBi of head h.
+        let score_mod = if MODS {
+            // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
+            unsafe { p.mods.for_head(h) }
+        } else {
+            ScoreMod::default()
+        };
+        let modified = score_mod.softcap != 0.0 || score_mod.slope != 0.0;
         // A non-finite Q row would reach dK as 0 · NaN through dSᵀ·Q. Every score of such a row
         // is non-finite, so its LSE is NaN or −∞ and the preprocess made it empty (P = 0,
         // D = 0; `nan_rows` writes a NaN row's gradients): zeroing its non-finite elements
@@ -210,6 +240,13 @@ unsafe fn backward<
         // warp's own rows of the dSᵀ tile: read back as A operands for dV and by element for dS
         // (which overwrites it in place).
         let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
+        // ALiBi's distance `|row + n_k − n_q − key|` of element e at query column `col`.
+        // In i32, which holds every row and key (below 2^31, the host's validation).
+        let distance = |col: u32, e: usize| {
+            let row = (q0 + col + (e % 2) as u32) as i32;
+            let key = if e < 2 { key_lo } else { key_hi } as i32;
+            (row + (s.n_k as i32 - s.n_q as i32) - key).unsigned_abs() as f32
+        };
         for half in 0..2 {
             let lane = opaque(lane);
             let t = lane % 4;
@@ -230,12 +267,18 @@ unsafe fn backward<
             }
             // Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows past n_q
             // and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already.
-            for (j, f) in pt.iter_mut().enumerate() {
+            each_fragment!(pt, |j, f| {
                 let col = 8 * (half * NQP + j) as u32 + 2 * t;
                 // SAFETY: columns col, col + 1 are inside the stage's statistics.
                 let lse = unsafe { load_shared_f32x2(stats(st) + col * 4) };
                 for e in 0..4 {
-                    f.0[e] = exp2(f.0[e] * p.scale_log2 - lse[e % 2]);
+                    let x = f.0[e];
+                    let score = if modified {
+                        score_mod.apply_log2(x, p.scale_log2, distance(col, e))
+                    } else {
+                        x * p.scale_log2
+                    };
+                    f.0[e] = exp2(score - lse[e % 2]);
                 }
                 if masked || k_poisoned {
                     // Selects, not branches, so the loop unrolls and `pt` stays in registers.
@@ -243,12 +286,17 @@ unsafe fn backward<
                     for e in 0..4 {
                         let key = if e < 2 { key_lo } else { key_hi };
                         let row = q0 + col + (e % 2) as u32;
-                        let hidden = row >= s.n_q || hidden(row, key, s.n_q, s.n_k, causal);
+                        let hidden = if windowed {
+                            let (first, end) = keys_of(row);
+                            row >= s.n_q || key < first || key >= end
+                        } else {
+                            row >= s.n_q || hidden(row, key, s.n_q, s.n_k, causal)
+                        };
                         // MASKED (−0, which 2^x never is): dS below is 0 there, whatever dPᵀ.
                         f.0[e] = if hidden { MASKED } else { f.0[e] };
                     }
                 }
-            }
+            });
             for k in 0..NQP / 2 {
                 let a = T::pack_a(&pt[2 * k], &pt[2 * k + 1]);
                 let c = 2 * (half * NQP / 2 + k) as u32;
@@ -294,7 +342,7 @@ unsafe fn backward<
                 }
                 ds.iter_mut().for_each(FragC::pin);
             }
-            for (j, f) in ds.iter_mut().enumerate() {
+            each_fragment!(ds, |j, f| {
                 let jj = (half * NQP + j) as u32;
                 let col = 8 * jj + 2 * t;
                 let (lo_at, hi_at) = (
@@ -313,14 +361,22 @@ unsafe fn backward<
                     // A masked Pᵀ gives dS = 0 even where dPᵀ (a masked V) or D (a NaN row)
                     // is not finite.
                     let skip = masked || k_poisoned;
+                    // The softcap's `1 − tanh²`, recovered from P (`ScoreMod::grad_from_p`; P
+                    // as rounded for dV).
+                    let lse = if score_mod.softcap != 0.0 {
+                        load_shared_f32x2(stats(st) + col * 4)
+                    } else {
+                        [0.0; 2]
+                    };
                     for e in 0..4 {
-                        let ds = p_row[e] * (f.0[e] - d_row[e % 2]);
+                        let grad = score_mod.grad_from_p(p_row[e], lse[e % 2], distance(col, e));
+                        let ds = p_row[e] * (f.0[e] - d_row[e % 2]) * grad;
                         f.0[e] = if skip && is_masked(p_row[e]) { 0.0 } else { ds };
                     }
                     store_shared_u32(lo_at, T::pack(f.0[0], f.0[1]));
                     store_shared_u32(hi_at, T::pack(f.0[2], f.0[3]));
                 }
-            }
+            });
         }
         sync_warp();
 
@@ -419,7 +475,7 @@ unsafe fn backward<
 /// One entry point per (dtype, configuration), named `flash_tc_backward_<dtype>_d<d>_w<warps>` as
 /// the host formats it; the test checks that every `VARIANTS` entry exists.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $mods:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
             // SAFETY: the host validated the buffers against `p` and launched the configuration's
@@ -433,6 +489,7 @@ macro_rules! entry_points {
                     { $cfg.block_rows() as usize / 16 },
                     { $cfg.warps as usize },
                     { $cfg.dq_tiles() as usize },
+                    $mods,
                 >(&p)
             }
         }
@@ -440,17 +497,21 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_tc_backward_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 };
-    flash_tc_backward_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 };
-    flash_tc_backward_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 };
-    flash_tc_backward_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 };
+    flash_tc_backward_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, false;
+    flash_tc_backward_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false;
+    flash_tc_backward_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false;
+    flash_tc_backward_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false;
+    flash_tc_backward_mods_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, true;
+    flash_tc_backward_mods_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, true;
+    flash_tc_backward_mods_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, true;
+    flash_tc_backward_mods_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
 #[cfg(feature = "tuning")]
 entry_points! {
-    flash_tc_backward_bf16_d64_w8 => Bf16, TcBackwardConfig { head_dim: 64, warps: 8 };
-    flash_tc_backward_f16_d64_w8 => F16, TcBackwardConfig { head_dim: 64, warps: 8 };
-    flash_tc_backward_bf16_d128_w8 => Bf16, TcBackwardConfig { head_dim: 128, warps: 8 };
-    flash_tc_backward_f16_d128_w8 => F16, TcBackwardConfig { head_dim: 128, warps: 8 };
+    flash_tc_backward_bf16_d64_w8 => Bf16, TcBackwardConfig { head_dim: 64, warps: 8 }, false;
+    flash_tc_backward_f16_d64_w8 => F16, TcBackwardConfig { head_dim: 64, warps: 8 }, false;
+    flash_tc_backward_bf16_d128_w8 => Bf16, TcBackwardConfig { head_dim: 128, warps: 8 }, false;
+    flash_tc_backward_f16_d128_w8 => F16, TcBackwardConfig { head_dim: 128, warps: 8 }, false;
 }

@@ -6,15 +6,18 @@
 //! barrier per block. `S = Q·Kᵀ` and `O += P·V` both run on `mma.sync`; P never leaves registers
 //! (see `tile::mma`). Generic over `KD = d / 16` (k-steps of QKᵀ), `ND = d / 8` (n-tiles of O),
 //! `NK` (n-tiles of S) and `NP = NK / 2` (k-steps of PV), so every register array has a
-//! compile-time size and every loop over one unrolls.
+//! compile-time size and every loop over one unrolls. The `MODS` instances add the local window
+//! (blocks outside every row's window are skipped), softcap, ALiBi and sink logits
+//! (`attn::row_keys`, `attn::score_mod`); kept apart so that the others pay nothing for them.
 
 use crate::abi::params::TensorCoreForwardParams;
-use crate::abi::shape::causal_key_end;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{
     block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads_or, sync_warp, thread_x,
 };
 use crate::attn::mask::{Exponent, Operand, non_finite_part, sanitize_own_chunks};
+use crate::attn::row_keys::RowKeys;
+use crate::attn::score_mod::{ScoreMod, Window, key_range};
 use crate::attn::softmax::RowState;
 use crate::kernels::sm80::forward::TcConfig;
 use crate::tile::SwizzledTile;
@@ -30,6 +33,7 @@ unsafe fn forward<
     const NK: usize,
     const NP: usize,
     const WARPS: usize,
+    const MODS: bool,
 >(
     p: &TensorCoreForwardParams,
 ) {
@@ -83,48 +87,61 @@ unsafe fn forward<
         }
     };
 
-    let key_end = |row: u32| {
-        if causal {
-            causal_key_end(row, s.n_q, s.n_k)
-        } else {
-            s.n_k
-        }
-    };
+    // The window and the score modifiers: `MODS` instances only (the host routes every call
+    // that has one there), so the others compile without them.
+    let window = if MODS { p.mods.window } else { Window::NONE };
+    let windowed = !window.is_none();
     let last_row = (q0 + br).min(s.n_q) - 1;
-    let n_blocks = key_end(last_row).div_ceil(bc);
-    // Keys below this are allowed for every row of the block: those blocks skip the mask.
-    let unmasked_end = key_end(q0);
+    // Blocks before the first row's window start and past the last row's end are skipped.
+    let first_block = key_range(q0, s.n_q, s.n_k, causal, window).0 / bc;
+    let n_blocks = key_range(last_row, s.n_q, s.n_k, causal, window)
+        .1
+        .div_ceil(bc);
+    let warp_row = 16 * warp;
+    let (row_lo, row_hi) = (q0 + warp_row + lane / 4, q0 + warp_row + lane / 4 + 8);
+    let score_mod = if MODS {
+        // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
+        unsafe { p.mods.for_head(h) }
+    } else {
+        ScoreMod::default()
+    };
+    let keys = RowKeys::new(
+        row_lo,
+        (q0, last_row),
+        (s.n_q, s.n_k),
+        (causal, window),
+        score_mod,
+    );
 
     // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
     unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };
-    if n_blocks > 0 {
-        fill_kv(0, 0);
+    if n_blocks > first_block {
+        fill_kv(first_block, first_block & 1);
     }
-    // A causal diagonal block hides some of its keys from some rows: a non-finite V there would
-    // reach them as 0 · NaN through P·V. Its V is sanitized as it lands (each thread its own
-    // chunks, before the barrier that publishes them; the barrier votes whether any was
-    // non-finite), and the allowed keys' non-finite part is added after the loop.
-    let diagonal = |block: u32| causal && block < n_blocks && block * bc + bc > unmasked_end;
+    // A causal diagonal block (or a window's edge) hides some of its keys from some rows: a
+    // non-finite V there would reach them as 0 · NaN through P·V. Its V is sanitized as it lands
+    // (each thread its own chunks, before the barrier that publishes them; the barrier votes
+    // whether any was non-finite), and the allowed keys' non-finite part is added after the
+    // loop. Keys past n_k load as zeros and need nothing.
+    let diagonal =
+        |block: u32| (causal || windowed) && block < n_blocks && keys.partial(block * bc, bc);
     let sanitize_v = |block: u32, stage: u32| {
         // SAFETY: the thread's own copies of the stage's V have landed (`wait_all` before).
         diagonal(block) && unsafe { sanitize_own_chunks::<T, _>(&v_tile(stage), bc, tid, threads) }
     };
     wait_all();
-    let mut poisoned = sync_threads_or(sanitize_v(0, 0));
-    let warp_row = 16 * warp;
+    let mut poisoned = sync_threads_or(sanitize_v(first_block, first_block & 1));
     let mut q_frag = [FragA::default(); KD];
     for (kk, f) in q_frag.iter_mut().enumerate() {
         // SAFETY: the warp's 16 rows are inside the Q tile.
         *f = unsafe { q_tile.load_a(warp_row, kk as u32, lane) };
     }
 
-    let (row_lo, row_hi) = (q0 + warp_row + lane / 4, q0 + warp_row + lane / 4 + 8);
-    let (end_lo, end_hi) = (key_end(row_lo), key_end(row_hi));
     let mut o = [FragC::default(); ND];
     let mut state = RowState::new();
-    let mut block = 0;
+    let mut block = first_block;
     while block < n_blocks {
-        if block > 0 {
+        if block > first_block {
             // This block has landed, and every warp is done with the previous one, whose stage
             // the next fill overwrites.
             wait_all();
@@ -146,26 +163,7 @@ unsafe fn forward<
                 T::mma(&mut sc[2 * np + 1], qf, &b1);
             }
         }
-        for t in sc.iter_mut() {
-            for e in 0..4 {
-                t.0[e] *= p.scale_log2;
-            }
-        }
-        if k0 + bc > unmasked_end {
-            // Selects, not branches, so the loop unrolls and `sc` stays in registers.
-            let col0 = k0 + 2 * (lane % 4);
-            for (j, t) in sc.iter_mut().enumerate() {
-                for e in 0..4 {
-                    let col = col0 + 8 * j as u32 + (e % 2) as u32;
-                    let end = if e < 2 { end_lo } else { end_hi };
-                    t.0[e] = if col >= end {
-                        f32::NEG_INFINITY
-                    } else {
-                        t.0[e]
-                    };
-                }
-            }
-        }
+        keys.prepare(&mut sc, p.scale_log2, k0, lane % 4);
         let pf: [FragA; NP] = state.update::<T, NK, NP, ND>(&mut sc, &mut o);
 
         for (kk, pa) in pf.iter().enumerate() {
@@ -180,18 +178,29 @@ unsafe fn forward<
         block += 1;
     }
 
-    let lse = state.finish(&mut o);
+    // SAFETY: the head's sink exists when sinks are on (validated by the host).
+    let sink = if MODS {
+        unsafe { p.mods.sink(h) }
+    } else {
+        None
+    };
+    let lse = state.finish(&mut o, sink);
     if poisoned {
         let v = Operand {
             base: v_rows.base,
             stride: kv_stride,
         };
-        let from = unmasked_end / bc * bc;
+        // Every visited block with a window: blocks the product already took non-finite values
+        // from add them again, which changes nothing.
+        let from = if windowed {
+            first_block * bc
+        } else {
+            keys.unmasked_end / bc * bc
+        };
+        let (starts, ends) = keys.ranges();
         // SAFETY: allowed keys are below n_k, rows of V.
         let poison = unsafe {
-            non_finite_part::<T, ND>((from, n_blocks * bc), [end_lo, end_hi], v, lane, |_, _| {
-                false
-            })
+            non_finite_part::<T, ND>((from, n_blocks * bc), starts, ends, v, lane, |_, _| false)
         };
         poison.apply(&mut o);
     }
@@ -230,9 +239,10 @@ unsafe fn forward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_tc_forward_<dtype>_d<d>_w<warps>_k<keys>`
-/// as the host formats it; `tests/ptx_entries.rs` checks that every `VARIANTS` entry exists.
+/// as the host formats it (`flash_tc_forward_mods_…` for the defaults: with the window and score
+/// modifiers); `tests/ptx_entries.rs` checks that every `VARIANTS` entry exists.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $mods:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreForwardParams) {
             // SAFETY: the host validated the buffers against `p` and launched the configuration's
@@ -245,6 +255,7 @@ macro_rules! entry_points {
                     { $cfg.block_keys as usize / 8 },
                     { $cfg.block_keys as usize / 16 },
                     { $cfg.warps as usize },
+                    $mods,
                 >(&p)
             }
         }
@@ -252,19 +263,23 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_tc_forward_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 };
-    flash_tc_forward_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 };
-    flash_tc_forward_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 };
-    flash_tc_forward_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 };
+    flash_tc_forward_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, false;
+    flash_tc_forward_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, false;
+    flash_tc_forward_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, false;
+    flash_tc_forward_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, false;
+    flash_tc_forward_mods_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true;
+    flash_tc_forward_mods_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true;
+    flash_tc_forward_mods_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true;
+    flash_tc_forward_mods_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
 #[cfg(feature = "tuning")]
 entry_points! {
-    flash_tc_forward_bf16_d64_w4_k128 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 };
-    flash_tc_forward_f16_d64_w4_k128 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 };
-    flash_tc_forward_bf16_d64_w8_k128 => Bf16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 };
-    flash_tc_forward_f16_d64_w8_k128 => F16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 };
-    flash_tc_forward_bf16_d128_w4_k64 => Bf16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 };
-    flash_tc_forward_f16_d128_w4_k64 => F16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 };
+    flash_tc_forward_bf16_d64_w4_k128 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 }, false;
+    flash_tc_forward_f16_d64_w4_k128 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 }, false;
+    flash_tc_forward_bf16_d64_w8_k128 => Bf16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 }, false;
+    flash_tc_forward_f16_d64_w8_k128 => F16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 }, false;
+    flash_tc_forward_bf16_d128_w4_k64 => Bf16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 }, false;
+    flash_tc_forward_f16_d128_w4_k64 => F16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 }, false;
 }

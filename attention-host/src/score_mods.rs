@@ -1,0 +1,40 @@
+//! The window and score modifiers on the device: [`ScoreMods`] with the per-head arrays it
+//! points to.
+
+use attention_kernels::abi::params::ScoreMods;
+
+use crate::error::Result;
+use crate::options::AttentionOptions;
+use crate::runtime::buffer::DeviceF32;
+
+/// A `ScoreMods` with the device arrays it points to (kept alive as long as the parameters).
+pub struct DeviceScoreMods {
+    pub params: ScoreMods,
+    _arrays: Vec<DeviceF32>,
+}
+
+impl DeviceScoreMods {
+    /// Uploads the slopes and sinks of `options` (validated against the call's shape);
+    /// `d_sinks`: where the backward writes the sink gradients (0 for none).
+    pub fn upload(options: &AttentionOptions, d_sinks: u64) -> Result<DeviceScoreMods> {
+        let mut arrays = Vec::new();
+        let mut upload = |values: &Option<Vec<f32>>| -> Result<u64> {
+            let Some(values) = values else { return Ok(0) };
+            let a = DeviceF32::from_slice(values)?;
+            let ptr = a.device_ptr();
+            arrays.push(a);
+            Ok(ptr)
+        };
+        let params = ScoreMods {
+            window: options.window_or_none(),
+            softcap: options.softcap.unwrap_or(0.0),
+            alibi_slopes: upload(&options.alibi_slopes)?,
+            sinks: upload(&options.sinks)?,
+            d_sinks,
+        };
+        Ok(DeviceScoreMods {
+            params,
+            _arrays: arrays,
+        })
+    }
+}
