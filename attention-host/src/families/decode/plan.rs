@@ -35,7 +35,7 @@ const MAX_SPLITS: u32 = 256;
 
 /// `(splits, keys_per_split)` for `batch_heads` (sequences × K/V heads) blocks of work over
 /// `n_k` keys on `sms` SMs: enough splits that the grid fills every SM `BLOCKS_PER_SM` times,
-/// never a split shorter than one step of keys, never more than [`MAX_SPLITS`].
+/// never a split shorter than one step of keys, never more than `MAX_SPLITS` (256).
 pub fn choose_splits(sms: u32, batch_heads: u32, n_k: u32) -> (u32, u32) {
     let steps = n_k.div_ceil(STEP_KEYS).max(1);
     let target = (sms * BLOCKS_PER_SM).div_ceil(batch_heads.max(1));
