@@ -11,7 +11,8 @@
 use std::fmt;
 
 use attention_kernels::abi::layout::BlockSizes;
-use attention_kernels::attn::backward::n_q_pad;
+use attention_kernels::abi::shape::AttentionShape;
+use attention_kernels::attn::backward::{PREPROCESS_WARPS, n_q_pad};
 use attention_kernels::kernels::sm80::backward::TcBackwardConfig;
 use attention_kernels::kernels::sm80::forward::TcConfig;
 use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
@@ -339,18 +340,17 @@ fn plan_tiles(
             device.max_shared_per_block
         ));
     }
-    // The forward's blocks own query rows; the backward's own keys (of each K/V head).
+    // The forward's blocks own query rows; the backward's own keys (of each K/V head). The
+    // (head, sequence) pairs take y and z, folded past 65,535 of either (`abi::grid`).
     let grid = match direction {
-        Direction::Forward => (
-            problem.max_q_len.div_ceil(block_rows),
-            s.heads_q,
-            problem.sequences,
-        ),
-        Direction::Backward => (
-            problem.max_k_rows.div_ceil(block_keys),
-            s.heads_kv,
-            problem.sequences,
-        ),
+        Direction::Forward => {
+            let (y, z) = problem.grid_yz(s.heads_q);
+            (problem.max_q_len.div_ceil(block_rows), y, z)
+        }
+        Direction::Backward => {
+            let (y, z) = problem.grid_yz(s.heads_kv);
+            (problem.max_k_rows.div_ceil(block_keys), y, z)
+        }
     };
     Ok(Plan {
         direction,
@@ -386,7 +386,20 @@ fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::R
             "adds dQ with float atomics, so its gradients are not bitwise deterministic".into(),
         );
     }
+    if direction == Direction::Backward && preprocess_blocks(&problem.shape) > i32::MAX as u64 {
+        return Err(
+            "pads each (batch, head) to whole Q blocks: too many padded rows for one grid".into(),
+        );
+    }
     Ok(())
+}
+
+/// Blocks of the tensor-core backward's preprocess: one warp per padded row. Rows of
+/// `validate_shape`'s shapes are below 2^31, but padding a tiny `n_q` to 64 rows for each of up to
+/// 2^31 (batch, head) pairs is not.
+pub(crate) fn preprocess_blocks(s: &AttentionShape) -> u64 {
+    let padded = s.batch as u64 * s.heads_q as u64 * n_q_pad(s.n_q) as u64;
+    padded.div_ceil(PREPROCESS_WARPS as u64)
 }
 
 fn head_dims(d: u32) -> String {

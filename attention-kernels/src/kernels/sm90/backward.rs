@@ -29,9 +29,10 @@ use crate::abi::philox::DropoutRng;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{
-    block_x, block_y, block_z, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x,
+    block_x, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x,
 };
 use crate::attn::backward::{first_q_block, needs_mask};
+use crate::attn::grid::head_and_sequence;
 use crate::attn::mask::hidden;
 use crate::attn::mask::{
     Exponent, MASKED, is_masked, quad_any, sanitize_own_chunks, sanitize_row_part,
@@ -102,12 +103,15 @@ unsafe fn backward<
     let (group, warp, lane) = (tid / 128, (tid / 32) % 4, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
     let causal = p.causal != 0;
-    let (kv_block, hk) = (block_x(), block_y());
+    let Some((hk, sq)) = head_and_sequence(s.heads_kv, p.layout.sequences) else {
+        return;
+    };
+    let kv_block = block_x();
     let seq = if GENERAL {
-        // SAFETY: the host launches one block row per sequence of a validated layout.
-        unsafe { Sequence::locate(&p.layout, &s, block_z()) }
+        // SAFETY: `sq` is below the sequence count of a validated layout.
+        unsafe { Sequence::locate(&p.layout, &s, sq) }
     } else {
-        Sequence::full(&s, block_z())
+        Sequence::full(&s, sq)
     };
     let k0 = kv_block * bc;
     if k0 >= seq.k_rows {

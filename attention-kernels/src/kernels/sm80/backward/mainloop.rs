@@ -18,9 +18,10 @@ use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{
-    block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
+    block_x, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
 };
 use crate::attn::backward::Pair;
+use crate::attn::grid::head_and_sequence;
 use crate::attn::mask::hidden;
 use crate::attn::mask::{Exponent, MASKED, is_masked, sanitize_own_chunks, sanitize_pair};
 use crate::kernels::sm80::backward::TcBackwardConfig;
@@ -80,7 +81,11 @@ unsafe fn backward<
     let s = p.shape;
     let (tid, warp, lane) = (thread_x(), thread_x() / 32, thread_x() % 32);
     let causal = p.causal != 0;
-    let (kv_block, hk, b) = (block_x(), block_y(), block_z());
+    // Without length masks (all this family runs) sequence b is batch item b.
+    let Some((hk, b)) = head_and_sequence(s.heads_kv, p.layout.sequences) else {
+        return;
+    };
+    let kv_block = block_x();
     let k0 = kv_block * bc;
     let group = s.heads_q / s.heads_kv;
 
