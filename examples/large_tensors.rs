@@ -97,7 +97,12 @@ fn widen(bits: &[u16], e: usize) -> f64 {
 /// spread of the rest (rows near the end see nearly every key: the costly, telling ones).
 fn sampled_rows(shape: &AttentionShape, count: usize) -> Vec<(u32, u32, u32)> {
     let (h_last, i_last) = (shape.heads_q - 1, shape.n_q - 1);
-    let mut rows = vec![(0, h_last, i_last), (0, 0, 0), (0, h_last, 0), (0, 0, i_last)];
+    let mut rows = vec![
+        (0, h_last, i_last),
+        (0, 0, 0),
+        (0, h_last, 0),
+        (0, 0, i_last),
+    ];
     let spread = count.saturating_sub(rows.len()) as u64;
     for t in 0..spread {
         let h = ((t * 7 + 3) % shape.heads_q as u64) as u32;
@@ -193,11 +198,7 @@ fn main() -> Result<()> {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    println!(
-        "{} f64 reference of {} rows computed",
-        stamp(),
-        rows.len()
-    );
+    println!("{} f64 reference of {} rows computed", stamp(), rows.len());
     let d = shape.head_dim as usize;
     let (mut o_got, mut o_want, mut dq_got, mut dq_want) = (vec![], vec![], vec![], vec![]);
     let mut lse_err = 0.0f64;
@@ -210,8 +211,9 @@ fn main() -> Result<()> {
         dq_got.extend((0..d).map(|c| widen(&dq, at + c)));
         o_want.extend(r.o);
         dq_want.extend(r.dq);
-        let l = lse[(b as usize * shape.heads_q as usize + h as usize) * shape.n_q as usize
-            + i as usize] as f64;
+        let l = lse
+            [(b as usize * shape.heads_q as usize + h as usize) * shape.n_q as usize + i as usize]
+            as f64;
         let e = (l - r.lse).abs();
         lse_err = if e.is_nan() { f64::NAN } else { lse_err.max(e) };
     }
@@ -239,9 +241,7 @@ fn main() -> Result<()> {
         fwd.plan.entry,
         grads.plan.family,
         grads.plan.entry,
-        rows.iter()
-            .map(|&(b, h, i)| [b, h, i])
-            .collect::<Vec<_>>(),
+        rows.iter().map(|&(b, h, i)| [b, h, i]).collect::<Vec<_>>(),
         start.elapsed().as_secs_f64()
     );
     std::fs::write(&args.out, record)?;

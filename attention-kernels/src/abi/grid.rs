@@ -65,7 +65,10 @@ mod tests {
                 }
             }
         }
-        assert!(seen.iter().all(|&x| x), "{heads} x {sequences}: a pair is missing");
+        assert!(
+            seen.iter().all(|&x| x),
+            "{heads} x {sequences}: a pair is missing"
+        );
     }
 
     #[test]
@@ -92,6 +95,9 @@ mod tests {
         assert_eq!(fold_heads_sequences(0, 2), None);
         assert_eq!(fold_heads_sequences(2, 0), None);
         // 2^31 pairs fold into 65,535 x 32,769.
-        assert_eq!(fold_heads_sequences(1 << 16, 1 << 15), Some((65_535, 32_769)));
+        assert_eq!(
+            fold_heads_sequences(1 << 16, 1 << 15),
+            Some((65_535, 32_769))
+        );
     }
 }

@@ -175,9 +175,8 @@ mod tests {
             heads_kv: 2,
             head_dim: 8,
         };
-        let wave = |n: usize, k: f32| -> Vec<f32> {
-            (0..n).map(|x| (x as f32 * k).sin() * 1.5).collect()
-        };
+        let wave =
+            |n: usize, k: f32| -> Vec<f32> { (0..n).map(|x| (x as f32 * k).sin() * 1.5).collect() };
         let (q, k, v, d_o) = (
             wave(shape.q_elems(), 0.7),
             wave(shape.kv_elems(), 1.3),

@@ -54,7 +54,8 @@ pub(crate) fn launch_backward(
     };
     // Below 2^31 (the plan admits the family only then); Q's elements / 8 and its rows too.
     let blocks = |n: u64| {
-        u32::try_from(n).map_err(|_| invalid!("a backward grid of {n} blocks exceeds the hardware's"))
+        u32::try_from(n)
+            .map_err(|_| invalid!("a backward grid of {n} blocks exceeds the hardware's"))
     };
     gpu.launch(
         &instances::tensor_core_preprocess(dtype, shape.head_dim),

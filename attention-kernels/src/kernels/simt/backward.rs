@@ -12,8 +12,8 @@
 use crate::abi::params::FlashBackwardParams;
 use crate::abi::storage::{Bf16, F16, Storage};
 use crate::arch::{
-    atomic_add_global, block_dim_x, block_x, entry_points, exp, grid_dim_x,
-    sync_threads, sync_threads_or, thread_x, warp_sum,
+    atomic_add_global, block_dim_x, block_x, entry_points, exp, grid_dim_x, sync_threads,
+    sync_threads_or, thread_x, warp_sum,
 };
 use crate::attn::dropout::dropout_multiplier;
 use crate::attn::grid::head_and_sequence;

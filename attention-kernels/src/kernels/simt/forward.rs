@@ -9,8 +9,8 @@
 use crate::abi::params::FlashForwardParams;
 use crate::abi::storage::{Bf16, F16, Storage};
 use crate::arch::{
-    block_dim_x, block_x, entry_points, exp, ln, sync_threads, sync_threads_or,
-    sync_warp, thread_x, warp_max, warp_sum,
+    block_dim_x, block_x, entry_points, exp, ln, sync_threads, sync_threads_or, sync_warp,
+    thread_x, warp_max, warp_sum,
 };
 use crate::attn::dropout::dropout_multiplier;
 use crate::attn::grid::head_and_sequence;

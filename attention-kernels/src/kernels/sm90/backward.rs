@@ -28,9 +28,7 @@ use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::philox::DropoutRng;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
-use crate::arch::{
-    block_x, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x,
-};
+use crate::arch::{block_x, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x};
 use crate::attn::backward::{first_q_block, needs_mask};
 use crate::attn::grid::head_and_sequence;
 use crate::attn::mask::hidden;

@@ -25,8 +25,7 @@ use crate::abi::params::TensorCoreForwardParams;
 use crate::abi::philox::DropoutRng;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{
-    block_x, grid_dim_x, opaque, shared_window, sync_threads, sync_threads_or,
-    thread_x,
+    block_x, grid_dim_x, opaque, shared_window, sync_threads, sync_threads_or, thread_x,
 };
 use crate::attn::dropout::dropout_multiplier;
 use crate::attn::grid::head_and_sequence;

@@ -17,9 +17,7 @@
 use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
-use crate::arch::{
-    block_x, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
-};
+use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x};
 use crate::attn::backward::Pair;
 use crate::attn::grid::head_and_sequence;
 use crate::attn::mask::hidden;

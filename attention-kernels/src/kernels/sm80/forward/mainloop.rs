@@ -11,11 +11,9 @@
 use crate::abi::params::TensorCoreForwardParams;
 use crate::abi::shape::causal_key_end;
 use crate::abi::storage::{Bf16, F16};
-use crate::arch::{
-    block_x, grid_dim_x, shared_window, sync_threads_or, sync_warp, thread_x,
-};
-use crate::attn::mask::{Exponent, Operand, non_finite_part, sanitize_own_chunks};
+use crate::arch::{block_x, grid_dim_x, shared_window, sync_threads_or, sync_warp, thread_x};
 use crate::attn::grid::head_and_sequence;
+use crate::attn::mask::{Exponent, Operand, non_finite_part, sanitize_own_chunks};
 use crate::attn::softmax::RowState;
 use crate::kernels::sm80::forward::TcConfig;
 use crate::tile::SwizzledTile;
