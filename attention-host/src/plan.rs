@@ -641,4 +641,61 @@ mod tests {
         );
         assert!(e.shared_bytes <= 163 * 1024);
     }
+
+    #[test]
+    fn folded_grids_are_the_plans_grid() {
+        // 70,000 sequences and 70,000 K/V heads: y and z fold (`abi::grid`), the plan says so.
+        let many = AttentionShape {
+            batch: 70_000,
+            n_q: 5,
+            n_k: 9,
+            heads_q: 2,
+            heads_kv: 1,
+            head_dim: 64,
+        };
+        let plan = |s, d| select_on(&h200(), s, DType::Bf16, FlashOptions::default(), d).unwrap();
+        assert_eq!(plan(many, Direction::Forward).grid, (1, 65_535, 3));
+        assert_eq!(plan(many, Direction::Backward).grid, (1, 65_535, 2));
+        let heads = AttentionShape {
+            batch: 1,
+            heads_q: 70_000,
+            heads_kv: 70_000,
+            ..many
+        };
+        assert_eq!(plan(heads, Direction::Backward).grid, (1, 65_535, 2));
+    }
+
+    #[test]
+    fn tensor_core_backwards_refuse_a_preprocess_grid_past_the_hardware() {
+        // 2^30 (batch, head) pairs of one row each: 2^31 rows is over the bound, 2^30 rows is
+        // not, but padding each pair to a 64-row Q block gives 2^36 padded rows.
+        let tiny = AttentionShape {
+            batch: 1 << 20,
+            n_q: 1,
+            n_k: 1,
+            heads_q: 1 << 10,
+            heads_kv: 1 << 10,
+            head_dim: 64,
+        };
+        let b = select_on(
+            &h200(),
+            tiny,
+            DType::Bf16,
+            FlashOptions::default(),
+            Direction::Backward,
+        )
+        .unwrap();
+        assert_eq!(b.family, Family::Exact);
+        let reason = format!("{:?}", b.not_chosen);
+        assert!(reason.contains("padded rows"), "{reason}");
+        let f = select_on(
+            &h200(),
+            tiny,
+            DType::Bf16,
+            FlashOptions::default(),
+            Direction::Forward,
+        )
+        .unwrap();
+        assert_eq!(f.family, Family::Sm90);
+    }
 }
