@@ -52,8 +52,13 @@ pub fn sm90_forward(dtype: DType, cfg: &WgConfig, general: bool) -> String {
 }
 
 /// The `mma.sync` backward main kernel `cfg`.
-pub fn sm80_backward(dtype: DType, cfg: &TcBackwardConfig) -> String {
-    format!("flash_tc_backward_{dtype}_d{}_w{}", cfg.head_dim, cfg.warps)
+pub fn sm80_backward(dtype: DType, cfg: &TcBackwardConfig, deterministic: bool) -> String {
+    format!(
+        "flash_tc_backward_{}{dtype}_d{}_w{}",
+        if deterministic { "det_" } else { "" },
+        cfg.head_dim,
+        cfg.warps
+    )
 }
 
 /// The `wgmma` backward main kernel `cfg`; `general` as for [`sm90_forward`].
@@ -98,7 +103,10 @@ pub fn entry_points() -> Vec<Entry> {
             push(Family::Sm80, sm80_forward(dtype, &cfg));
         }
         for &cfg in sm80::backward::VARIANTS {
-            push(Family::Sm80, sm80_backward(dtype, &cfg));
+            push(Family::Sm80, sm80_backward(dtype, &cfg, false));
+            if sm80::backward::config(cfg.head_dim) == Some(cfg) {
+                push(Family::Sm80, sm80_backward(dtype, &cfg, true));
+            }
         }
         for d in [64, 128] {
             push(Family::Sm80, tensor_core_preprocess(dtype, d));

@@ -12,7 +12,7 @@ use std::fmt;
 
 use attention_kernels::abi::layout::BlockSizes;
 use attention_kernels::abi::shape::AttentionShape;
-use attention_kernels::attn::backward::{PREPROCESS_WARPS, n_q_pad};
+use attention_kernels::attn::backward::{PREPROCESS_WARPS, Q_BLOCK, n_q_pad};
 use attention_kernels::kernels::sm80::backward::TcBackwardConfig;
 use attention_kernels::kernels::sm80::forward::TcConfig;
 use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
@@ -260,7 +260,7 @@ fn admits(
         Family::Sm80 if problem.needs_general() => {
             Err("takes scale and causal only: no key lengths, packed sequences or dropout".into())
         }
-        Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction),
+        Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction, family),
     }
 }
 
@@ -324,7 +324,11 @@ fn plan_tiles(
             )
         }
         Tiles::Sm80Backward(c) => {
-            let entry = instances::sm80_backward(dtype, &c);
+            let deterministic = problem.options.deterministic;
+            if deterministic && sm80::backward::config(c.head_dim) != Some(c) {
+                return Err(format!("{c:?} has no deterministic instance"));
+            }
+            let entry = instances::sm80_backward(dtype, &c, deterministic);
             (
                 entry,
                 c.block_rows(),
@@ -368,7 +372,11 @@ fn plan_tiles(
 }
 
 /// What both tensor-core families refuse whatever the device.
-fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::Result<(), String> {
+fn tensor_core_admits(
+    problem: &Problem,
+    direction: Direction,
+    family: Family,
+) -> std::result::Result<(), String> {
     let o = &problem.options;
     if problem.dtype == DType::F32 {
         return Err("takes f16 or bf16, not f32".into());
@@ -381,9 +389,9 @@ fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::R
     if o.block_sizes.is_some() {
         return Err("has fixed tiles; explicit (B_r, B_c) are the exact kernels'".into());
     }
-    if direction == Direction::Backward && o.deterministic {
+    if direction == Direction::Backward && o.deterministic && family == Family::Sm90 {
         return Err(
-            "adds dQ with float atomics, so its gradients are not bitwise deterministic".into(),
+            "adds dQ with float atomics in no fixed order, so its gradients are not bitwise deterministic (sm80's are)".into(),
         );
     }
     if direction == Direction::Backward && preprocess_blocks(&problem.shape) > i32::MAX as u64 {
@@ -425,7 +433,12 @@ fn workspace(problem: &Problem, direction: Direction, tiles: &Tiles) -> Vec<(&'s
         (Direction::Backward, _) => {
             // Rows padded to whole Q blocks, so each block's statistics are whole 16-byte chunks.
             let padded = s.batch as u64 * s.heads_q as u64 * n_q_pad(s.n_q) as u64;
-            vec![("dq_accum", q), ("lse_log2", padded), ("d_sum", padded)]
+            let mut pieces = vec![("dq_accum", q), ("lse_log2", padded), ("d_sum", padded)];
+            if o.deterministic {
+                // One u32 per (batch, head, Q block).
+                pieces.push(("dq_semaphores", padded / Q_BLOCK as u64));
+            }
+            pieces
         }
     };
     pieces
@@ -554,10 +567,23 @@ mod tests {
             &h,
             shape(128),
             DType::Bf16,
-            deterministic,
+            deterministic.clone(),
             Direction::Backward,
+        )
+        .unwrap();
+        assert_eq!(p.family, Family::Sm80);
+        assert_eq!(p.entry, "flash_tc_backward_det_bf16_d128_w4");
+        assert_eq!(p.workspace.last().unwrap(), &("dq_semaphores", 256));
+        let reason = format!("{:?}", p.not_chosen);
+        assert!(reason.contains("not bitwise deterministic"), "{reason}");
+        let f = select_on(
+            &h,
+            shape(128),
+            DType::Bf16,
+            deterministic,
+            Direction::Forward,
         );
-        assert_eq!(p.unwrap().family, Family::Exact);
+        assert_eq!(f.unwrap().family, Family::Sm90);
     }
 
     #[test]

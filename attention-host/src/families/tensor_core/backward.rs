@@ -44,6 +44,11 @@ pub(crate) fn launch_backward(
         dq_accum: workspace.piece("dq_accum")?,
         lse_log2: workspace.piece("lse_log2")?,
         d_sum: workspace.piece("d_sum")?,
+        dq_semaphores: if problem.options.deterministic {
+            workspace.piece("dq_semaphores")?
+        } else {
+            0
+        },
         layout: layout.params,
         dropout: options.dropout_rng(),
         shape: *shape,

@@ -4,7 +4,7 @@
 use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{block_dim_x, block_x, thread_x, warp_sum};
-use crate::attn::backward::{PREPROCESS_WARPS, Pair};
+use crate::attn::backward::{PREPROCESS_WARPS, Pair, Q_BLOCK, dq_semaphore};
 use crate::tile::mem::store_global_16;
 use crate::tile::mma::MmaElem;
 
@@ -30,6 +30,13 @@ unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
     );
     let (b, h) = (bh / s.heads_q, bh % s.heads_q);
     let (lse_log2, d_sum) = (p.lse_log2 as *mut f32, p.d_sum as *mut f32);
+    if p.dq_semaphores != 0 && lane == 0 && i.is_multiple_of(Q_BLOCK) {
+        // SAFETY: the deterministic instances' semaphores cover every (bh, Q block).
+        unsafe {
+            *(p.dq_semaphores as *mut u32).add(dq_semaphore(bh, i / Q_BLOCK, p.n_q_pad) as usize) =
+                0
+        };
+    }
     if i >= s.n_q {
         if lane == 0 {
             // SAFETY: `row` indexes the padded statistics.

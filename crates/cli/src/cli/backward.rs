@@ -36,8 +36,8 @@ pub struct BackwardArgs {
     /// Where dV is written (shape of V).
     #[arg(long)]
     pub dv: PathBuf,
-    /// Bitwise reproducible gradients (dQ from a separate pass instead of atomics; the exact
-    /// kernels only).
+    /// Bitwise reproducible gradients (the exact kernels: dQ from a separate pass instead of
+    /// atomics; sm80: dQ atomics in key order; sm90 has no such instance).
     #[arg(long)]
     pub deterministic: bool,
     #[command(flatten)]
