@@ -1,8 +1,8 @@
 //! `FlashOptions::deterministic(true)`: the backward's dQ, dK and dV bitwise identical from run to
-//! run, on every family that has a deterministic backward (exact: a row-owned dQ pass; sm80: dQ
-//! atomics ordered by a semaphore per Q block); the sm90 family refuses it (a visible line says
-//! so). Fresh random inputs with many K/V blocks adding to each Q block (700 keys, GQA), four runs
-//! into fresh NaN-poisoned buffers, each checked against the f64 reference too (bounds as in
+//! run, on every family (exact: a row-owned dQ pass; sm80 and sm90: dQ atomics ordered by a
+//! semaphore per Q block; a family the device cannot run says so in a visible line). Fresh random
+//! inputs with many K/V blocks adding to each Q block (700 keys, GQA), four runs into fresh
+//! NaN-poisoned buffers, each checked against the f64 reference too (bounds as in
 //! `tests/gpu_matrix.rs`: ‖out − ref‖/‖ref‖ ≤ 1e-2 for bf16).
 
 use flash_attn::reference::{backward_f32, forward_f32};

@@ -43,10 +43,10 @@ pub struct FlashOptions {
     /// memory (`blocks`).
     pub block_sizes: Option<BlockSizes>,
     /// Gradients bitwise identical run to run. The exact backward writes dQ in a separate
-    /// row-owned pass instead of atomics (whose order of addition varies); the `mma.sync` (sm80)
-    /// backward keeps its atomics but orders them: each K/V block adds its part of a Q block's dQ
-    /// after the K/V blocks before it (a semaphore per Q block). The `wgmma` (sm90) backward has
-    /// no deterministic instance, so `Auto` takes sm80 for it.
+    /// row-owned pass instead of atomics (whose order of addition varies); the tensor-core
+    /// backwards keep their atomics but order them: each K/V block adds its part of a Q block's
+    /// dQ after the K/V blocks before it (a semaphore per Q block). The `wgmma` (sm90) instances
+    /// that do this take scale and causal only (not key lengths, packed sequences or dropout).
     pub deterministic: bool,
 }
 

@@ -61,13 +61,22 @@ pub fn sm80_backward(dtype: DType, cfg: &TcBackwardConfig, deterministic: bool) 
     )
 }
 
-/// The `wgmma` backward main kernel `cfg`; `general` as for [`sm90_forward`].
-pub fn sm90_backward(dtype: DType, cfg: &WgBackwardConfig, general: bool) -> String {
+/// The `wgmma` backward main kernel `cfg`; `general` as for [`sm90_forward`]; `deterministic`
+/// adds dQ in key order (scale and causal only: never with `general`).
+pub fn sm90_backward(
+    dtype: DType,
+    cfg: &WgBackwardConfig,
+    general: bool,
+    deterministic: bool,
+) -> String {
+    let kind = match (general, deterministic) {
+        (true, _) => "general_",
+        (false, true) => "det_",
+        (false, false) => "",
+    };
     format!(
-        "flash_wgmma_backward_{}{dtype}_d{}_g{}",
-        if general { "general_" } else { "" },
-        cfg.head_dim,
-        cfg.warpgroups
+        "flash_wgmma_backward_{kind}{dtype}_d{}_g{}",
+        cfg.head_dim, cfg.warpgroups
     )
 }
 
@@ -120,9 +129,10 @@ pub fn entry_points() -> Vec<Entry> {
             }
         }
         for &cfg in sm90::BACKWARD_VARIANTS {
-            push(Family::Sm90, sm90_backward(dtype, &cfg, false));
+            push(Family::Sm90, sm90_backward(dtype, &cfg, false, false));
             if sm90::backward_config(cfg.head_dim) == Some(cfg) {
-                push(Family::Sm90, sm90_backward(dtype, &cfg, true));
+                push(Family::Sm90, sm90_backward(dtype, &cfg, true, false));
+                push(Family::Sm90, sm90_backward(dtype, &cfg, false, true));
             }
         }
     }

@@ -314,7 +314,11 @@ fn plan_tiles(
             )
         }
         Tiles::Sm90Backward(c) => {
-            let entry = instances::sm90_backward(dtype, &c, general);
+            let deterministic = problem.options.deterministic;
+            if deterministic && sm90::backward_config(c.head_dim) != Some(c) {
+                return Err(format!("{c:?} has no deterministic instance"));
+            }
+            let entry = instances::sm90_backward(dtype, &c, general, deterministic);
             (
                 entry,
                 c.block_rows(),
@@ -389,9 +393,13 @@ fn tensor_core_admits(
     if o.block_sizes.is_some() {
         return Err("has fixed tiles; explicit (B_r, B_c) are the exact kernels'".into());
     }
-    if direction == Direction::Backward && o.deterministic && family == Family::Sm90 {
+    if direction == Direction::Backward
+        && o.deterministic
+        && family == Family::Sm90
+        && problem.needs_general()
+    {
         return Err(
-            "adds dQ with float atomics in no fixed order, so its gradients are not bitwise deterministic (sm80's are)".into(),
+            "has no deterministic instance with key lengths, packed sequences or dropout".into(),
         );
     }
     if direction == Direction::Backward && preprocess_blocks(&problem.shape) > i32::MAX as u64 {
@@ -563,27 +571,19 @@ mod tests {
             assert_eq!(family(&h, shape(128), DType::Bf16, paper), Family::Exact);
         }
         let deterministic = plain().deterministic(true);
-        let p = select_on(
-            &h,
-            shape(128),
-            DType::Bf16,
-            deterministic.clone(),
-            Direction::Backward,
-        )
-        .unwrap();
-        assert_eq!(p.family, Family::Sm80);
-        assert_eq!(p.entry, "flash_tc_backward_det_bf16_d128_w4");
+        let backward = |dev, o| select_on(dev, shape(128), DType::Bf16, o, Direction::Backward);
+        let p = backward(&h, deterministic.clone()).unwrap();
+        assert_eq!(p.family, Family::Sm90);
+        assert_eq!(p.entry, "flash_wgmma_backward_det_bf16_d128_g2");
         assert_eq!(p.workspace.last().unwrap(), &("dq_semaphores", 256));
+        let p = backward(&a, deterministic.clone()).unwrap();
+        assert_eq!(p.entry, "flash_tc_backward_det_bf16_d128_w4");
+        // With dropout only the exact family has a deterministic backward.
+        let dropout = FlashOptions::new(AttentionOptions::new().dropout(0.1, 1, 2));
+        let p = backward(&h, dropout.deterministic(true)).unwrap();
+        assert_eq!(p.family, Family::Exact);
         let reason = format!("{:?}", p.not_chosen);
-        assert!(reason.contains("not bitwise deterministic"), "{reason}");
-        let f = select_on(
-            &h,
-            shape(128),
-            DType::Bf16,
-            deterministic,
-            Direction::Forward,
-        );
-        assert_eq!(f.unwrap().family, Family::Sm90);
+        assert!(reason.contains("no deterministic instance"), "{reason}");
     }
 
     #[test]

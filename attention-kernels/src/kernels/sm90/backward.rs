@@ -21,6 +21,10 @@
 //! layout (`grid.z` is the sequence; rows past a packed sequence's end are masked, since their
 //! statistics belong to the next one) and dropout (`dV += (P∘Z)ᵀ·dO`, `dS = P ∘ (dP∘Z − D)`, with
 //! the exact kernels' Philox draws). The others take the sequence from the kernel parameters.
+//! The `DETERMINISTIC` instances (without `GENERAL` or `CARRY_DQ`) add each Q block's dQ in key
+//! order: a semaphore per (batch, head, Q block) counts the K/V blocks that have added theirs
+//! (`attn::backward::dq_adds_before`); one thread waits for its count, the block adds, and one
+//! thread releases the count + 1. Their barriers sit on compile-time paths only.
 //! Generic over `KD = d / 16`, `ND = d / 8` (fragments of dK, dV), `WG` and `DQ = ND / WG`
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
@@ -29,7 +33,7 @@ use crate::abi::philox::DropoutRng;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{block_x, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x};
-use crate::attn::backward::{first_q_block, needs_mask};
+use crate::attn::backward::{dq_adds_before, dq_semaphore, first_q_block, needs_mask};
 use crate::attn::grid::head_and_sequence;
 use crate::attn::mask::hidden;
 use crate::attn::mask::{
@@ -39,7 +43,9 @@ use crate::attn::sequence::Sequence;
 use crate::kernels::sm90::WgBackwardConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
-use crate::tile::mem_backward::{load_shared_f32x2, red_add_f32x4};
+use crate::tile::mem_backward::{
+    load_shared_f32x2, red_add_f32x4, release_store, wait_equal_acquire,
+};
 use crate::tile::mma::{FragA, FragC};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
@@ -82,6 +88,7 @@ unsafe fn backward<
     const DQ: usize,
     const CARRY_DQ: bool,
     const GENERAL: bool,
+    const DETERMINISTIC: bool,
 >(
     p: &TensorCoreBackwardParams,
 ) where
@@ -90,6 +97,7 @@ unsafe fn backward<
     [FragC; DQ]: Accumulator,
 {
     const { assert!(ND == 2 * KD && KD >= 4 && WG > 0 && DQ * WG == ND) };
+    const { assert!(!DETERMINISTIC || !(CARRY_DQ || GENERAL)) };
     let cfg = WgBackwardConfig {
         head_dim: 16 * KD as u32,
         warpgroups: WG as u32,
@@ -473,7 +481,27 @@ unsafe fn backward<
             issue_dq(&mut dq_now);
             wgmma::wait::<0>();
             dq_now.pin();
+            let semaphore = |h: u32| {
+                p.dq_semaphores + 4 * dq_semaphore(seq.batch * s.heads_q + h, q0 / br, p.n_q_pad)
+            };
+            if DETERMINISTIC {
+                if tid == 0 {
+                    // Blocks start in grid order and the waited-for blocks have lower x (same y
+                    // and z): each is resident or done, so the wait ends.
+                    // SAFETY: the semaphore of (batch, h, Q block) exists; the preprocess zeroed it.
+                    unsafe { wait_equal_acquire(semaphore(h), dq_adds_before(kv_block)) };
+                }
+                sync_threads();
+            }
             reduce_dq(&dq_now, (h, q0));
+            if DETERMINISTIC {
+                // Every thread's adds precede the barrier; the release publishes them.
+                sync_threads();
+                if tid == 0 {
+                    // SAFETY: as for the wait above.
+                    unsafe { release_store(semaphore(h), dq_adds_before(kv_block) + 1) };
+                }
+            }
         }
         i += 1;
     }
@@ -518,9 +546,10 @@ unsafe fn backward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_wgmma_backward_<dtype>_d<d>_g<groups>`
-/// as the host formats it, and `flash_wgmma_backward_general_…` taking every option.
+/// as the host formats it, `flash_wgmma_backward_general_…` taking every option, and
+/// `flash_wgmma_backward_det_…` with bitwise reproducible dQ (scale and causal only).
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $general:literal;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $general:literal, $det:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
             // SAFETY: the host validated the buffers against `p`, ran the preprocess kernel on the
@@ -532,8 +561,9 @@ macro_rules! entry_points {
                     { $cfg.head_dim as usize / 8 },
                     { $cfg.warpgroups as usize },
                     { $cfg.dq_cols() as usize / 8 },
-                    { $cfg.carry_dq() },
+                    { $cfg.carry_dq() && !$det },
                     $general,
+                    $det,
                 >(&p)
             }
         }
@@ -541,12 +571,16 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false;
-    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false;
-    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false;
-    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false;
-    flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true;
-    flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true;
-    flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true;
-    flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true;
+    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false;
+    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false;
+    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false;
+    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false;
+    flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false;
+    flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false;
+    flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false;
+    flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false;
+    flash_wgmma_backward_det_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, true;
+    flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, true;
+    flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, true;
+    flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, true;
 }

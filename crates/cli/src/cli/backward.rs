@@ -37,7 +37,7 @@ pub struct BackwardArgs {
     #[arg(long)]
     pub dv: PathBuf,
     /// Bitwise reproducible gradients (the exact kernels: dQ from a separate pass instead of
-    /// atomics; sm80: dQ atomics in key order; sm90 has no such instance).
+    /// atomics; the tensor-core kernels: dQ atomics in key order).
     #[arg(long)]
     pub deterministic: bool,
     #[command(flatten)]

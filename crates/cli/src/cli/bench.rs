@@ -107,8 +107,8 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value = "pipelined")]
     timing: Timing,
     /// Bitwise reproducible gradients in the backward (`FlashOptions::deterministic`): the exact
-    /// family's row-owned dQ pass, sm80's ordered dQ atomics; sm90 refuses it (so `auto` runs
-    /// sm80 on an H100/H200). Time with and without to see its cost.
+    /// family's row-owned dQ pass, the tensor-core families' dQ atomics in key order. Time with
+    /// and without to see its cost.
     #[arg(long)]
     deterministic: bool,
     /// Calls per pipelined sample; 0 picks enough for about 2 ms per sample (at most 200).
