@@ -34,7 +34,7 @@ use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{block_x, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x};
 use crate::attn::backward::{dq_adds_before, dq_semaphore, first_q_block, needs_mask};
-use crate::attn::grid::head_and_sequence;
+use crate::attn::grid::{head_and_sequence, head_here};
 use crate::attn::mask::hidden;
 use crate::attn::mask::{
     Exponent, MASKED, is_masked, quad_any, sanitize_own_chunks, sanitize_row_part,
@@ -161,7 +161,10 @@ unsafe fn backward<
     let first_block = first_q_block(k0, n_q, n_k, causal);
     let per_head = n_q.div_ceil(br).saturating_sub(first_block);
     let iters = per_head * heads_per_kv;
-    let head_of = |i: u32| hk * heads_per_kv + i / per_head;
+    // Without GENERAL the K/V head is recomputed at each use (no register across the loop: no
+    // spills at d = 128); GENERAL instances spill more that way, so they keep it.
+    let kv_head = || if GENERAL { hk } else { head_here(s.heads_kv) };
+    let head_of = |i: u32| kv_head() * heads_per_kv + i / per_head;
     let row0_of = |i: u32| (first_block + i % per_head) * br;
 
     let fill = |i: u32, st: u32| {

@@ -19,7 +19,7 @@ use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x};
 use crate::attn::backward::{Pair, dq_adds_before, dq_semaphore};
-use crate::attn::grid::head_and_sequence;
+use crate::attn::grid::{head_and_sequence, head_here};
 use crate::attn::mask::hidden;
 use crate::attn::mask::{Exponent, MASKED, is_masked, sanitize_own_chunks, sanitize_pair};
 use crate::kernels::sm80::backward::TcBackwardConfig;
@@ -117,7 +117,8 @@ unsafe fn backward<
     let first_block = cfg.first_q_block(k0, s.n_q, s.n_k, causal);
     let per_head = s.n_q.div_ceil(br).saturating_sub(first_block);
     let iters = per_head * group;
-    let head_of = |i: u32| hk * group + i / per_head;
+    // The K/V head recomputed at each use: no register for it across the loop.
+    let head_of = |i: u32| head_here(s.heads_kv) * group + i / per_head;
     let row0_of = |i: u32| (first_block + i % per_head) * br;
 
     let fill = |i: u32, st: u32| {
