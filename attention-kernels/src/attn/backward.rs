@@ -22,7 +22,10 @@ pub const fn n_q_pad(n_q: u32) -> u32 {
 /// The deterministic backward's count for K/V block `kv_block` and a Q block it visits: how many
 /// K/V blocks of the same (sequence, K/V head) add their part of that Q block's dQ before it
 /// does. Every earlier K/V block visits each Q block this one visits ([`first_q_block`] does not
-/// decrease with the keys), so the count is the block's index: the adds go in key order.
+/// decrease with the keys), so the count is the block's index: the adds go in key order. A mask
+/// that also bounds keys from the left (a local window) breaks that premise: there the count is
+/// `kv_block` minus the first K/V block any row of the Q block sees, computed here for every
+/// caller.
 pub const fn dq_adds_before(kv_block: u32) -> u32 {
     kv_block
 }
