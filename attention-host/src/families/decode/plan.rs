@@ -5,6 +5,7 @@
 //! chunked step of a few rows): there its SIMT products stay bandwidth bound (`kernels::decode`)
 //! and each K/V row is read once. Larger groups are prefill, for the tensor-core families.
 
+use attention_kernels::abi::grid::MAX_GRID_YZ;
 use attention_kernels::kernels::decode::{
     HEAD_DIMS, MAX_ROW_TILE, STEP_KEYS, THREADS, row_tile, shared_bytes,
 };
@@ -75,6 +76,11 @@ pub(crate) fn plan(
         return Err(format!(
             "is compiled for head_dim 64 and 128, not {}",
             s.head_dim
+        ));
+    }
+    if s.heads_kv > MAX_GRID_YZ || problem.sequences > MAX_GRID_YZ {
+        return Err(format!(
+            "launches a grid row per K/V head and sequence: at most {MAX_GRID_YZ} of each"
         ));
     }
     let rows = (s.heads_q / s.heads_kv) as u64 * s.n_q as u64;
