@@ -4,7 +4,8 @@
 # timing examples tc_bench and tc_backward_bench compare the tuning candidates: build them with
 # `cargo build --release --features tuning --examples` and carry them yourself.)
 # The GPU machine has no Rust. The binaries (two PTX modules each) outgrow what the device tool
-# carries, so they also go packed into .device-pack/run.tgz (git-ignored): pass `.device-pack` in
+# carries, so they also go packed into .device-pack/run.txz (git-ignored; xz with a dictionary
+# larger than a binary, so the PTX every binary embeds is stored once): pass `.device-pack` in
 # the device tool's `carry`, then run `scripts/device-unpack.sh` and scripts/device-run.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,5 +34,6 @@ strip .device-run/flash-attn .device-run/decode_bench .device-run/large_tensors 
 cp scripts/device-run.sh scripts/device-sanitize.sh scripts/bench-h200.sh scripts/h200-check.sh .device-run/
 # The GPU machine gets no .git: record which commit (and whether the tree was clean) was built.
 echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!reports' || echo ' +uncommitted changes')" > .device-run/COMMIT
-mkdir -p .device-pack && tar czf .device-pack/run.tgz .device-run
-du -sh .device-run .device-pack/run.tgz
+rm -rf .device-pack && mkdir -p .device-pack
+tar cf - .device-run | xz -T2 --lzma2=preset=1,dict=512MiB > .device-pack/run.txz
+du -sh .device-run .device-pack/run.txz

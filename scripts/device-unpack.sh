@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine: restores .device-run/ from the .device-pack/run.tgz that
+# Runs on the GPU machine: restores .device-run/ from the .device-pack/run.txz that
 # scripts/device-prepare.sh packed, and names the commit it was built from.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rm -rf .device-run && tar xzf .device-pack/run.tgz
+rm -rf .device-run
+if command -v xz > /dev/null; then
+  xz -dc .device-pack/run.txz | tar xf -
+else
+  python3 -c 'import lzma, sys, shutil; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' \
+    .device-pack/run.txz | tar xf -
+fi
 echo "unpacked .device-run, built from $(cat .device-run/COMMIT)"
