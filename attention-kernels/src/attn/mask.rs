@@ -306,6 +306,41 @@ mod device {
         b | crate::arch::shfl_xor(f32::from_bits(b), 2).to_bits()
     }
 
+    /// Whether row `row` of `q` scores key `key` of `k` `−∞` once `score` (scale and modifiers)
+    /// maps the raw dot product: the key is then outside the row's support. Both rows are read
+    /// from global memory, for the slow path only; the sum's order does not matter, since a sum
+    /// with a `+∞` or NaN term is not `−∞` in any order.
+    ///
+    /// # Safety
+    /// `row` is a readable row of `q` and `key` of `k`, each of `d` 16-bit elements.
+    #[inline(always)]
+    pub unsafe fn scored_out<T: Exponent>(
+        q: Operand,
+        k: Operand,
+        (row, key): (u32, u32),
+        d: u32,
+        score: impl Fn(f32) -> f32,
+    ) -> bool {
+        let (qr, kr) = (
+            q.base + row as u64 * q.stride,
+            k.base + key as u64 * k.stride,
+        );
+        let mut dot = 0.0f32;
+        let mut c = 0;
+        while c < opaque(d) {
+            // SAFETY: element c of both rows (caller).
+            let (x, y) = unsafe {
+                (
+                    T::widen(*((qr + 2 * c as u64) as *const u16) as u32),
+                    T::widen(*((kr + 2 * c as u64) as *const u16) as u32),
+                )
+            };
+            dot += x * y;
+            c += 1;
+        }
+        score(dot) == f32::NEG_INFINITY
+    }
+
     /// Where the lane's accumulator rows take their non-finite contributions from: global rows
     /// `base + key · stride` (bytes) holding the unsanitized operand, 16-bit elements.
     #[derive(Clone, Copy)]
@@ -326,6 +361,9 @@ mod device {
     /// product already took them from). Slow (every key and owned column is read back from
     /// global memory), for the rare partly masked tiles whose operand held a non-finite value.
     ///
+    /// A key the row allows but scores `−∞` (which non-finite Q or K give) is outside its support
+    /// (`in_support(row, key)` false): its value never reaches O, whatever it holds.
+    ///
     /// # Safety
     /// Every key below `max(ends)` is a readable row of `op` with `8·ND` elements.
     #[inline(never)]
@@ -336,6 +374,7 @@ mod device {
         op: Operand,
         lane: u32,
         dropped: impl Fn(usize, u32) -> bool,
+        in_support: impl Fn(usize, u32) -> bool,
     ) -> Poison {
         const { assert!(ND <= 16) };
         let t = lane % 4;
@@ -357,7 +396,7 @@ mod device {
                 let x = T::widen(unsafe { *((row + 2 * col as u64) as *const u16) } as u32);
                 if !x.is_finite() {
                     for (r, allowed) in [(0, lo), (1, hi)] {
-                        if allowed {
+                        if allowed && in_support(r, key) {
                             poison.add(r, bit, if dropped(r, key) { f32::NAN } else { x });
                         }
                     }

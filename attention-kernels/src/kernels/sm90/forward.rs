@@ -31,9 +31,11 @@ use crate::arch::{
 };
 use crate::attn::dropout::dropout_multiplier;
 use crate::attn::grid::head_and_sequence;
-use crate::attn::mask::{Exponent, Operand, Poison, non_finite_part, sanitize_own_chunks};
+use crate::attn::mask::{
+    Exponent, Operand, Poison, non_finite_part, sanitize_own_chunks, scored_out,
+};
 use crate::attn::row_keys::RowKeys;
-use crate::attn::score_mod::{ScoreMod, Window};
+use crate::attn::score_mod::{ScoreMod, Window, distance};
 use crate::attn::sequence::Sequence;
 use crate::attn::softmax::{RowState, pack, rescale};
 use crate::kernels::sm90::WgConfig;
@@ -334,9 +336,34 @@ unsafe fn forward<
             dropping && dropout_multiplier(&p.dropout, key, seq.index, h, rows[r], col) == 0.0
         };
         let (starts, ends) = keys.ranges();
+        let (q_op, k_op) = (
+            Operand {
+                base: q_rows.base,
+                stride: q_stride,
+            },
+            Operand {
+                base: k_rows.base,
+                stride: kv_stride,
+            },
+        );
+        let (n_q, n_k) = (seq.q_len, seq.k_len);
+        let in_support = |r: usize, key: u32| {
+            let score =
+                |raw| score_mod.apply_log2(raw, p.scale_log2, distance(rows[r], key, n_q, n_k));
+            // SAFETY: a row below the sequence's length is a row of Q; an allowed key of K.
+            rows[r] >= n_q || !unsafe { scored_out::<T>(q_op, k_op, (rows[r], key), d, score) }
+        };
         // SAFETY: allowed keys are below the sequence's key length, rows of V.
         poison = unsafe {
-            non_finite_part::<T, ND>((from, n_blocks * bc), starts, ends, v, lane, dropped)
+            non_finite_part::<T, ND>(
+                (from, n_blocks * bc),
+                starts,
+                ends,
+                v,
+                lane,
+                dropped,
+                in_support,
+            )
         };
     }
     // Stage O through the first K stage (row-major, 16-byte chunks swizzled) once every warpgroup

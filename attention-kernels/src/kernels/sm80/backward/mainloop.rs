@@ -366,7 +366,8 @@ unsafe fn backward<
                     );
                     let p_row = [lo[0], lo[1], hi[0], hi[1]];
                     // A masked Pᵀ gives dS = 0 even where dPᵀ (a masked V) or D (a NaN row)
-                    // is not finite.
+                    // is not finite; so does a P of exactly 0 on such blocks: a key the row
+                    // scored −∞ (a non-finite K, or an empty row) is outside its support.
                     let skip = masked || k_poisoned;
                     // The softcap's `1 − tanh²`, recovered from P (`ScoreMod::grad_from_p`; P
                     // as rounded for dV).
@@ -378,7 +379,7 @@ unsafe fn backward<
                     for e in 0..4 {
                         let grad = score_mod.grad_from_p(p_row[e], lse[e % 2], distance(col, e));
                         let ds = p_row[e] * (f.0[e] - d_row[e % 2]) * grad;
-                        f.0[e] = if skip && is_masked(p_row[e]) { 0.0 } else { ds };
+                        f.0[e] = if skip && p_row[e] == 0.0 { 0.0 } else { ds };
                     }
                     store_shared_u32(lo_at, T::pack(f.0[0], f.0[1]));
                     store_shared_u32(hi_at, T::pack(f.0[2], f.0[3]));

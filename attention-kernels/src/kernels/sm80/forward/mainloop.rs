@@ -14,9 +14,9 @@ use crate::abi::params::TensorCoreForwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{block_x, grid_dim_x, shared_window, sync_threads_or, sync_warp, thread_x};
 use crate::attn::grid::head_and_sequence;
-use crate::attn::mask::{Exponent, Operand, non_finite_part, sanitize_own_chunks};
+use crate::attn::mask::{Exponent, Operand, non_finite_part, sanitize_own_chunks, scored_out};
 use crate::attn::row_keys::RowKeys;
-use crate::attn::score_mod::{ScoreMod, Window, key_range};
+use crate::attn::score_mod::{ScoreMod, Window, distance, key_range};
 use crate::attn::softmax::RowState;
 use crate::kernels::sm80::forward::TcConfig;
 use crate::tile::SwizzledTile;
@@ -200,9 +200,34 @@ unsafe fn forward<
             keys.unmasked_end / bc * bc
         };
         let (starts, ends) = keys.ranges();
+        let (q_op, k_op) = (
+            Operand {
+                base: q_rows.base,
+                stride: q_stride,
+            },
+            Operand {
+                base: k_rows.base,
+                stride: kv_stride,
+            },
+        );
+        let rows = [row_lo, row_hi];
+        let in_support = |r: usize, key: u32| {
+            let score =
+                |raw| score_mod.apply_log2(raw, p.scale_log2, distance(rows[r], key, s.n_q, s.n_k));
+            // SAFETY: a row below n_q is a row of Q; an allowed key is a row of K.
+            rows[r] >= s.n_q || !unsafe { scored_out::<T>(q_op, k_op, (rows[r], key), d, score) }
+        };
         // SAFETY: allowed keys are below n_k, rows of V.
         let poison = unsafe {
-            non_finite_part::<T, ND>((from, n_blocks * bc), starts, ends, v, lane, |_, _| false)
+            non_finite_part::<T, ND>(
+                (from, n_blocks * bc),
+                starts,
+                ends,
+                v,
+                lane,
+                |_, _| false,
+                in_support,
+            )
         };
         poison.apply(&mut o);
     }
