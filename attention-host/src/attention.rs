@@ -16,7 +16,7 @@ use crate::family::Direction;
 use crate::flash_options::FlashOptions;
 use crate::plan::{self, DeviceCaps, Plan, Tiles};
 use crate::problem::Problem;
-use crate::runtime::Gpu;
+use crate::runtime::{Gpu, Queue};
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 use crate::tensors::{BackwardInputs, GradientBuffers, Workspace, check_qkv};
 
@@ -69,7 +69,15 @@ pub fn forward(
     };
     let workspace = Workspace::new(&out.plan)?;
     launch_forward(
-        gpu, &problem, &out.plan, q, k, v, &out.o, &out.lse, &workspace,
+        &Queue::own(gpu),
+        &problem,
+        &out.plan,
+        q,
+        k,
+        v,
+        &out.o,
+        &out.lse,
+        &workspace,
     )?;
     Ok(out)
 }
@@ -122,7 +130,17 @@ fn forward_into_tiles(
     check_tensor("o", o, problem.dtype, shape.q_elems())?;
     check_lse(lse, shape)?;
     let workspace = Workspace::new(&plan)?;
-    launch_forward(gpu, &problem, &plan, q, k, v, o, lse, &workspace)?;
+    launch_forward(
+        &Queue::own(gpu),
+        &problem,
+        &plan,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        &workspace,
+    )?;
     Ok(plan)
 }
 
@@ -145,7 +163,7 @@ pub fn backward(
         },
     };
     let workspace = Workspace::new(&plan)?;
-    launch_backward(gpu, &problem, &plan, inputs, &out, &workspace)?;
+    launch_backward(&Queue::own(gpu), &problem, &plan, inputs, &out, &workspace)?;
     Ok(Gradients {
         dq: out.dq,
         dk: out.dk,
@@ -197,7 +215,7 @@ fn backward_into_tiles(
     check_tensor("dv", &out.dv, problem.dtype, shape.kv_elems())?;
     check_d_sinks(&problem, out)?;
     workspace.check(&plan)?;
-    launch_backward(gpu, &problem, &plan, inputs, out, workspace)?;
+    launch_backward(&Queue::own(gpu), &problem, &plan, inputs, out, workspace)?;
     Ok(plan)
 }
 
@@ -230,7 +248,7 @@ fn prepare_backward(
 }
 
 /// The plan of `problem`: [`plan::select`]'s, or the one of the given tuning `tiles`.
-fn choose(
+pub(crate) fn choose(
     gpu: &Gpu,
     problem: &Problem,
     direction: Direction,
@@ -244,8 +262,8 @@ fn choose(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn launch_forward(
-    gpu: &Gpu,
+pub(crate) fn launch_forward(
+    queue: &Queue,
     problem: &Problem,
     plan: &Plan,
     q: &DeviceTensor,
@@ -257,15 +275,15 @@ fn launch_forward(
 ) -> Result<()> {
     match plan.tiles {
         Tiles::Exact(blocks) => crate::families::exact::forward::launch_forward(
-            gpu, problem, plan, blocks, q, k, v, o, lse, workspace,
+            queue, problem, plan, blocks, q, k, v, o, lse, workspace,
         ),
         Tiles::Sm80Forward(_) | Tiles::Sm90Forward(_) => {
             crate::families::tensor_core::forward::launch_forward(
-                gpu, problem, plan, q, k, v, o, lse,
+                queue, problem, plan, q, k, v, o, lse,
             )
         }
         Tiles::Decode(_) => {
-            crate::families::decode::launch_forward(gpu, problem, plan, q, k, v, o, lse, workspace)
+            crate::families::decode::launch_forward(queue, problem, plan, q, k, v, o, lse, workspace)
         }
         Tiles::Sm80Backward(_) | Tiles::Sm90Backward(_) => {
             unreachable!("plan::select gave a backward plan for a forward")
@@ -273,8 +291,8 @@ fn launch_forward(
     }
 }
 
-fn launch_backward(
-    gpu: &Gpu,
+pub(crate) fn launch_backward(
+    queue: &Queue,
     problem: &Problem,
     plan: &Plan,
     inputs: &BackwardInputs,
@@ -283,11 +301,11 @@ fn launch_backward(
 ) -> Result<()> {
     match plan.tiles {
         Tiles::Exact(blocks) => crate::families::exact::backward::launch_backward(
-            gpu, problem, plan, blocks, inputs, out, workspace,
+            queue, problem, plan, blocks, inputs, out, workspace,
         ),
         Tiles::Sm80Backward(_) | Tiles::Sm90Backward(_) => {
             crate::families::tensor_core::backward::launch_backward(
-                gpu, problem, plan, inputs, out, workspace,
+                queue, problem, plan, inputs, out, workspace,
             )
         }
         Tiles::Sm80Forward(_) | Tiles::Sm90Forward(_) | Tiles::Decode(_) => {
@@ -296,7 +314,7 @@ fn launch_backward(
     }
 }
 
-fn check_tensor(name: &str, t: &DeviceTensor, dtype: DType, want: usize) -> Result<()> {
+pub(crate) fn check_tensor(name: &str, t: &DeviceTensor, dtype: DType, want: usize) -> Result<()> {
     if t.dtype() != dtype || t.len() != want {
         return Err(invalid!(
             "{name} must be {dtype} with {want} elements, it is {} with {}",
@@ -308,7 +326,7 @@ fn check_tensor(name: &str, t: &DeviceTensor, dtype: DType, want: usize) -> Resu
 }
 
 /// A call with sink logits writes their gradients: the buffers must hold `heads_q` f32 for them.
-fn check_d_sinks(problem: &Problem, out: &GradientBuffers) -> Result<()> {
+pub(crate) fn check_d_sinks(problem: &Problem, out: &GradientBuffers) -> Result<()> {
     let heads = problem.shape.heads_q as usize;
     match (&problem.options.attention.sinks, &out.d_sinks) {
         (None, _) => Ok(()),
@@ -321,7 +339,7 @@ fn check_d_sinks(problem: &Problem, out: &GradientBuffers) -> Result<()> {
     }
 }
 
-fn check_lse(lse: &DeviceF32, shape: &AttentionShape) -> Result<()> {
+pub(crate) fn check_lse(lse: &DeviceF32, shape: &AttentionShape) -> Result<()> {
     if lse.len() != shape.row_elems() {
         return Err(invalid!(
             "lse must hold {} f32 ([batch, heads_q, n_q]), it holds {}",
