@@ -56,3 +56,37 @@ pub const PTX_SM90A_PATH: &str = env!("FLASH_ATTN_PTX_SM90A_PATH");
 pub fn gpu() -> Result<Gpu> {
     Gpu::with_hopper_module(PTX, PTX_SM90A)
 }
+
+/// As [`gpu`] on device `ordinal`'s primary context, for the entry points on the caller's memory
+/// and stream ([`forward_on`], [`backward_on`]); the library's own buffers ([`DeviceTensor`])
+/// live on device 0 only.
+///
+/// # Example
+///
+/// ```no_run
+/// let gpu = flash_attn::gpu_on(1)?;
+/// let stream = gpu.context().new_stream().expect("a stream on device 1");
+/// assert!(gpu.owns_stream(&stream));
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
+pub fn gpu_on(ordinal: usize) -> Result<Gpu> {
+    Gpu::on_device(ordinal, PTX, PTX_SM90A)
+}
+
+/// As [`gpu`] in a context the program already holds (a cudarc `CudaContext`, the one candle's
+/// CUDA device or burn's cudarc backend sits on): the kernels load there and run on its streams.
+///
+/// # Example
+///
+/// ```no_run
+/// use flash_attn::cudarc::driver::CudaContext;
+///
+/// let context = CudaContext::new(0).expect("device 0");
+/// let stream = context.new_stream().expect("a stream");
+/// let gpu = flash_attn::gpu_for_context(context)?;
+/// assert!(gpu.owns_stream(&stream));
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
+pub fn gpu_for_context(context: std::sync::Arc<cudarc::driver::CudaContext>) -> Result<Gpu> {
+    Gpu::for_context(context, PTX, PTX_SM90A)
+}

@@ -16,8 +16,8 @@ use crate::family::Direction;
 use crate::flash_options::FlashOptions;
 use crate::plan::{self, DeviceCaps, Plan, Tiles};
 use crate::problem::Problem;
-use crate::runtime::{Gpu, Queue};
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
+use crate::runtime::{Gpu, Queue};
 use crate::tensors::{BackwardInputs, GradientBuffers, Workspace, check_qkv};
 
 /// O (`[batch, n_q, heads_q, head_dim]`, the inputs' dtype), LSE (f32 `[batch, heads_q, n_q]`,
@@ -282,9 +282,9 @@ pub(crate) fn launch_forward(
                 queue, problem, plan, q, k, v, o, lse,
             )
         }
-        Tiles::Decode(_) => {
-            crate::families::decode::launch_forward(queue, problem, plan, q, k, v, o, lse, workspace)
-        }
+        Tiles::Decode(_) => crate::families::decode::launch_forward(
+            queue, problem, plan, q, k, v, o, lse, workspace,
+        ),
         Tiles::Sm80Backward(_) | Tiles::Sm90Backward(_) => {
             unreachable!("plan::select gave a backward plan for a forward")
         }

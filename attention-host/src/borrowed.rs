@@ -178,17 +178,24 @@ impl View {
     }
 }
 
-/// Whether rows `(b, n, h)` of `head_dim` contiguous elements never share an element: sorted by
-/// stride, each extent-1 dimension may be skipped and each other stride must clear everything
-/// the smaller ones span.
+/// Whether rows `(b, n, h)` of `head_dim` contiguous elements never share an element.
 fn rows_disjoint(dims: &Dims, s: &Strides) -> bool {
-    let mut axes = [
-        (s.head, dims.heads),
-        (s.seq, dims.seq),
-        (s.batch, dims.batch),
-    ];
+    axes_disjoint(
+        dims.head_dim,
+        [
+            (s.head, dims.heads),
+            (s.seq, dims.seq),
+            (s.batch, dims.batch),
+        ],
+    )
+}
+
+/// Whether the rows of `row` contiguous elements at every combination of `axes` (stride, extent)
+/// are disjoint: sorted by stride, each extent-1 axis is skipped and each other stride must
+/// clear everything the smaller ones span.
+fn axes_disjoint<const N: usize>(row: usize, mut axes: [(usize, usize); N]) -> bool {
     axes.sort_unstable();
-    let mut span = dims.head_dim;
+    let mut span = row;
     for (stride, extent) in axes {
         if extent <= 1 {
             continue;
@@ -201,18 +208,45 @@ fn rows_disjoint(dims: &Dims, s: &Strides) -> bool {
     true
 }
 
-/// Refuses the call when an input's byte range overlaps an output's, or two outputs' do.
-pub(crate) fn check_aliasing(inputs: &[(&str, (u64, u64))], outputs: &[(&str, (u64, u64))]) -> Result<()> {
-    let overlap = |a: (u64, u64), b: (u64, u64)| a.0 < a.1 && b.0 < b.1 && a.0 < b.1 && b.0 < a.1;
-    for (i, (out, o)) in outputs.iter().enumerate() {
-        for (name, r) in inputs.iter().chain(&outputs[..i]) {
-            if overlap(*o, *r) {
+/// A view of the call as [`check_aliasing`] sees it: its name, the view, and its extents.
+pub(crate) type Named<'v> = (&'static str, &'v View, Dims);
+
+/// Whether two views share no element. Views whose byte ranges are apart are disjoint; views of
+/// one dtype, extents and strides at an element-multiple distance (Q, K, V of a fused projection,
+/// or their gradients) are when their rows together are (the distance as one more axis of
+/// extent 2); any other overlapping ranges count as aliasing.
+fn views_disjoint(a: &Named, b: &Named) -> Result<bool> {
+    let (ra, rb) = (a.1.range(&a.2)?, b.1.range(&b.2)?);
+    if ra.0 >= ra.1 || rb.0 >= rb.1 || ra.1 <= rb.0 || rb.1 <= ra.0 {
+        return Ok(true);
+    }
+    let (sa, sb) = (a.1.strides_for(&a.2), b.1.strides_for(&b.2));
+    let es = a.1.dtype.size_bytes() as u64;
+    let distance = ra.0.abs_diff(rb.0);
+    if a.1.dtype != b.1.dtype || a.2 != b.2 || sa != sb || distance % es != 0 {
+        return Ok(false);
+    }
+    let d = &a.2;
+    Ok(axes_disjoint(
+        d.head_dim,
+        [
+            (sa.head, d.heads),
+            (sa.seq, d.seq),
+            (sa.batch, d.batch),
+            ((distance / es) as usize, 2),
+        ],
+    ))
+}
+
+/// Refuses the call when an output shares memory with an input or with another output.
+pub(crate) fn check_aliasing(inputs: &[Named], outputs: &[Named]) -> Result<()> {
+    for (i, out) in outputs.iter().enumerate() {
+        for other in inputs.iter().chain(&outputs[..i]) {
+            if !views_disjoint(out, other)? {
                 return Err(invalid!(
-                    "{name} and {out} overlap in device memory ({:#x}..{:#x} and {:#x}..{:#x}): an output may not alias another tensor of the call",
-                    r.0,
-                    r.1,
-                    o.0,
-                    o.1
+                    "{} and {} overlap in device memory: an output may not alias another tensor of the call",
+                    other.0,
+                    out.0
                 ));
             }
         }
@@ -360,11 +394,18 @@ mod tests {
         }
         let fused = 2 * 5 * 3 * 3 * 64;
         // V, the last view of the fused projection, ends exactly at its end.
-        let v = view(2 * 3 * 64 * 2, fused - 2 * 3 * 64, Some(Strides::fused_qkv(5, 3, 64)));
+        let v = view(
+            2 * 3 * 64 * 2,
+            fused - 2 * 3 * 64,
+            Some(Strides::fused_qkv(5, 3, 64)),
+        );
         v.check("v", &d, DType::F16, true).unwrap();
         assert!(view(0, d.elems(), Some(Strides::bhnd(5, 3, 64))).in_place(&d) == false);
         assert!(view(0, d.elems(), None).in_place(&d));
-        assert!(!view(8, d.elems(), None).in_place(&d), "8 bytes is not 16-byte aligned");
+        assert!(
+            !view(8, d.elems(), None).in_place(&d),
+            "8 bytes is not 16-byte aligned"
+        );
     }
 
     #[test]
@@ -392,7 +433,15 @@ mod tests {
         assert!(e.to_string().contains("overlap"), "{e}");
         v.check("q", &d, DType::F16, false).unwrap();
         // Broadcast over the batch (stride 0) is fine to read, not to write.
-        let b = view(0, 1 << 20, Some(Strides { batch: 0, ..Strides::bnhd(4, 2, 64) }));
+        let d = dims(2, 4, 2, 64);
+        let b = view(
+            0,
+            1 << 20,
+            Some(Strides {
+                batch: 0,
+                ..Strides::bnhd(4, 2, 64)
+            }),
+        );
         b.check("k", &d, DType::F16, false).unwrap();
         assert!(b.check("dk", &d, DType::F16, true).is_err());
     }
@@ -400,24 +449,62 @@ mod tests {
     #[test]
     fn wrong_dtype_is_refused() {
         let d = dims(1, 4, 2, 64);
-        assert!(view(0, d.elems(), None).check("q", &d, DType::Bf16, false).is_err());
+        assert!(
+            view(0, d.elems(), None)
+                .check("q", &d, DType::Bf16, false)
+                .is_err()
+        );
     }
 
     #[test]
     fn aliasing_outputs_are_refused() {
-        let q = ("q", (0, 100));
-        check_aliasing(&[q, ("k", (50, 150))], &[("o", (200, 300))]).unwrap();
-        let e = check_aliasing(&[q], &[("o", (99, 120))]).unwrap_err();
+        let d = dims(2, 5, 3, 64);
+        let n = d.elems();
+        let (q, o) = (view(0, n, None), view(2 * n as u64 + 64, n, None));
+        check_aliasing(&[("q", &q, d)], &[("o", &o, d)]).unwrap();
+        // O starting inside Q's last row.
+        let o = view(2 * n as u64 - 2, n, None);
+        let e = check_aliasing(&[("q", &q, d)], &[("o", &o, d)]).unwrap_err();
         assert!(e.to_string().contains("q and o overlap"), "{e}");
-        assert!(check_aliasing(&[], &[("dk", (0, 10)), ("dv", (5, 20))]).is_err());
-        // Touching ranges and empty ones do not overlap.
-        check_aliasing(&[q, ("e", (100, 100))], &[("o", (100, 110)), ("x", (50, 50))]).unwrap();
+        // Touching ranges do not overlap.
+        let o = view(2 * n as u64, n, None);
+        check_aliasing(&[("q", &q, d)], &[("o", &o, d)]).unwrap();
+        // Two outputs in one buffer.
+        assert!(check_aliasing(&[], &[("dk", &q, d), ("dv", &q, d)]).is_err());
+    }
+
+    #[test]
+    fn views_of_one_fused_projection_do_not_alias() {
+        let d = dims(2, 5, 3, 64);
+        let s = Strides::fused_qkv(5, 3, 64);
+        let row = 3 * 64 * 2;
+        let fused = 3 * d.elems();
+        let at = |i: usize| view((i * row) as u64, fused - i * 3 * 64, Some(s));
+        let (dq, dk, dv) = (at(0), at(1), at(2));
+        check_aliasing(&[], &[("dq", &dq, d), ("dk", &dk, d), ("dv", &dv, d)]).unwrap();
+        // Q of the same projection as an input and dQ written over it: refused.
+        let q = at(0);
+        assert!(check_aliasing(&[("q", &q, d)], &[("dq", &dq, d)]).is_err());
+        // Half a head apart: rows share elements.
+        let half = view(64, fused, Some(s));
+        assert!(check_aliasing(&[("q", &q, d)], &[("o", &half, d)]).is_err());
+        // [B, H, N, d] interleaved with [B, N, H, d] in one buffer: different strides, refused.
+        let t = view(0, fused, Some(Strides::bhnd(5, 3, 64)));
+        assert!(check_aliasing(&[("k", &t, d)], &[("o", &dq, d)]).is_err());
     }
 
     #[test]
     fn huge_strides_are_refused_not_wrapped() {
         let d = dims(2, 2, 1, 64);
-        let v = view(0, usize::MAX, Some(Strides { batch: usize::MAX / 2, seq: 64, head: 64 }));
+        let v = view(
+            0,
+            usize::MAX,
+            Some(Strides {
+                batch: usize::MAX / 2,
+                seq: 64,
+                head: 64,
+            }),
+        );
         assert!(v.check("q", &d, DType::F16, false).is_err());
     }
 }

@@ -38,9 +38,8 @@ pub use attention::{
     forward_into, forward_variant_into, plan,
 };
 pub use attention_kernels::abi::layout::BlockSizes;
-pub use borrowed::{Element, Strides, TensorMut, TensorRef};
-pub use stream_api::{BackwardViews, GradientViews, backward_on, forward_on};
 pub use attention_kernels::abi::shape::AttentionShape;
+pub use borrowed::{Element, Strides, TensorMut, TensorRef};
 pub use dtype::DType;
 pub use error::{AttentionError, Result};
 pub use family::{Direction, Family, KernelChoice};
@@ -56,4 +55,5 @@ pub use runtime::buffer::{DeviceF32, DeviceTensor};
 pub use runtime::memory;
 pub use runtime::timing;
 pub use runtime::{Gpu, KernelParams, LaunchConfig};
+pub use stream_api::{BackwardViews, GradientViews, backward_on, forward_on};
 pub use tensors::{BackwardInputs, GradientBuffers, Workspace};

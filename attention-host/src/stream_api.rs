@@ -24,7 +24,7 @@ use cudarc::driver::CudaStream;
 use cudarc::driver::sys;
 
 use crate::attention::{check_d_sinks, choose, launch_backward, launch_forward};
-use crate::borrowed::{Dims, TensorMut, TensorRef, View, check_aliasing};
+use crate::borrowed::{Dims, Named, TensorMut, TensorRef, View, check_aliasing};
 use crate::dtype::DType;
 use crate::error::{Result, driver, invalid};
 use crate::family::Direction;
@@ -279,27 +279,20 @@ fn dims(shape: &AttentionShape) -> (Dims, Dims, Dims) {
 
 /// Each view fits its memory and role (f32 and no strides for the LSE and sink gradients), outputs
 /// have disjoint rows, and no output overlaps another tensor of the call.
-fn check_views(
-    inputs: &[(&'static str, &View, Dims)],
-    outputs: &[(&'static str, &View, Dims)],
-    dtype: DType,
-) -> Result<()> {
-    let ranges = |views: &[(&'static str, &View, Dims)], output: bool| -> Result<Vec<_>> {
-        views
-            .iter()
-            .map(|&(name, view, dims)| {
-                let flat = name == "lse" || name == "d_sinks";
-                if flat && view.strides.is_some() {
-                    return Err(invalid!("{name} is a contiguous f32 array: it takes no strides"));
-                }
-                let want = if flat { DType::F32 } else { dtype };
-                view.check(name, &dims, want, output)?;
-                Ok((name, view.range(&dims)?))
-            })
-            .collect()
-    };
-    let (ins, outs) = (ranges(inputs, false)?, ranges(outputs, true)?);
-    check_aliasing(&ins, &outs)
+fn check_views(inputs: &[Named], outputs: &[Named], dtype: DType) -> Result<()> {
+    for (views, output) in [(inputs, false), (outputs, true)] {
+        for &(name, view, dims) in views {
+            let flat = name == "lse" || name == "d_sinks";
+            if flat && view.strides.is_some() {
+                return Err(invalid!(
+                    "{name} is a contiguous f32 array: it takes no strides"
+                ));
+            }
+            let want = if flat { DType::F32 } else { dtype };
+            view.check(name, &dims, want, output)?;
+        }
+    }
+    check_aliasing(inputs, outputs)
 }
 
 /// One tensor of the call as the kernels see it: the caller's memory in place, or a contiguous
@@ -400,7 +393,10 @@ fn copy_strided(queue: &Queue, view: &View, dims: &Dims, packed: u64, way: Way) 
     let s = view.strides_for(dims);
     let row = dims.heads * dims.head_dim;
     let copy = |src_at: usize, dst_at: usize, width: usize, height: usize| {
-        let (view_at, packed_at) = (view.ptr + (src_at * es) as u64, packed + (dst_at * es) as u64);
+        let (view_at, packed_at) = (
+            view.ptr + (src_at * es) as u64,
+            packed + (dst_at * es) as u64,
+        );
         let (view_pitch, packed_pitch) = (s.seq * es, row * es);
         if height > 1 && view_pitch < width * es {
             return Err(invalid!(

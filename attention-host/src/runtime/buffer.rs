@@ -142,7 +142,9 @@ impl<T: DeviceRepr> DeviceArray<T> {
             // SAFETY: `host` holds `len` elements of `T` and the array as many on the device.
             let status = unsafe {
                 match stream.is_null() {
-                    true => sys::cuMemcpyHtoD_v2(array.ptr, host.as_ptr().cast(), size_of_val(host)),
+                    true => {
+                        sys::cuMemcpyHtoD_v2(array.ptr, host.as_ptr().cast(), size_of_val(host))
+                    }
                     false => sys::cuMemcpyHtoDAsync_v2(
                         array.ptr,
                         host.as_ptr().cast(),
@@ -445,7 +447,9 @@ impl DeviceF32 {
         context: &Arc<CudaContext>,
         stream: sys::CUstream,
     ) -> Result<DeviceF32> {
-        Ok(DeviceF32(DeviceArray::from_slice_on(host, context, stream)?))
+        Ok(DeviceF32(DeviceArray::from_slice_on(
+            host, context, stream,
+        )?))
     }
     /// As [`DeviceArray::uninitialized_on`].
     pub(crate) fn uninitialized_on(
@@ -453,7 +457,9 @@ impl DeviceF32 {
         context: &Arc<CudaContext>,
         stream: sys::CUstream,
     ) -> Result<DeviceF32> {
-        Ok(DeviceF32(DeviceArray::uninitialized_on(len, context, stream)?))
+        Ok(DeviceF32(DeviceArray::uninitialized_on(
+            len, context, stream,
+        )?))
     }
     /// A view of `len` f32 at `ptr` that the caller owns (never freed here).
     pub(crate) fn borrowed(ptr: CUdeviceptr, len: usize, context: &Arc<CudaContext>) -> DeviceF32 {
