@@ -227,6 +227,7 @@ fn prepare_forward(
     [q, k, v]: [&DeviceTensor; 3],
     options: &FlashOptions,
 ) -> Result<(Problem, Plan)> {
+    check_owned_context(gpu)?;
     let problem = Problem::new(shape, q.dtype(), options)?;
     check_qkv(shape, q, k, v)?;
     let plan = choose(gpu, &problem, Direction::Forward, tiles)?;
@@ -241,10 +242,25 @@ fn prepare_backward(
     inputs: &BackwardInputs,
     options: &FlashOptions,
 ) -> Result<(Problem, Plan)> {
+    check_owned_context(gpu)?;
     let problem = Problem::new(shape, inputs.q.dtype(), options)?;
     check_backward_inputs(&problem, inputs)?;
     let plan = choose(gpu, &problem, Direction::Backward, tiles)?;
     Ok((problem, plan))
+}
+
+/// The library's own buffers live in device 0's primary context: a `Gpu` of another context
+/// ([`Gpu::on_device`], [`Gpu::for_context`]) runs the entry points of [`crate::stream_api`].
+fn check_owned_context(gpu: &Gpu) -> Result<()> {
+    let context = gpu.context();
+    if context.ordinal() != 0 || !context.is_primary() {
+        return Err(invalid!(
+            "DeviceTensor buffers live in device 0's primary context, this Gpu is on device {}{}: use forward_on / backward_on with the caller's memory",
+            context.ordinal(),
+            if context.is_primary() { "" } else { " (not its primary context)" }
+        ));
+    }
+    Ok(())
 }
 
 /// The plan of `problem`: [`plan::select`]'s, or the one of the given tuning `tiles`.
