@@ -257,7 +257,11 @@ fn check_owned_context(gpu: &Gpu) -> Result<()> {
         return Err(invalid!(
             "DeviceTensor buffers live in device 0's primary context, this Gpu is on device {}{}: use forward_on / backward_on with the caller's memory",
             context.ordinal(),
-            if context.is_primary() { "" } else { " (not its primary context)" }
+            if context.is_primary() {
+                ""
+            } else {
+                " (not its primary context)"
+            }
         ));
     }
     Ok(())

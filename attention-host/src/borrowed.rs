@@ -115,7 +115,7 @@ impl View {
     /// Whether the view is the contiguous layout of `dims` at a 16-byte aligned address: the
     /// kernels read it in place; any other view goes through a staging copy.
     pub fn in_place(&self, dims: &Dims) -> bool {
-        self.strides_for(dims) == self.strides_for_contiguous(dims) && self.ptr % 16 == 0
+        self.strides_for(dims) == self.strides_for_contiguous(dims) && self.ptr.is_multiple_of(16)
     }
 
     fn strides_for_contiguous(&self, dims: &Dims) -> Strides {
@@ -203,7 +203,8 @@ fn axes_disjoint<const N: usize>(row: usize, mut axes: [(usize, usize); N]) -> b
         if stride < span {
             return false;
         }
-        span = stride * (extent - 1) + span;
+        // Saturating: a span past the address space is refused by `View::check` anyway.
+        span = span.saturating_add(stride.saturating_mul(extent - 1));
     }
     true
 }
@@ -400,7 +401,7 @@ mod tests {
             Some(Strides::fused_qkv(5, 3, 64)),
         );
         v.check("v", &d, DType::F16, true).unwrap();
-        assert!(view(0, d.elems(), Some(Strides::bhnd(5, 3, 64))).in_place(&d) == false);
+        assert!(!view(0, d.elems(), Some(Strides::bhnd(5, 3, 64))).in_place(&d));
         assert!(view(0, d.elems(), None).in_place(&d));
         assert!(
             !view(8, d.elems(), None).in_place(&d),

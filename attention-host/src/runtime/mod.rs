@@ -1,5 +1,7 @@
-//! The CUDA runtime the kernels run on: device 0's primary context, one module loaded from PTX
-//! text, one stream, and the module's kernel functions looked up once each.
+//! The CUDA runtime the kernels run on: a context (device 0's primary one by default, any device's
+//! or the caller's with [`Gpu::on_device`] / [`Gpu::for_context`]), one module loaded from PTX
+//! text, one stream of its own (a caller's stream takes the launches of
+//! [`crate::stream_api`]), and the module's kernel functions looked up once each.
 //!
 //! The driver is reached through `cudarc`'s driver API, which opens `libcuda` when the first call
 //! needs it: building needs nothing of CUDA, and a machine without the library, the driver or a
@@ -7,9 +9,9 @@
 //!
 //! Threads: a [`Gpu`] is `Send + Sync`. Every method that calls the driver first makes the
 //! context current on the calling thread, so one `Gpu` may be shared by threads or moved to
-//! another. The context is device 0's primary context (the one cudarc, candle and cust share),
-//! retained by the `Gpu` and by every buffer of this library ([`buffer`]), so it lives as
-//! long as the last of them: a buffer may outlive the `Gpu` it was used with.
+//! another. The context (device 0's primary context unless chosen: the one cudarc, candle and cust
+//! share) is retained by the `Gpu` and by every buffer of this library ([`buffer`]), so it lives
+//! as long as the last of them: a buffer may outlive the `Gpu` it was used with.
 
 pub mod buffer;
 pub mod memory;
