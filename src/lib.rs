@@ -90,3 +90,23 @@ pub fn gpu_on(ordinal: usize) -> Result<Gpu> {
 pub fn gpu_for_context(context: std::sync::Arc<cudarc::driver::CudaContext>) -> Result<Gpu> {
     Gpu::for_context(context, PTX, PTX_SM90A)
 }
+
+/// [`CudarcAttention`] on a program's cudarc `stream`: the embedded kernels loaded in the
+/// stream's context, forward and backward on `CudaSlice`s returning new ones.
+///
+/// # Example
+///
+/// ```no_run
+/// use flash_attn::{AttentionOptions, AttentionShape, FlashOptions};
+///
+/// let stream = flash_attn::cudarc::driver::CudaContext::new(0).unwrap().new_stream().unwrap();
+/// let attention = flash_attn::attention_on(stream.clone())?;
+/// let shape = AttentionShape { batch: 1, n_q: 256, n_k: 256, heads_q: 8, heads_kv: 8, head_dim: 128 };
+/// let q = stream.alloc_zeros::<half::bf16>(shape.q_elems()).unwrap();
+/// let options = FlashOptions::new(AttentionOptions::new().causal(true));
+/// let out = attention.forward(&shape, &q, &q, &q, &options)?; // out.o, out.lse: CudaSlices
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
+pub fn attention_on(stream: std::sync::Arc<cudarc::driver::CudaStream>) -> Result<CudarcAttention> {
+    CudarcAttention::new(gpu_for_context(stream.context().clone())?, stream)
+}

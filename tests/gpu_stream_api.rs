@@ -981,3 +981,65 @@ fn a_strided_lse_and_a_stream_of_another_gpu_are_refused() {
         );
     }
 }
+
+#[test]
+fn cudarc_attention_trains_on_slices_with_the_lse_kept() {
+    let test = "cudarc_attention_trains_on_slices_with_the_lse_kept";
+    let Some(first) = gpu_or_skip(test) else {
+        return;
+    };
+    let stream = first.context().new_stream().unwrap();
+    let attention = flash_attn::attention_on(stream.clone()).unwrap();
+    for options in [
+        FlashOptions::new(AttentionOptions::new().causal(true)),
+        FlashOptions::new(
+            AttentionOptions::new()
+                .window(17, 0)
+                .sinks(vec![0.5, -0.25, 1.0, 0.0]),
+        ),
+    ] {
+        let shape = shape(2);
+        let x = inputs(test, &shape);
+        let up = |v: &[bf16]| stream.clone_htod(v).unwrap();
+        let (q, k, v, d_o) = (up(&x.q), up(&x.k), up(&x.v), up(&x.d_o));
+        let fwd = attention.forward(&shape, &q, &k, &v, &options).unwrap();
+        let grads = attention
+            .backward(&shape, &q, &k, &v, &fwd.o, &d_o, &fwd.lse, &options)
+            .unwrap();
+        // A second step reuses the workspace and gives the same dK (no atomics there).
+        let again = attention
+            .backward(&shape, &q, &k, &v, &fwd.o, &d_o, &fwd.lse, &options)
+            .unwrap();
+        let (qf, kf, vf, dof) = (widen(&x.q), widen(&x.k), widen(&x.v), widen(&x.d_o));
+        let want_f = forward_f32(&shape, &qf, &kf, &vf, &options.attention).unwrap();
+        let want_b = backward_f32(&shape, &qf, &kf, &vf, &dof, &options.attention).unwrap();
+        let host = |s: &CudaSlice<bf16>| widen(&stream.clone_dtoh(s).unwrap());
+        let label = format!("{} / {}", fwd.plan.entry, grads.plan.entry);
+        assert!(rel_err(&host(&fwd.o), &want_f.o) <= BOUND, "{label}: O");
+        assert!(
+            lse_err(&stream.clone_dtoh(&fwd.lse).unwrap(), &want_f.lse) <= LSE_BOUND,
+            "{label}: LSE"
+        );
+        for (name, got, want) in [
+            ("dq", &grads.dq, &want_b.dq),
+            ("dk", &grads.dk, &want_b.dk),
+            ("dv", &grads.dv, &want_b.dv),
+        ] {
+            let err = rel_err(&host(got), want);
+            assert!(err <= BOUND, "{label}: {name} error {err}");
+        }
+        assert_eq!(
+            bits(&stream.clone_dtoh(&grads.dk).unwrap()),
+            bits(&stream.clone_dtoh(&again.dk).unwrap())
+        );
+        match (&grads.d_sinks, &want_b.d_sinks) {
+            (None, None) => {}
+            (Some(got), Some(want)) => {
+                let got = stream.clone_dtoh(got).unwrap();
+                let err = rel_err(&got, want);
+                assert!(err <= BOUND, "{label}: d_sinks error {err}");
+            }
+            _ => panic!("{label}: sink gradients present on one side only"),
+        }
+    }
+}

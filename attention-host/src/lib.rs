@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod borrowed;
+pub mod cudarc_attention;
 pub mod dtype;
 pub mod error;
 pub mod families;
@@ -40,6 +41,7 @@ pub use attention::{
 pub use attention_kernels::abi::layout::BlockSizes;
 pub use attention_kernels::abi::shape::AttentionShape;
 pub use borrowed::{Element, Strides, TensorMut, TensorRef};
+pub use cudarc_attention::CudarcAttention;
 pub use dtype::DType;
 pub use error::{AttentionError, Result};
 pub use family::{Direction, Family, KernelChoice};
