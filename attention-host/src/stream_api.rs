@@ -211,6 +211,12 @@ pub fn backward_on(
         outs.push(("d_sinks", &d.view, dims_heads));
     }
     check_views(&ins, &outs, dtype)?;
+    if options.attention.sinks.is_some() && grads.d_sinks.is_none() {
+        return Err(invalid!(
+            "a call with sink logits writes their gradients: pass d_sinks ({} f32)",
+            shape.heads_q
+        ));
+    }
     let plan = choose(gpu, &problem, Direction::Backward, None)?;
     workspace.check(&plan)?;
     let queue = Queue::caller(gpu, stream);

@@ -70,6 +70,8 @@ impl<T: DeviceRepr> DeviceArray<T> {
     /// are allocated this way (f32, u16, u32), so reading them before a kernel writes them is
     /// defined, if meaningless.
     fn uninitialized(len: usize) -> Result<Self> {
+        // A size that cannot be allocated is refused before the driver is asked for anything.
+        Self::checked_bytes(len)?;
         Self::uninitialized_on(len, &primary_context()?, std::ptr::null_mut())
     }
 
