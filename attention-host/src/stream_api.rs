@@ -57,7 +57,7 @@ pub struct GradientViews<'t, 'a> {
 
 /// O and LSE of `softmax(mask(τ·QKᵀ)) · V` (as [`crate::forward`]) on the caller's memory and
 /// `stream`, a stream of `gpu`'s context. `workspace` is [`Workspace::on_stream`]'s for this
-/// call's plan ([`crate::plan`]). Returns the plan once the work is queued; nothing waits.
+/// call's plan ([`crate::plan()`]). Returns the plan once the work is queued; nothing waits.
 ///
 /// # Example
 ///
