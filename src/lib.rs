@@ -56,3 +56,57 @@ pub const PTX_SM90A_PATH: &str = env!("FLASH_ATTN_PTX_SM90A_PATH");
 pub fn gpu() -> Result<Gpu> {
     Gpu::with_hopper_module(PTX, PTX_SM90A)
 }
+
+/// As [`gpu`] on device `ordinal`'s primary context, for the entry points on the caller's memory
+/// and stream ([`forward_on`], [`backward_on`]); the library's own buffers ([`DeviceTensor`])
+/// live on device 0 only.
+///
+/// # Example
+///
+/// ```no_run
+/// let gpu = flash_attn::gpu_on(1)?;
+/// let stream = gpu.context().new_stream().expect("a stream on device 1");
+/// assert!(gpu.owns_stream(&stream));
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
+pub fn gpu_on(ordinal: usize) -> Result<Gpu> {
+    Gpu::on_device(ordinal, PTX, PTX_SM90A)
+}
+
+/// As [`gpu`] in a context the program already holds (a cudarc `CudaContext`, the one candle's
+/// CUDA device or burn's cudarc backend sits on): the kernels load there and run on its streams.
+///
+/// # Example
+///
+/// ```no_run
+/// use flash_attn::cudarc::driver::CudaContext;
+///
+/// let context = CudaContext::new(0).expect("device 0");
+/// let stream = context.new_stream().expect("a stream");
+/// let gpu = flash_attn::gpu_for_context(context)?;
+/// assert!(gpu.owns_stream(&stream));
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
+pub fn gpu_for_context(context: std::sync::Arc<cudarc::driver::CudaContext>) -> Result<Gpu> {
+    Gpu::for_context(context, PTX, PTX_SM90A)
+}
+
+/// [`CudarcAttention`] on a program's cudarc `stream`: the embedded kernels loaded in the
+/// stream's context, forward and backward on `CudaSlice`s returning new ones.
+///
+/// # Example
+///
+/// ```no_run
+/// use flash_attn::{AttentionOptions, AttentionShape, FlashOptions};
+///
+/// let stream = flash_attn::cudarc::driver::CudaContext::new(0).unwrap().new_stream().unwrap();
+/// let attention = flash_attn::attention_on(stream.clone())?;
+/// let shape = AttentionShape { batch: 1, n_q: 256, n_k: 256, heads_q: 8, heads_kv: 8, head_dim: 128 };
+/// let q = stream.alloc_zeros::<half::bf16>(shape.q_elems()).unwrap();
+/// let options = FlashOptions::new(AttentionOptions::new().causal(true));
+/// let out = attention.forward(&shape, &q, &q, &q, &options)?; // out.o, out.lse: CudaSlices
+/// # Ok::<(), flash_attn::AttentionError>(())
+/// ```
+pub fn attention_on(stream: std::sync::Arc<cudarc::driver::CudaStream>) -> Result<CudarcAttention> {
+    CudarcAttention::new(gpu_for_context(stream.context().clone())?, stream)
+}

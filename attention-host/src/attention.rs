@@ -16,8 +16,8 @@ use crate::family::Direction;
 use crate::flash_options::FlashOptions;
 use crate::plan::{self, DeviceCaps, Plan, Tiles};
 use crate::problem::Problem;
-use crate::runtime::Gpu;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
+use crate::runtime::{Gpu, Queue};
 use crate::tensors::{BackwardInputs, GradientBuffers, Workspace, check_qkv};
 
 /// O (`[batch, n_q, heads_q, head_dim]`, the inputs' dtype), LSE (f32 `[batch, heads_q, n_q]`,
@@ -69,7 +69,15 @@ pub fn forward(
     };
     let workspace = Workspace::new(&out.plan)?;
     launch_forward(
-        gpu, &problem, &out.plan, q, k, v, &out.o, &out.lse, &workspace,
+        &Queue::own(gpu),
+        &problem,
+        &out.plan,
+        q,
+        k,
+        v,
+        &out.o,
+        &out.lse,
+        &workspace,
     )?;
     Ok(out)
 }
@@ -122,7 +130,17 @@ fn forward_into_tiles(
     check_tensor("o", o, problem.dtype, shape.q_elems())?;
     check_lse(lse, shape)?;
     let workspace = Workspace::new(&plan)?;
-    launch_forward(gpu, &problem, &plan, q, k, v, o, lse, &workspace)?;
+    launch_forward(
+        &Queue::own(gpu),
+        &problem,
+        &plan,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        &workspace,
+    )?;
     Ok(plan)
 }
 
@@ -145,7 +163,7 @@ pub fn backward(
         },
     };
     let workspace = Workspace::new(&plan)?;
-    launch_backward(gpu, &problem, &plan, inputs, &out, &workspace)?;
+    launch_backward(&Queue::own(gpu), &problem, &plan, inputs, &out, &workspace)?;
     Ok(Gradients {
         dq: out.dq,
         dk: out.dk,
@@ -197,7 +215,7 @@ fn backward_into_tiles(
     check_tensor("dv", &out.dv, problem.dtype, shape.kv_elems())?;
     check_d_sinks(&problem, out)?;
     workspace.check(&plan)?;
-    launch_backward(gpu, &problem, &plan, inputs, out, workspace)?;
+    launch_backward(&Queue::own(gpu), &problem, &plan, inputs, out, workspace)?;
     Ok(plan)
 }
 
@@ -209,6 +227,7 @@ fn prepare_forward(
     [q, k, v]: [&DeviceTensor; 3],
     options: &FlashOptions,
 ) -> Result<(Problem, Plan)> {
+    check_owned_context(gpu)?;
     let problem = Problem::new(shape, q.dtype(), options)?;
     check_qkv(shape, q, k, v)?;
     let plan = choose(gpu, &problem, Direction::Forward, tiles)?;
@@ -223,14 +242,33 @@ fn prepare_backward(
     inputs: &BackwardInputs,
     options: &FlashOptions,
 ) -> Result<(Problem, Plan)> {
+    check_owned_context(gpu)?;
     let problem = Problem::new(shape, inputs.q.dtype(), options)?;
     check_backward_inputs(&problem, inputs)?;
     let plan = choose(gpu, &problem, Direction::Backward, tiles)?;
     Ok((problem, plan))
 }
 
+/// The library's own buffers live in device 0's primary context: a `Gpu` of another context
+/// ([`Gpu::on_device`], [`Gpu::for_context`]) runs the entry points of [`crate::stream_api`].
+fn check_owned_context(gpu: &Gpu) -> Result<()> {
+    let context = gpu.context();
+    if context.ordinal() != 0 || !context.is_primary() {
+        return Err(invalid!(
+            "DeviceTensor buffers live in device 0's primary context, this Gpu is on device {}{}: use forward_on / backward_on with the caller's memory",
+            context.ordinal(),
+            if context.is_primary() {
+                ""
+            } else {
+                " (not its primary context)"
+            }
+        ));
+    }
+    Ok(())
+}
+
 /// The plan of `problem`: [`plan::select`]'s, or the one of the given tuning `tiles`.
-fn choose(
+pub(crate) fn choose(
     gpu: &Gpu,
     problem: &Problem,
     direction: Direction,
@@ -244,8 +282,8 @@ fn choose(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn launch_forward(
-    gpu: &Gpu,
+pub(crate) fn launch_forward(
+    queue: &Queue,
     problem: &Problem,
     plan: &Plan,
     q: &DeviceTensor,
@@ -257,24 +295,24 @@ fn launch_forward(
 ) -> Result<()> {
     match plan.tiles {
         Tiles::Exact(blocks) => crate::families::exact::forward::launch_forward(
-            gpu, problem, plan, blocks, q, k, v, o, lse, workspace,
+            queue, problem, plan, blocks, q, k, v, o, lse, workspace,
         ),
         Tiles::Sm80Forward(_) | Tiles::Sm90Forward(_) => {
             crate::families::tensor_core::forward::launch_forward(
-                gpu, problem, plan, q, k, v, o, lse,
+                queue, problem, plan, q, k, v, o, lse,
             )
         }
-        Tiles::Decode(_) => {
-            crate::families::decode::launch_forward(gpu, problem, plan, q, k, v, o, lse, workspace)
-        }
+        Tiles::Decode(_) => crate::families::decode::launch_forward(
+            queue, problem, plan, q, k, v, o, lse, workspace,
+        ),
         Tiles::Sm80Backward(_) | Tiles::Sm90Backward(_) => {
             unreachable!("plan::select gave a backward plan for a forward")
         }
     }
 }
 
-fn launch_backward(
-    gpu: &Gpu,
+pub(crate) fn launch_backward(
+    queue: &Queue,
     problem: &Problem,
     plan: &Plan,
     inputs: &BackwardInputs,
@@ -283,11 +321,11 @@ fn launch_backward(
 ) -> Result<()> {
     match plan.tiles {
         Tiles::Exact(blocks) => crate::families::exact::backward::launch_backward(
-            gpu, problem, plan, blocks, inputs, out, workspace,
+            queue, problem, plan, blocks, inputs, out, workspace,
         ),
         Tiles::Sm80Backward(_) | Tiles::Sm90Backward(_) => {
             crate::families::tensor_core::backward::launch_backward(
-                gpu, problem, plan, inputs, out, workspace,
+                queue, problem, plan, inputs, out, workspace,
             )
         }
         Tiles::Sm80Forward(_) | Tiles::Sm90Forward(_) | Tiles::Decode(_) => {
@@ -296,7 +334,7 @@ fn launch_backward(
     }
 }
 
-fn check_tensor(name: &str, t: &DeviceTensor, dtype: DType, want: usize) -> Result<()> {
+pub(crate) fn check_tensor(name: &str, t: &DeviceTensor, dtype: DType, want: usize) -> Result<()> {
     if t.dtype() != dtype || t.len() != want {
         return Err(invalid!(
             "{name} must be {dtype} with {want} elements, it is {} with {}",
@@ -308,7 +346,7 @@ fn check_tensor(name: &str, t: &DeviceTensor, dtype: DType, want: usize) -> Resu
 }
 
 /// A call with sink logits writes their gradients: the buffers must hold `heads_q` f32 for them.
-fn check_d_sinks(problem: &Problem, out: &GradientBuffers) -> Result<()> {
+pub(crate) fn check_d_sinks(problem: &Problem, out: &GradientBuffers) -> Result<()> {
     let heads = problem.shape.heads_q as usize;
     match (&problem.options.attention.sinks, &out.d_sinks) {
         (None, _) => Ok(()),
@@ -321,7 +359,7 @@ fn check_d_sinks(problem: &Problem, out: &GradientBuffers) -> Result<()> {
     }
 }
 
-fn check_lse(lse: &DeviceF32, shape: &AttentionShape) -> Result<()> {
+pub(crate) fn check_lse(lse: &DeviceF32, shape: &AttentionShape) -> Result<()> {
     if lse.len() != shape.row_elems() {
         return Err(invalid!(
             "lse must hold {} f32 ([batch, heads_q, n_q]), it holds {}",

@@ -2,6 +2,7 @@
 
 use crate::error::Result;
 use crate::options::Lengths;
+use crate::runtime::Queue;
 use crate::runtime::buffer::DeviceArray;
 use attention_kernels::abi::layout::{LENGTHS_FULL, LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout};
 use attention_kernels::abi::shape::AttentionShape;
@@ -16,9 +17,14 @@ pub struct DeviceLayout {
 }
 
 impl DeviceLayout {
-    /// Uploads the arrays of `lengths`, which `AttentionOptions::validate` has accepted for `shape`.
-    pub fn upload(shape: &AttentionShape, lengths: &Lengths) -> Result<DeviceLayout> {
-        let upload = |v: &[u32]| DeviceArray::from_slice(v);
+    /// Uploads the arrays of `lengths`, which `AttentionOptions::validate` has accepted for
+    /// `shape`, on the queue's stream for temporaries.
+    pub(crate) fn upload(
+        queue: &Queue,
+        shape: &AttentionShape,
+        lengths: &Lengths,
+    ) -> Result<DeviceLayout> {
+        let upload = |v: &[u32]| DeviceArray::from_slice_on(v, queue.context(), queue.temporaries);
         let mut params = SequenceLayout {
             sequences: shape.batch,
             ..Default::default()

@@ -1,11 +1,14 @@
 //! Host side of the attention kernels. A call reads top to bottom:
-//! [`attention`] (the entry points) → [`problem`] (validate once) → [`plan`](mod@plan) (choose the family
+//! [`attention`] (the entry points; [`stream_api`] those on the caller's memory and stream,
+//! [`borrowed`] its views) → [`problem`] (validate once) → [`plan`](mod@plan) (choose the family
 //! and instance) → [`families`] (that family's launcher) → [`runtime`] (context, module, typed
 //! launches, buffers). [`tensors`], [`layout`], [`score_mods`] and [`instances`] are shared by every family; [`reference`](mod@reference) is
 //! the f64 CPU reference the kernels are held to, [`ledger`] and [`schedule`] the article's
 //! models, [`materialized`] the three-stage baseline.
 
 pub mod attention;
+pub mod borrowed;
+pub mod cudarc_attention;
 pub mod dtype;
 pub mod error;
 pub mod families;
@@ -24,6 +27,7 @@ pub mod reference;
 pub mod runtime;
 pub mod schedule;
 pub mod score_mods;
+pub mod stream_api;
 pub mod tensors;
 
 /// The CUDA driver bindings the runtime is built on ([`Gpu::context`], [`Gpu::stream`] and the
@@ -36,6 +40,8 @@ pub use attention::{
 };
 pub use attention_kernels::abi::layout::BlockSizes;
 pub use attention_kernels::abi::shape::AttentionShape;
+pub use borrowed::{Element, Strides, TensorMut, TensorRef};
+pub use cudarc_attention::CudarcAttention;
 pub use dtype::DType;
 pub use error::{AttentionError, Result};
 pub use family::{Direction, Family, KernelChoice};
@@ -51,4 +57,5 @@ pub use runtime::buffer::{DeviceF32, DeviceTensor};
 pub use runtime::memory;
 pub use runtime::timing;
 pub use runtime::{Gpu, KernelParams, LaunchConfig};
+pub use stream_api::{BackwardViews, GradientViews, backward_on, forward_on};
 pub use tensors::{BackwardInputs, GradientBuffers, Workspace};

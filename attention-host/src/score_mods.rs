@@ -5,6 +5,7 @@ use attention_kernels::abi::params::ScoreMods;
 
 use crate::error::Result;
 use crate::options::AttentionOptions;
+use crate::runtime::Queue;
 use crate::runtime::buffer::DeviceF32;
 
 /// A `ScoreMods` with the device arrays it points to (kept alive as long as the parameters).
@@ -15,12 +16,17 @@ pub struct DeviceScoreMods {
 
 impl DeviceScoreMods {
     /// Uploads the slopes and sinks of `options` (validated against the call's shape);
-    /// `d_sinks`: where the backward writes the sink gradients (0 for none).
-    pub fn upload(options: &AttentionOptions, d_sinks: u64) -> Result<DeviceScoreMods> {
+    /// `d_sinks`: where the backward writes the sink gradients (0 for none). On the queue's
+    /// stream for temporaries.
+    pub(crate) fn upload(
+        queue: &Queue,
+        options: &AttentionOptions,
+        d_sinks: u64,
+    ) -> Result<DeviceScoreMods> {
         let mut arrays = Vec::new();
         let mut upload = |values: &Option<Vec<f32>>| -> Result<u64> {
             let Some(values) = values else { return Ok(0) };
-            let a = DeviceF32::from_slice(values)?;
+            let a = DeviceF32::from_slice_on(values, queue.context(), queue.temporaries)?;
             let ptr = a.device_ptr();
             arrays.push(a);
             Ok(ptr)

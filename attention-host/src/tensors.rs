@@ -1,7 +1,10 @@
 //! What one call reads and writes besides Q, K, V: the backward's saved state and incoming
 //! gradient, the gradient buffers, and the device scratch a plan asks for.
 
+use std::sync::Arc;
+
 use attention_kernels::abi::shape::AttentionShape;
+use cudarc::driver::CudaStream;
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
@@ -54,25 +57,43 @@ impl GradientBuffers {
 pub struct Workspace {
     pieces: Vec<(&'static str, u64)>,
     buffer: Option<DeviceF32>,
+    /// The stream the buffer is freed on ([`Workspace::on_stream`]), kept alive until then
+    /// (fields drop in order: the buffer first).
+    _stream: Option<Arc<CudaStream>>,
 }
 
 impl Workspace {
     /// Allocates the scratch `plan` needs (none for most forwards). Every call writes the pieces
     /// it reads before reading them.
     pub fn new(plan: &Plan) -> Result<Workspace> {
+        Workspace::allocate(plan, DeviceF32::uninitialized)
+    }
+
+    /// The workspace of `plan` with its buffer from `alloc` (given the f32 count).
+    pub(crate) fn allocate(
+        plan: &Plan,
+        alloc: impl FnOnce(usize) -> Result<DeviceF32>,
+    ) -> Result<Workspace> {
         let bytes = plan.workspace_bytes();
         let buffer = match bytes {
             0 => None,
             _ => {
                 let floats = usize::try_from(bytes / 4)
                     .map_err(|_| invalid!("a workspace of {bytes} bytes does not fit in memory"))?;
-                Some(DeviceF32::uninitialized(floats)?)
+                Some(alloc(floats)?)
             }
         };
         Ok(Workspace {
             pieces: plan.workspace.clone(),
             buffer,
+            _stream: None,
         })
+    }
+
+    /// The workspace, keeping `stream` (where its buffer is freed) alive as long as itself.
+    pub(crate) fn keeping(mut self, stream: Arc<CudaStream>) -> Workspace {
+        self._stream = Some(stream);
+        self
     }
 
     /// Bytes of device memory the workspace holds.

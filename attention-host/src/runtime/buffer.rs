@@ -15,7 +15,7 @@ use cudarc::driver::{CudaContext, DeviceRepr};
 
 use crate::dtype::DType;
 use crate::error::{Result, driver, invalid};
-use crate::runtime::{make_current, memory_pool, primary_context};
+use crate::runtime::{make_current, memory_pool_for, primary_context};
 
 /// `len` elements of `T` on the device, freed in stream order; keeps the context it was
 /// allocated in alive and current where it is used and freed. Its bytes count in
@@ -24,7 +24,20 @@ pub(crate) struct DeviceArray<T: DeviceRepr> {
     ptr: CUdeviceptr,
     len: usize,
     context: Arc<CudaContext>,
+    release: Release,
     _elem: PhantomData<T>,
+}
+
+/// How a [`DeviceArray`] gives its memory back.
+#[derive(Clone, Copy)]
+enum Release {
+    /// Allocated and freed on the legacy default stream (the library's own buffers).
+    Legacy,
+    /// Allocated and freed on this stream (a call on a caller's stream): the holder keeps the
+    /// stream alive longer than the array.
+    Stream(sys::CUstream),
+    /// Memory the caller owns: never freed here, not counted.
+    Borrowed,
 }
 
 // The array owns its allocation; the pointer is a device address, valid from any thread in the
@@ -57,17 +70,28 @@ impl<T: DeviceRepr> DeviceArray<T> {
     /// are allocated this way (f32, u16, u32), so reading them before a kernel writes them is
     /// defined, if meaningless.
     fn uninitialized(len: usize) -> Result<Self> {
+        // A size that cannot be allocated is refused before the driver is asked for anything.
+        Self::checked_bytes(len)?;
+        Self::uninitialized_on(len, &primary_context()?, std::ptr::null_mut())
+    }
+
+    /// `len` elements allocated in `context` from the library's pool, in stream order on
+    /// `stream` (null: the legacy default stream) and freed on it. A non-null stream must outlive
+    /// the array.
+    pub(crate) fn uninitialized_on(
+        len: usize,
+        context: &Arc<CudaContext>,
+        stream: sys::CUstream,
+    ) -> Result<Self> {
         let bytes = Self::checked_bytes(len)?;
-        let context = primary_context()?;
         let mut ptr: CUdeviceptr = 0;
         if bytes > 0 {
-            let pool = memory_pool()?;
-            // SAFETY: an out-pointer and a pool of this context; the legacy default stream orders
-            // the allocation before every later copy, memset and launch of the library.
+            let pool = memory_pool_for(context)?;
+            // SAFETY: an out-pointer and a pool of this context's device; the stream orders the
+            // allocation before every later copy, memset and launch on it (the legacy default
+            // stream: of the library).
             driver(
-                unsafe {
-                    sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, std::ptr::null_mut())
-                },
+                unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream) },
                 "allocating device memory",
             )?;
         }
@@ -75,19 +99,63 @@ impl<T: DeviceRepr> DeviceArray<T> {
         Ok(DeviceArray {
             ptr,
             len,
-            context,
+            context: context.clone(),
+            release: match stream.is_null() {
+                true => Release::Legacy,
+                false => Release::Stream(stream),
+            },
             _elem: PhantomData,
         })
     }
 
+    /// `len` elements at `ptr` that the caller owns, in `context`: never freed here.
+    pub(crate) fn borrowed(ptr: CUdeviceptr, len: usize, context: &Arc<CudaContext>) -> Self {
+        DeviceArray {
+            ptr,
+            len,
+            context: context.clone(),
+            release: Release::Borrowed,
+            _elem: PhantomData,
+        }
+    }
+
     pub(crate) fn from_slice(host: &[T]) -> Result<Self> {
-        let array = Self::uninitialized(host.len())?;
+        Self::from_slice_on(host, &primary_context()?, std::ptr::null_mut())
+    }
+
+    /// Uploads `host` into an array of [`DeviceArray::uninitialized_on`]. On a stream the copy
+    /// is asynchronous (staged from pageable memory before it returns, so `host` may go at once);
+    /// a stream being captured into a CUDA graph is refused, since the graph would read `host`
+    /// again at each replay.
+    pub(crate) fn from_slice_on(
+        host: &[T],
+        context: &Arc<CudaContext>,
+        stream: sys::CUstream,
+    ) -> Result<Self> {
+        if !stream.is_null() && !host.is_empty() && capturing(stream)? {
+            return Err(invalid!(
+                "this call uploads {} host values (sequence lengths, ALiBi slopes or sink logits), \
+                 which a stream under CUDA graph capture cannot take: call it outside the capture",
+                host.len()
+            ));
+        }
+        let array = Self::uninitialized_on(host.len(), context, stream)?;
         if !host.is_empty() {
             // SAFETY: `host` holds `len` elements of `T` and the array as many on the device.
-            driver(
-                unsafe { sys::cuMemcpyHtoD_v2(array.ptr, host.as_ptr().cast(), size_of_val(host)) },
-                "uploading a buffer",
-            )?;
+            let status = unsafe {
+                match stream.is_null() {
+                    true => {
+                        sys::cuMemcpyHtoD_v2(array.ptr, host.as_ptr().cast(), size_of_val(host))
+                    }
+                    false => sys::cuMemcpyHtoDAsync_v2(
+                        array.ptr,
+                        host.as_ptr().cast(),
+                        size_of_val(host),
+                        stream,
+                    ),
+                }
+            };
+            driver(status, "uploading a buffer")?;
         }
         Ok(array)
     }
@@ -158,13 +226,30 @@ impl DeviceArray<u16> {
 
 impl<T: DeviceRepr> Drop for DeviceArray<T> {
     fn drop(&mut self) {
+        let stream = match self.release {
+            Release::Borrowed => return,
+            Release::Legacy => std::ptr::null_mut(),
+            Release::Stream(stream) => stream,
+        };
         crate::runtime::memory::released(self.len * size_of::<T>());
         if self.ptr != 0 && make_current(&self.context).is_ok() {
-            // SAFETY: the pointer came from the pool and is freed once; the legacy default stream
-            // waits for the library's queued work before the memory returns to the pool.
-            unsafe { sys::cuMemFreeAsync(self.ptr, std::ptr::null_mut()) };
+            // SAFETY: the pointer came from the pool and is freed once, on the stream that used
+            // it (the legacy default stream waits for the library's queued work), before the
+            // memory returns to the pool.
+            unsafe { sys::cuMemFreeAsync(self.ptr, stream) };
         }
     }
+}
+
+/// Whether `stream` is being captured into a CUDA graph.
+pub(crate) fn capturing(stream: sys::CUstream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a valid stream handle and an out-pointer.
+    driver(
+        unsafe { sys::cuStreamIsCapturing(stream, &mut status) },
+        "asking whether the stream is being captured",
+    )?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
 enum Storage {
@@ -265,6 +350,35 @@ impl DeviceTensor {
         Ok(DeviceTensor { dtype, storage })
     }
 
+    /// `len` elements of `dtype` allocated on `stream` in `context` (see
+    /// [`DeviceArray::uninitialized_on`]): staging copies of a call on a caller's stream.
+    pub(crate) fn uninitialized_on(
+        dtype: DType,
+        len: usize,
+        context: &Arc<CudaContext>,
+        stream: sys::CUstream,
+    ) -> Result<DeviceTensor> {
+        let storage = match dtype {
+            DType::F32 => Storage::F32(DeviceArray::uninitialized_on(len, context, stream)?),
+            _ => Storage::Bits16(DeviceArray::uninitialized_on(len, context, stream)?),
+        };
+        Ok(DeviceTensor { dtype, storage })
+    }
+
+    /// A view of `len` elements of `dtype` at `ptr` that the caller owns (never freed here).
+    pub(crate) fn borrowed(
+        dtype: DType,
+        ptr: CUdeviceptr,
+        len: usize,
+        context: &Arc<CudaContext>,
+    ) -> DeviceTensor {
+        let storage = match dtype {
+            DType::F32 => Storage::F32(DeviceArray::borrowed(ptr, len, context)),
+            _ => Storage::Bits16(DeviceArray::borrowed(ptr, len, context)),
+        };
+        DeviceTensor { dtype, storage }
+    }
+
     pub fn dtype(&self) -> DType {
         self.dtype
     }
@@ -328,6 +442,30 @@ impl DeviceF32 {
     }
     pub fn from_slice(host: &[f32]) -> Result<DeviceF32> {
         Ok(DeviceF32(DeviceArray::from_slice(host)?))
+    }
+    /// As [`DeviceArray::from_slice_on`].
+    pub(crate) fn from_slice_on(
+        host: &[f32],
+        context: &Arc<CudaContext>,
+        stream: sys::CUstream,
+    ) -> Result<DeviceF32> {
+        Ok(DeviceF32(DeviceArray::from_slice_on(
+            host, context, stream,
+        )?))
+    }
+    /// As [`DeviceArray::uninitialized_on`].
+    pub(crate) fn uninitialized_on(
+        len: usize,
+        context: &Arc<CudaContext>,
+        stream: sys::CUstream,
+    ) -> Result<DeviceF32> {
+        Ok(DeviceF32(DeviceArray::uninitialized_on(
+            len, context, stream,
+        )?))
+    }
+    /// A view of `len` f32 at `ptr` that the caller owns (never freed here).
+    pub(crate) fn borrowed(ptr: CUdeviceptr, len: usize, context: &Arc<CudaContext>) -> DeviceF32 {
+        DeviceF32(DeviceArray::borrowed(ptr, len, context))
     }
     pub fn device_ptr(&self) -> u64 {
         self.0.device_ptr()

@@ -1,5 +1,7 @@
-//! The CUDA runtime the kernels run on: device 0's primary context, one module loaded from PTX
-//! text, one stream, and the module's kernel functions looked up once each.
+//! The CUDA runtime the kernels run on: a context (device 0's primary one by default, any device's
+//! or the caller's with [`Gpu::on_device`] / [`Gpu::for_context`]), one module loaded from PTX
+//! text, one stream of its own (a caller's stream takes the launches of
+//! [`crate::stream_api`]), and the module's kernel functions looked up once each.
 //!
 //! The driver is reached through `cudarc`'s driver API, which opens `libcuda` when the first call
 //! needs it: building needs nothing of CUDA, and a machine without the library, the driver or a
@@ -7,9 +9,9 @@
 //!
 //! Threads: a [`Gpu`] is `Send + Sync`. Every method that calls the driver first makes the
 //! context current on the calling thread, so one `Gpu` may be shared by threads or moved to
-//! another. The context is device 0's primary context (the one cudarc, candle and cust share),
-//! retained by the `Gpu` and by every buffer of this library ([`buffer`]), so it lives as
-//! long as the last of them: a buffer may outlive the `Gpu` it was used with.
+//! another. The context (device 0's primary context unless chosen: the one cudarc, candle and cust
+//! share) is retained by the `Gpu` and by every buffer of this library ([`buffer`]), so it lives
+//! as long as the last of them: a buffer may outlive the `Gpu` it was used with.
 
 pub mod buffer;
 pub mod memory;
@@ -38,6 +40,32 @@ pub(crate) fn primary_context() -> Result<Arc<CudaContext>> {
 /// keeps freed memory for reuse instead of returning it to the driver at each synchronisation.
 pub(crate) fn memory_pool() -> Result<sys::CUmemoryPool> {
     Ok(primary()?.1 as sys::CUmemoryPool)
+}
+
+/// Pools of the devices other than 0, made on first use and kept for the process (a pool is the
+/// device's, not a context's).
+static POOLS: Mutex<Vec<(sys::CUdevice, usize)>> = Mutex::new(Vec::new());
+
+/// The library's memory pool for allocations in `context`, which is left current: device 0's
+/// ([`memory_pool`]), or one made for the context's device.
+pub(crate) fn memory_pool_for(context: &CudaContext) -> Result<sys::CUmemoryPool> {
+    let device = context.cu_device();
+    let pool = if context.ordinal() == 0 {
+        memory_pool()?
+    } else {
+        let mut pools = POOLS.lock().unwrap_or_else(PoisonError::into_inner);
+        match pools.iter().find(|(d, _)| *d == device) {
+            Some(&(_, pool)) => pool as sys::CUmemoryPool,
+            None => {
+                make_current(context)?;
+                let pool = create_pool(device)?;
+                pools.push((device, pool as usize));
+                pool
+            }
+        }
+    };
+    make_current(context)?;
+    Ok(pool)
 }
 
 fn primary() -> Result<(Arc<CudaContext>, usize)> {
@@ -176,7 +204,8 @@ unsafe impl Send for Module {}
 unsafe impl Sync for Module {}
 unsafe impl Send for Kernel {}
 
-/// Device 0's primary context with the attention module loaded.
+/// A context (device 0's primary one, or any the caller hands over) with the attention module
+/// loaded in it.
 pub struct Gpu {
     // Field order is drop order: the stream and module go before the context that owns them
     // (their drops make it current first, so they are released from any thread).
@@ -194,6 +223,48 @@ const _: () = {
     const fn send_sync<T: Send + Sync>() {}
     send_sync::<Gpu>();
 };
+
+/// Where one call's work goes: the kernels of `gpu`'s module launched on `stream`, and the
+/// call's temporaries (uploaded option arrays, staging copies) allocated and freed in stream order
+/// on `temporaries` (null: the legacy default stream, which the library's own blocking stream
+/// orders after).
+pub(crate) struct Queue<'a> {
+    pub gpu: &'a Gpu,
+    pub stream: &'a CudaStream,
+    pub temporaries: sys::CUstream,
+}
+
+impl<'a> Queue<'a> {
+    /// The `Gpu`'s own stream, with temporaries on the legacy default stream.
+    pub fn own(gpu: &'a Gpu) -> Queue<'a> {
+        Queue {
+            gpu,
+            stream: gpu.stream(),
+            temporaries: std::ptr::null_mut(),
+        }
+    }
+
+    /// A caller's `stream` of `gpu`'s context, which also takes the temporaries.
+    pub fn caller(gpu: &'a Gpu, stream: &'a CudaStream) -> Queue<'a> {
+        Queue {
+            gpu,
+            stream,
+            temporaries: stream.cu_stream(),
+        }
+    }
+
+    pub fn stream(&self) -> &CudaStream {
+        self.stream
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.gpu.context()
+    }
+
+    pub fn launch<P: KernelParams>(&self, name: &str, cfg: LaunchConfig, params: &P) -> Result<()> {
+        self.gpu.launch_on(self.stream, name, cfg, params)
+    }
+}
 
 /// What a launch needs besides its parameters.
 #[derive(Clone, Copy, Debug)]
@@ -214,7 +285,27 @@ impl Gpu {
     /// the `sm_90a` module, which holds every kernel of `ptx` plus the `wgmma` ones
     /// ([`Gpu::has_wgmma`]). `sm_90a` code runs on no other architecture.
     pub fn with_hopper_module(ptx: &str, hopper: Option<&str>) -> Result<Gpu> {
-        let context = primary_context()?;
+        Gpu::for_context(primary_context()?, ptx, hopper)
+    }
+
+    /// As [`Gpu::with_hopper_module`] on device `ordinal`'s primary context (the one cudarc's
+    /// `CudaContext::new(ordinal)`, candle and cust use). An ordinal with no device gives
+    /// `NoDevice`.
+    pub fn on_device(ordinal: usize, ptx: &str, hopper: Option<&str>) -> Result<Gpu> {
+        // SAFETY: only tries to open the library under its usual names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(AttentionError::NoDevice(
+                "the CUDA driver library (libcuda.so) could not be loaded".to_owned(),
+            ));
+        }
+        Gpu::for_context(CudaContext::new(ordinal).map_err(starting)?, ptx, hopper)
+    }
+
+    /// As [`Gpu::with_hopper_module`] in `context`, which the caller already holds (a candle or
+    /// cudarc device's): the module is loaded there, so the entry points taking a caller's
+    /// stream ([`crate::stream_api`]) run on that context's streams and memory.
+    pub fn for_context(context: Arc<CudaContext>, ptx: &str, hopper: Option<&str>) -> Result<Gpu> {
+        make_current(&context)?;
         let (major, minor) = context
             .compute_capability()
             .cuda("reading the compute capability")?;
@@ -246,8 +337,9 @@ impl Gpu {
         make_current(&self.context)
     }
 
-    /// Device 0's primary context, as cudarc holds it: for memory and streams of your own in the
-    /// same context as the library's.
+    /// The context the module is loaded in (device 0's primary context unless the `Gpu` came from
+    /// [`Gpu::on_device`] or [`Gpu::for_context`]), as cudarc holds it: for memory and streams of
+    /// your own in the same context as the library's.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.context
     }
@@ -342,6 +434,17 @@ impl Gpu {
         cfg: LaunchConfig,
         params: &P,
     ) -> Result<()> {
+        self.launch_on(self.stream(), name, cfg, params)
+    }
+
+    /// As [`Gpu::launch`] on `stream`, a stream of this `Gpu`'s context (the entry points check).
+    pub(crate) fn launch_on<P: KernelParams>(
+        &self,
+        stream: &CudaStream,
+        name: &str,
+        cfg: LaunchConfig,
+        params: &P,
+    ) -> Result<()> {
         if cfg.shared_bytes > self.shared_optin {
             return Err(invalid!(
                 "kernel {name} needs {} bytes of shared memory, the device allows {}",
@@ -354,14 +457,14 @@ impl Gpu {
         let mut args = [params as *const P as *mut std::ffi::c_void];
         // SAFETY: `P` is one of the kernels' `#[repr(C)]` parameter structs (`KernelParams`),
         // passed by value as the kernel's single parameter; the function's module is loaded and
-        // the stream is this `Gpu`'s, in the current context.
+        // the stream is of this `Gpu`'s context, the current one.
         unsafe {
             result::launch_kernel(
                 function,
                 cfg.grid,
                 cfg.block,
                 cfg.shared_bytes,
-                self.stream.0.cu_stream(),
+                stream.cu_stream(),
                 &mut args,
             )
         }
@@ -369,6 +472,11 @@ impl Gpu {
             kernel: name.to_owned(),
             source,
         })
+    }
+
+    /// Whether `stream` belongs to this `Gpu`'s context (where its module and memory live).
+    pub fn owns_stream(&self, stream: &CudaStream) -> bool {
+        stream.context().cu_ctx() == self.context.cu_ctx()
     }
 
     /// Waits for all launched work; reports any asynchronous kernel failure.

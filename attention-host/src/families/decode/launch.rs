@@ -10,7 +10,7 @@ use crate::layout::DeviceLayout;
 use crate::merge::PartShape;
 use crate::plan::Plan;
 use crate::problem::Problem;
-use crate::runtime::Gpu;
+use crate::runtime::Queue;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 use crate::tensors::Workspace;
 
@@ -18,7 +18,7 @@ use crate::tensors::Workspace;
 /// workspace against `problem` and `plan`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_forward(
-    gpu: &Gpu,
+    queue: &Queue,
     problem: &Problem,
     plan: &Plan,
     q: &DeviceTensor,
@@ -29,7 +29,7 @@ pub(crate) fn launch_forward(
     workspace: &Workspace,
 ) -> Result<()> {
     let (shape, options) = (&problem.shape, &problem.options.attention);
-    let layout = DeviceLayout::upload(shape, &options.lengths)?;
+    let layout = DeviceLayout::upload(queue, shape, &options.lengths)?;
     let (o_part, lse_part) = (
         workspace.piece("o_partial")?,
         workspace.piece("lse_partial")?,
@@ -46,7 +46,7 @@ pub(crate) fn launch_forward(
         scale_log2: options.scale_for(shape.head_dim) * std::f32::consts::LOG2_E,
         causal: options.causal as u32,
     };
-    gpu.launch(&plan.entry, plan.launch_config(), &params)?;
+    queue.launch(&plan.entry, plan.launch_config(), &params)?;
     let parts = PartShape::of(shape);
     let combine = MergeParams {
         table: MergeParts {
@@ -65,7 +65,7 @@ pub(crate) fn launch_forward(
         heads: shape.heads_q,
         head_dim: shape.head_dim,
     };
-    gpu.launch(
+    queue.launch(
         &instances::merge(DType::F32, problem.dtype, true),
         parts.launch_config()?,
         &combine,

@@ -10,7 +10,7 @@ use crate::instances;
 use crate::layout::DeviceLayout;
 use crate::plan::Plan;
 use crate::problem::Problem;
-use crate::runtime::{Gpu, LaunchConfig};
+use crate::runtime::{LaunchConfig, Queue};
 use crate::score_mods::DeviceScoreMods;
 use crate::tensors::{BackwardInputs, GradientBuffers, Workspace};
 
@@ -20,7 +20,7 @@ const DELTA_WARPS: u32 = THREADS / 32;
 /// Launches `plan` (an exact backward with `blocks`) without waiting. The caller validated the
 /// tensors and the workspace against `problem` and `plan`.
 pub(crate) fn launch_backward(
-    gpu: &Gpu,
+    queue: &Queue,
     problem: &Problem,
     plan: &Plan,
     blocks: BlockSizes,
@@ -31,17 +31,17 @@ pub(crate) fn launch_backward(
     let (shape, attention) = (&problem.shape, &problem.options.attention);
     let deterministic = problem.options.deterministic;
     let dtype = problem.dtype;
-    let layout = DeviceLayout::upload(shape, &attention.lengths)?;
+    let layout = DeviceLayout::upload(queue, shape, &attention.lengths)?;
     let d_sinks = match (&attention.sinks, &out.d_sinks) {
         (Some(_), Some(d)) => d.device_ptr(),
         _ => 0,
     };
-    let mods = DeviceScoreMods::upload(attention, d_sinks)?;
+    let mods = DeviceScoreMods::upload(queue, attention, d_sinks)?;
     let dq_accum = if deterministic {
         0
     } else {
         let ptr = workspace.piece("dq_accum")?;
-        zero_f32(gpu, ptr, shape.q_elems())?;
+        zero_f32(queue, ptr, shape.q_elems())?;
         ptr
     };
     let params = FlashBackwardParams {
@@ -71,7 +71,7 @@ pub(crate) fn launch_backward(
         block: (THREADS, 1, 1),
         shared_bytes: 0,
     };
-    gpu.launch(
+    queue.launch(
         &instances::exact_backward(dtype, "delta"),
         delta_cfg,
         &params,
@@ -82,16 +82,16 @@ pub(crate) fn launch_backward(
             block: (32, 1, 1),
             shared_bytes: 0,
         };
-        gpu.launch(&instances::exact_d_sink(), sink_cfg, &params)?;
+        queue.launch(&instances::exact_d_sink(), sink_cfg, &params)?;
     }
-    gpu.launch(&plan.entry, plan.launch_config(), &params)?;
+    queue.launch(&plan.entry, plan.launch_config(), &params)?;
     if deterministic {
         let (y, z) = problem.grid_yz(shape.heads_q);
         let dq_cfg = LaunchConfig {
             grid: (problem.max_q_len.div_ceil(blocks.block_rows), y, z),
             ..plan.launch_config()
         };
-        gpu.launch(&instances::exact_backward(dtype, "dq"), dq_cfg, &params)
+        queue.launch(&instances::exact_backward(dtype, "dq"), dq_cfg, &params)
     } else {
         // A grid-stride loop: a bounded grid covers any element count.
         let blocks = shape.q_elems().div_ceil(THREADS as usize).min(65_535) as u32;
@@ -100,7 +100,7 @@ pub(crate) fn launch_backward(
             block: (THREADS, 1, 1),
             shared_bytes: 0,
         };
-        gpu.launch(
+        queue.launch(
             &instances::exact_backward(dtype, "dq_convert"),
             convert_cfg,
             &params,
@@ -109,10 +109,10 @@ pub(crate) fn launch_backward(
 }
 
 /// Zeroes `len` f32 at `ptr` on the call's stream (the atomics accumulate into zeros).
-fn zero_f32(gpu: &Gpu, ptr: u64, len: usize) -> Result<()> {
+fn zero_f32(queue: &Queue, ptr: u64, len: usize) -> Result<()> {
     // SAFETY: `ptr` is the start of a workspace piece of at least `len` f32 (the plan sized it),
     // owned by the caller's `Workspace` for the duration of the call.
     let status =
-        unsafe { cudarc::driver::sys::cuMemsetD32Async(ptr, 0, len, gpu.stream().cu_stream()) };
+        unsafe { cudarc::driver::sys::cuMemsetD32Async(ptr, 0, len, queue.stream().cu_stream()) };
     driver(status, "zeroing the dQ accumulator")
 }

@@ -8,7 +8,7 @@ use crate::flash_options::Schedule;
 use crate::layout::DeviceLayout;
 use crate::plan::Plan;
 use crate::problem::Problem;
-use crate::runtime::Gpu;
+use crate::runtime::Queue;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 use crate::score_mods::DeviceScoreMods;
 use crate::tensors::Workspace;
@@ -18,7 +18,7 @@ use crate::tensors::Workspace;
 /// validated the tensors and the workspace against `problem` and `plan`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_forward(
-    gpu: &Gpu,
+    queue: &Queue,
     problem: &Problem,
     plan: &Plan,
     blocks: BlockSizes,
@@ -30,8 +30,8 @@ pub(crate) fn launch_forward(
     workspace: &Workspace,
 ) -> Result<()> {
     let (shape, attention) = (&problem.shape, &problem.options.attention);
-    let layout = DeviceLayout::upload(shape, &attention.lengths)?;
-    let mods = DeviceScoreMods::upload(attention, 0)?;
+    let layout = DeviceLayout::upload(queue, shape, &attention.lengths)?;
+    let mods = DeviceScoreMods::upload(queue, attention, 0)?;
     let mut params = FlashForwardParams {
         q: q.device_ptr(),
         k: k.device_ptr(),
@@ -52,7 +52,7 @@ pub(crate) fn launch_forward(
         last: 1,
     };
     match problem.options.schedule {
-        Schedule::RowOwned => gpu.launch(&plan.entry, plan.launch_config(), &params),
+        Schedule::RowOwned => queue.launch(&plan.entry, plan.launch_config(), &params),
         Schedule::Paper => {
             // O (normalised, f32), ℓ and m in global memory between K/V blocks: O(N·d), not O(N²).
             params.o_state = workspace.piece("o_state")?;
@@ -62,7 +62,7 @@ pub(crate) fn launch_forward(
             for j in 0..kv_blocks {
                 params.kv_block = j;
                 params.last = (j + 1 == kv_blocks) as u32;
-                gpu.launch(&plan.entry, plan.launch_config(), &params)?;
+                queue.launch(&plan.entry, plan.launch_config(), &params)?;
             }
             Ok(())
         }

@@ -14,14 +14,14 @@ use crate::instances;
 use crate::layout::DeviceLayout;
 use crate::plan::{Plan, preprocess_blocks};
 use crate::problem::Problem;
-use crate::runtime::{Gpu, LaunchConfig};
+use crate::runtime::{LaunchConfig, Queue};
 use crate::score_mods::DeviceScoreMods;
 use crate::tensors::{BackwardInputs, GradientBuffers, Workspace};
 
 /// Launches the four kernels of `plan` (a tensor-core backward) without waiting. The caller
 /// validated the tensors and the workspace against `problem` and `plan`.
 pub(crate) fn launch_backward(
-    gpu: &Gpu,
+    queue: &Queue,
     problem: &Problem,
     plan: &Plan,
     inputs: &BackwardInputs,
@@ -31,13 +31,13 @@ pub(crate) fn launch_backward(
     let (shape, options) = (&problem.shape, &problem.options.attention);
     let dtype = problem.dtype;
     let scale = options.scale_for(shape.head_dim);
-    let layout = DeviceLayout::upload(shape, &options.lengths)?;
+    let layout = DeviceLayout::upload(queue, shape, &options.lengths)?;
     let n_q_pad = n_q_pad(shape.n_q);
     let d_sinks = match (&options.sinks, &out.d_sinks) {
         (Some(_), Some(d)) => d.device_ptr(),
         _ => 0,
     };
-    let mods = DeviceScoreMods::upload(options, d_sinks)?;
+    let mods = DeviceScoreMods::upload(queue, options, d_sinks)?;
     let params = TensorCoreBackwardParams {
         q: inputs.q.device_ptr(),
         k: inputs.k.device_ptr(),
@@ -70,7 +70,7 @@ pub(crate) fn launch_backward(
         u32::try_from(n)
             .map_err(|_| invalid!("a backward grid of {n} blocks exceeds the hardware's"))
     };
-    gpu.launch(
+    queue.launch(
         &instances::tensor_core_preprocess(dtype, shape.head_dim),
         LaunchConfig {
             grid: (blocks(preprocess_blocks(shape))?, 1, 1),
@@ -80,7 +80,7 @@ pub(crate) fn launch_backward(
         &params,
     )?;
     if d_sinks != 0 {
-        gpu.launch(
+        queue.launch(
             &instances::tensor_core_d_sink(),
             LaunchConfig {
                 grid: (shape.heads_q, 1, 1),
@@ -90,8 +90,8 @@ pub(crate) fn launch_backward(
             &params,
         )?;
     }
-    gpu.launch(&plan.entry, plan.launch_config(), &params)?;
-    gpu.launch(
+    queue.launch(&plan.entry, plan.launch_config(), &params)?;
+    queue.launch(
         &instances::tensor_core_convert_dq(dtype),
         LaunchConfig {
             grid: (
@@ -104,7 +104,7 @@ pub(crate) fn launch_backward(
         },
         &params,
     )?;
-    gpu.launch(
+    queue.launch(
         &instances::tensor_core_nan_rows(dtype),
         LaunchConfig {
             grid: (

@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::layout::DeviceLayout;
 use crate::plan::Plan;
 use crate::problem::Problem;
-use crate::runtime::Gpu;
+use crate::runtime::Queue;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 use crate::score_mods::DeviceScoreMods;
 
@@ -16,7 +16,7 @@ use crate::score_mods::DeviceScoreMods;
 /// against `problem`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_forward(
-    gpu: &Gpu,
+    queue: &Queue,
     problem: &Problem,
     plan: &Plan,
     q: &DeviceTensor,
@@ -26,8 +26,8 @@ pub(crate) fn launch_forward(
     lse: &DeviceF32,
 ) -> Result<()> {
     let (shape, options) = (&problem.shape, &problem.options.attention);
-    let layout = DeviceLayout::upload(shape, &options.lengths)?;
-    let mods = DeviceScoreMods::upload(options, 0)?;
+    let layout = DeviceLayout::upload(queue, shape, &options.lengths)?;
+    let mods = DeviceScoreMods::upload(queue, options, 0)?;
     let params = TensorCoreForwardParams {
         q: q.device_ptr(),
         k: k.device_ptr(),
@@ -41,5 +41,5 @@ pub(crate) fn launch_forward(
         causal: options.causal as u32,
         mods: mods.params,
     };
-    gpu.launch(&plan.entry, plan.launch_config(), &params)
+    queue.launch(&plan.entry, plan.launch_config(), &params)
 }
