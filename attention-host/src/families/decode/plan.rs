@@ -6,7 +6,7 @@
 //! and each K/V row is read once. Larger groups are prefill, for the tensor-core families.
 
 use attention_kernels::kernels::decode::{
-    HEAD_DIMS, MAX_ROW_TILE, STEP_KEYS, THREADS, row_tile, shared_bytes,
+    HEAD_DIMS, MAX_ROW_TILE, MAX_SPLITS, STEP_KEYS, THREADS, row_tile, shared_bytes,
 };
 
 use crate::dtype::DType;
@@ -27,11 +27,11 @@ pub struct DecodeConfig {
     pub keys_per_split: u32,
 }
 
-/// Blocks per SM the split count aims at: a decode block is small (4 warps, ≤ 17 KiB of shared
-/// memory), so several run per SM and hide each other's memory latency.
-const BLOCKS_PER_SM: u32 = 4;
-/// Most splits: bounds the partials' workspace and the combine's work per row.
-const MAX_SPLITS: u32 = 256;
+/// Blocks per SM the split count aims at: about two waves of the three to four decode blocks
+/// (4 warps, ≤ 168 registers per thread for row tiles up to 4) an SM holds at once, so that a
+/// block's fixed costs (the Q tile, the final merge of its warps) overlap other blocks' streaming
+/// and the last wave's tail is short (`reports/PERF_LOG_DECODE.md`, v2).
+const BLOCKS_PER_SM: u32 = 8;
 
 /// `(splits, keys_per_split)` for `batch_heads` (sequences × K/V heads) blocks of work over
 /// `n_k` keys on `sms` SMs: enough splits that the grid fills every SM `BLOCKS_PER_SM` times,
@@ -62,6 +62,10 @@ pub(crate) fn plan(
     }
     if o.attention.dropout.is_some() {
         return Err("runs without dropout (decode is inference)".into());
+    }
+    let a = &o.attention;
+    if a.softcap.is_some() || a.alibi_slopes.is_some() || a.sinks.is_some() {
+        return Err("takes the local window but no softcap, ALiBi or sink logits".into());
     }
     if matches!(o.attention.lengths, Lengths::Packed { .. }) {
         return Err("takes full or per-sequence key lengths, not packed sequences".into());
