@@ -4,7 +4,8 @@
 //! sequence has key blocks (its trailing splits empty); ragged key lengths including 0 (empty
 //! rows: O = 0, LSE = −∞); N_k not a multiple of the 128-key step; causal with N_q > 1 (rows
 //! above the bottom-right diagonal empty); NaN/∞ in K and V past a key length and at causally
-//! masked keys (ignored), and a NaN Q row (its O and LSE NaN).
+//! masked keys (ignored), and a NaN Q row (its O and LSE NaN); local windows (causal and two-
+//! sided, with key lengths, one wider than a split and one that leaves most splits empty).
 //!
 //! Where no CUDA device answers, the test prints `SKIP` and returns.
 
@@ -28,6 +29,7 @@ struct Case {
     shape: AttentionShape,
     causal: bool,
     key_lengths: Option<Vec<u32>>,
+    window: Option<(u32, u32)>,
     /// Poison K/V past the key lengths and Q row 0 of item 0, head 0.
     non_finite: bool,
 }
@@ -44,6 +46,7 @@ fn case(batch: u32, n_q: u32, n_k: u32, hq: u32, hkv: u32, d: u32) -> Case {
         },
         causal: false,
         key_lengths: None,
+        window: None,
         non_finite: false,
     }
 }
@@ -82,6 +85,23 @@ fn cases(rng: &mut StdRng, d: u32) -> Vec<Case> {
         causal: true,
         ..case(1, 16, 300, 4, 4, d)
     });
+    // Local windows: a sliding window over a long cache (most splits see no key), two-sided
+    // windows on a causal-free chunk, a window with ragged key lengths.
+    out.push(Case {
+        causal: true,
+        window: Some((100, 0)),
+        ..case(1, 1, 20_000, 32, 8, d)
+    });
+    out.push(Case {
+        window: Some((1500, 40)),
+        ..case(2, 4, 3000, 8, 2, d)
+    });
+    out.push(Case {
+        causal: true,
+        window: Some((257, 0)),
+        key_lengths: Some(vec![0, 200, 4000]),
+        ..case(3, 2, 4000, 16, 4, d)
+    });
     // Non-finite values where they must be ignored, and one NaN row.
     out.push(Case {
         causal: true,
@@ -116,6 +136,9 @@ fn decode_matches_the_reference() {
                 let mut options = AttentionOptions::new().causal(c.causal);
                 if let Some(lens) = &c.key_lengths {
                     options = options.key_lengths(lens.clone());
+                }
+                if let Some((left, right)) = c.window {
+                    options = options.window(left, right);
                 }
                 if c.non_finite {
                     let lens = c.key_lengths.as_ref().unwrap();
@@ -156,8 +179,8 @@ fn decode_matches_the_reference() {
                     lse_err(&lse.to_vec().unwrap(), &want.lse),
                 );
                 let name = format!(
-                    "{dtype} {s:?} causal {} lengths {:?} non-finite {} splits {}",
-                    c.causal, c.key_lengths, c.non_finite, plan.grid.0
+                    "{dtype} {s:?} causal {} window {:?} lengths {:?} non-finite {} splits {}",
+                    c.causal, c.window, c.key_lengths, c.non_finite, plan.grid.0
                 );
                 println!("{name}: O rel {eo:.2e}, LSE abs {el:.2e}");
                 if eo > bound(dtype) || el > 1e-3 {

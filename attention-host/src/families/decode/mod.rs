@@ -6,4 +6,4 @@ mod plan;
 
 pub(crate) use launch::launch_forward;
 pub(crate) use plan::plan;
-pub use plan::{DecodeConfig, choose_splits};
+pub use plan::{DecodeConfig, choose_splits, resident_blocks};
