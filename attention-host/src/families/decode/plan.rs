@@ -32,10 +32,10 @@ pub struct DecodeConfig {
 const WAVES: u32 = 2;
 
 /// Decode blocks of `row_tile` rows one SM holds at once (128 threads each): ptxas gives the
-/// tiles up to 2 rows 143–166 registers (three blocks in the 64 Ki registers), the larger tiles
-/// 255 (two blocks); `reports/PERF_LOG_DECODE.md`, v2.
+/// one-row tiles 140–145 registers (three blocks in the 64 Ki registers), the larger tiles 168–255
+/// (two blocks); `reports/PERF_LOG_DECODE.md`, v2.
 pub fn resident_blocks(row_tile: u32) -> u32 {
-    if row_tile <= 2 { 3 } else { 2 }
+    if row_tile == 1 { 3 } else { 2 }
 }
 
 /// `(splits, keys_per_split)` for `batch_heads` (sequences × K/V heads) blocks of work over

@@ -169,10 +169,12 @@ unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) 
     let load = |buf: &mut [[u32; 4]; MAX_UNROLL], src: u64, base: u32| {
         each_key!(u < unroll(R) => {
             let j = key(base, u);
-            if j < ke {
+            buf[u] = if j < ke {
                 // SAFETY: key j < k_len is a key row of the sequence.
-                buf[u] = unsafe { load_chunk(src, chunk_at(j)) };
-            }
+                unsafe { load_chunk(src, chunk_at(j)) }
+            } else {
+                [0; 4]
+            };
         });
     };
     let mut m = [f32::NEG_INFINITY; R];
@@ -244,14 +246,30 @@ unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) 
                 *x *= alpha;
             }
         });
-        each_key!(u < unroll(R) => {
-            let v = widen8::<T>(v_buf[u]);
-            each_row!(r < R => {
-                for (x, &y) in acc[r].iter_mut().zip(&v) {
-                    *x += contribution(score[u][r], y);
-                }
+        // Where every key of the iteration is allowed for every row, the keys past `ke` are the
+        // only masked ones and their V is zero-filled: plain products. Elsewhere a masked key's
+        // V (a causal or window edge, maybe non-finite) must not be read.
+        // (Two copies of the loop: one branch per iteration, not a select per product; from
+        // eight rows on the registers hold only one copy without spilling more.)
+        if full && R <= 4 {
+            each_key!(u < unroll(R) => {
+                let v = widen8::<T>(v_buf[u]);
+                each_row!(r < R => {
+                    for (x, &y) in acc[r].iter_mut().zip(&v) {
+                        *x += score[u][r] * y;
+                    }
+                });
             });
-        });
+        } else {
+            each_key!(u < unroll(R) => {
+                let v = widen8::<T>(v_buf[u]);
+                each_row!(r < R => {
+                    for (x, &y) in acc[r].iter_mut().zip(&v) {
+                        *x += contribution(score[u][r], y);
+                    }
+                });
+            });
+        }
         base = next;
     }
 
