@@ -39,7 +39,7 @@ pub fn resident_blocks(row_tile: u32) -> u32 {
 }
 
 /// `(splits, keys_per_split)` for `batch_heads` (sequences × K/V heads) blocks of work over
-/// `n_k` keys on `sms` SMs holding `blocks_per_sm` blocks each: as many splits as [`WAVES`] full
+/// `n_k` keys on `sms` SMs holding `blocks_per_sm` blocks each: as many splits as `WAVES` (2) full
 /// waves take (never more, so no wave is left nearly empty), never a split shorter than one step
 /// of keys, never more than [`MAX_SPLITS`].
 pub fn choose_splits(sms: u32, blocks_per_sm: u32, batch_heads: u32, n_k: u32) -> (u32, u32) {
