@@ -1,6 +1,6 @@
 //! The split-KV decode family against the f64 reference, bf16 and f16, head dims 64 and 128,
 //! through `flash_attn::forward_into` (the plan must choose it on its own) into NaN-poisoned
-//! outputs: GQA ratios 1, 2, 4, 8, 16; one split, several, and more splits than a short
+//! outputs: GQA ratios 1, 2, 4, 8, 16; one split, several, the most (256), and more splits than a short
 //! sequence has key blocks (its trailing splits empty); ragged key lengths including 0 (empty
 //! rows: O = 0, LSE = −∞); N_k not a multiple of the 128-key step; causal with N_q > 1 (rows
 //! above the bottom-right diagonal empty); NaN/∞ in K and V past a key length and at causally
@@ -70,6 +70,8 @@ fn cases(rng: &mut StdRng, d: u32) -> Vec<Case> {
         ..case(3, 1, 8192, 8, 2, d)
     });
     out.push(case(1, 1, 1, 4, 1, d));
+    // One K/V head of one sequence: the most splits (256), every thread of the combine a part.
+    out.push(case(1, 1, 40_000, 4, 1, d));
     // Causal chunks: N_q > 1, bottom-right aligned; with a key length shorter than N_q the first
     // rows see nothing.
     out.push(Case {
