@@ -71,7 +71,7 @@ fn cases(rng: &mut StdRng, d: u32) -> Vec<Case> {
     });
     out.push(case(1, 1, 1, 4, 1, d));
     // One K/V head of one sequence: the most splits (256), every thread of the combine a part.
-    out.push(case(1, 1, 40_000, 4, 1, d));
+    out.push(case(1, 1, 32_700, 4, 1, d));
     // Causal chunks: N_q > 1, bottom-right aligned; with a key length shorter than N_q the first
     // rows see nothing.
     out.push(Case {
