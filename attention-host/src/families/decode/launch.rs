@@ -1,10 +1,12 @@
 //! Launcher of the decode family: the split kernel writes partial `(O, LSE)` per split into the
-//! workspace, then the strided merge (`kernels::merge`) combines them into O and LSE.
+//! workspace, then the strided combine (`kernels::merge`, one block per output row) merges them
+//! into O and LSE.
 
 use attention_kernels::abi::params::{DecodeParams, MERGE_MAX_PARTS, MergeParams, MergeParts};
+use attention_kernels::kernels::merge::{COMBINE_THREADS, combine_shared_bytes};
 
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Result, invalid};
 use crate::instances;
 use crate::layout::DeviceLayout;
 use crate::merge::PartShape;
@@ -12,6 +14,7 @@ use crate::plan::Plan;
 use crate::problem::Problem;
 use crate::runtime::Queue;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
+use crate::runtime::LaunchConfig;
 use crate::tensors::Workspace;
 
 /// Launches `plan` (a decode plan) without waiting. The caller validated the tensors and the
@@ -45,9 +48,18 @@ pub(crate) fn launch_forward(
         keys_per_split: plan.block_keys,
         scale_log2: options.scale_for(shape.head_dim) * std::f32::consts::LOG2_E,
         causal: options.causal as u32,
+        window: options.window_or_none(),
     };
     queue.launch(&plan.entry, plan.launch_config(), &params)?;
-    let parts = PartShape::of(shape);
+    let rows = u32::try_from(PartShape::of(shape).lse_elems()?)
+        .ok()
+        .filter(|&r| r <= i32::MAX as u32)
+        .ok_or_else(|| {
+            invalid!(
+                "{} output rows are more than one combine launch takes",
+                shape.row_elems()
+            )
+        })?;
     let combine = MergeParams {
         table: MergeParts {
             o: [0; MERGE_MAX_PARTS],
@@ -67,7 +79,11 @@ pub(crate) fn launch_forward(
     };
     queue.launch(
         &instances::merge(DType::F32, problem.dtype, true),
-        parts.launch_config()?,
+        LaunchConfig {
+            grid: (rows, 1, 1),
+            block: (COMBINE_THREADS, 1, 1),
+            shared_bytes: combine_shared_bytes(),
+        },
         &combine,
     )
 }
