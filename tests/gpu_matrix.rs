@@ -18,6 +18,10 @@
 //!   backward, D computed from the stored f16 O, which `dS = P(dP − D)` amplifies where dP ≈ D.
 //! - bf16 `1e-2`: the same with 8 significant bits (2⁻⁸ ≈ 3.9e-3 per element).
 //!
+//! A fourth list runs every tensor-core head dim (multiples of 8 from 32 to 128, zero-padded to
+//! the compiled 64 or 128) over the same axes, one case in four with the window and every
+//! score modifier.
+//!
 //! A third list crosses the local window (left/right 0, one-sided, wider than N, with and without
 //! causal), softcap, ALiBi and sink logits (alone and together) with the axes above; the sink
 //! gradient `dσ_h` is held to the same bound relative to `Σ_rows |P_sink · D|`.
@@ -135,6 +139,46 @@ fn tensor_core_cases() -> Vec<Case> {
                 heads: if long { (2, 1) } else { heads[(i / 4) % 3] },
                 lengths: LengthMode::ALL[(i / 7) % 3],
                 mods: Mods::None,
+            }
+        })
+        .collect()
+}
+
+/// Every head dim the tensor-core families run: the multiples of 8 from 32 to 128, padded to the
+/// compiled 64 or 128 (zero columns on load, only the real ones stored). Twice each, so that
+/// each meets both dtypes, over causal, GQA/MQA, tails, length modes, dropout, and the window
+/// with every score modifier (the `mods_` instances pad too).
+const TENSOR_CORE_HEAD_DIMS: [u32; 13] = [32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128];
+
+fn head_dim_cases() -> Vec<Case> {
+    let sizes = [(128, 128), (97, 230), (230, 97), (1, 17), (1000, 1000)];
+    let heads = [(2, 2), (4, 2), (3, 1)];
+    let dims = TENSOR_CORE_HEAD_DIMS;
+    (0..2 * dims.len())
+        .map(|i| {
+            let (n_q, n_k) = sizes[i % sizes.len()];
+            let long = n_q.max(n_k) >= 1000;
+            // The first pass has full lengths and no dropout (what `mma.sync` admits).
+            let first_pass = i < dims.len();
+            Case {
+                dtype: [DType::Bf16, DType::F16][i % 2],
+                schedule: Schedule::RowOwned,
+                causal: (i / 2) % 2 == 1,
+                head_dim: dims[i % dims.len()],
+                n_q,
+                n_k,
+                dropout: !first_pass && i % 3 == 1,
+                heads: if long { (2, 1) } else { heads[(i / 4) % 3] },
+                lengths: if first_pass {
+                    LengthMode::Full
+                } else {
+                    LengthMode::ALL[i % 3]
+                },
+                mods: if i % 4 == 3 {
+                    Mods::All(64, 7)
+                } else {
+                    Mods::None
+                },
             }
         })
         .collect()
@@ -445,4 +489,23 @@ fn tensor_core_domain_on_every_family() {
         }
     }
     run_matrix("tensor_core_domain_on_every_family", list);
+}
+
+#[test]
+fn tensor_core_head_dims_on_every_family() {
+    let list = head_dim_cases();
+    for d in TENSOR_CORE_HEAD_DIMS {
+        for dtype in [DType::Bf16, DType::F16] {
+            assert!(
+                list.iter().any(|c| c.head_dim == d && c.dtype == dtype),
+                "d={d} {dtype:?} missing"
+            );
+        }
+        assert!(
+            list.iter()
+                .any(|c| c.head_dim == d && c.lengths == LengthMode::Full && !c.dropout),
+            "d={d} has no case the mma.sync family admits"
+        );
+    }
+    run_matrix("tensor_core_head_dims_on_every_family", list);
 }

@@ -15,7 +15,7 @@ use attention_kernels::attn::backward::n_q_pad;
 use attention_kernels::kernels::sm80::backward::TcBackwardConfig;
 use attention_kernels::kernels::sm80::forward::TcConfig;
 use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
-use attention_kernels::kernels::{sm80, sm90};
+use attention_kernels::kernels::{MAX_TENSOR_CORE_HEAD_DIM, sm80, sm90, tensor_core_head_dim};
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
@@ -81,6 +81,20 @@ pub enum Tiles {
     Sm80Backward(TcBackwardConfig),
     Sm90Backward(WgBackwardConfig),
     Decode(DecodeConfig),
+}
+
+impl Tiles {
+    /// The compiled head dim of a tensor-core instance (a call's head dim padded to it), `None`
+    /// for the exact and decode tiles.
+    pub fn compiled_head_dim(&self) -> Option<u32> {
+        match self {
+            Tiles::Sm80Forward(c) => Some(c.head_dim),
+            Tiles::Sm90Forward(c) => Some(c.head_dim),
+            Tiles::Sm80Backward(c) => Some(c.head_dim),
+            Tiles::Sm90Backward(c) => Some(c.head_dim),
+            Tiles::Exact(_) | Tiles::Decode(_) => None,
+        }
+    }
 }
 
 /// How one call runs: what [`select`] decided and everything its launch derives from.
@@ -236,7 +250,7 @@ pub fn with_tiles(
     if forward_tiles != (direction == Direction::Forward) {
         return Err(invalid!("{tiles:?} is not a {direction:?} configuration"));
     }
-    if !compiled || head_dim != d {
+    if !compiled || tensor_core_head_dim(d) != Some(head_dim) {
         return Err(invalid!("no compiled instance {tiles:?} for head_dim {d}"));
     }
     if problem.needs_general() && !default {
@@ -439,7 +453,10 @@ fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::R
 }
 
 fn head_dims(d: u32) -> String {
-    format!("is compiled for head_dim 64 and 128, not {d}")
+    format!(
+        "runs head_dim a multiple of 8 from 32 to {MAX_TENSOR_CORE_HEAD_DIM} (compiled for 64 and \
+         128, zero-padded in between), not {d}"
+    )
 }
 
 /// Alignment of each workspace piece, bytes (the kernels read 16-byte vectors).
@@ -580,7 +597,8 @@ mod tests {
             assert_eq!(family(&h, shape(64), DType::F16, masked()), Family::Sm90);
             assert_eq!(family(&a, shape(64), DType::Bf16, plain()), Family::Sm80);
             assert_eq!(family(&a, shape(64), DType::Bf16, masked()), Family::Exact);
-            assert_eq!(family(&h, shape(96), DType::Bf16, plain()), Family::Exact);
+            assert_eq!(family(&h, shape(96), DType::Bf16, plain()), Family::Sm90);
+            assert_eq!(family(&h, shape(136), DType::Bf16, plain()), Family::Exact);
             assert_eq!(family(&h, shape(128), DType::F32, plain()), Family::Exact);
             let paper = plain().schedule(Schedule::Paper);
             assert_eq!(family(&h, shape(128), DType::Bf16, paper), Family::Exact);
@@ -596,6 +614,42 @@ mod tests {
         assert_eq!(p.unwrap().family, Family::Exact);
     }
 
+    /// Every multiple of 8 from 32 to 128 runs on the next compiled head dim (64 or 128) of
+    /// each tensor-core family, forward and backward, on the H200 and the A100; the preprocess
+    /// that the backward launches is that instance's. Others fall to the exact kernels.
+    #[test]
+    fn head_dims_pad_to_the_next_compiled_instance() {
+        let (h, a) = (h200(), a100());
+        for d in (8..=256).step_by(8) {
+            let padded = (d % 8 == 0 && (32..=128).contains(&d)).then(|| if d <= 64 { 64 } else { 128 });
+            for direction in [Direction::Forward, Direction::Backward] {
+                for (dev, family) in [(&h, Family::Sm90), (&a, Family::Sm80), (&h, Family::Sm80)] {
+                    let o = FlashOptions::default().kernel(KernelChoice::Only(family));
+                    let p = select_on(dev, shape(d), DType::Bf16, o, direction);
+                    match padded {
+                        Some(pd) => {
+                            let p = p.unwrap_or_else(|e| panic!("d={d} {family}: {e}"));
+                            assert_eq!(p.tiles.compiled_head_dim(), Some(pd), "d={d}");
+                            assert!(p.entry.contains(&format!("_d{pd}_")), "{}", p.entry);
+                        }
+                        None => assert!(p.is_err(), "d={d} {family} {direction:?}"),
+                    }
+                    let auto = select_on(dev, shape(d), DType::F16, FlashOptions::default(), direction);
+                    let auto = auto.unwrap().family;
+                    let want = match padded {
+                        Some(_) if dev.wgmma => Family::Sm90,
+                        Some(_) => Family::Sm80,
+                        None => Family::Exact,
+                    };
+                    assert_eq!(auto, want, "d={d} {direction:?}");
+                }
+            }
+        }
+        assert_eq!(tensor_core_head_dim(32), Some(64));
+        assert_eq!(tensor_core_head_dim(72), Some(128));
+        assert_eq!(tensor_core_head_dim(24), None);
+    }
+
     #[test]
     fn a_forced_family_that_cannot_run_the_call_is_refused_with_the_reason() {
         let (h, a) = (h200(), a100());
@@ -607,8 +661,10 @@ mod tests {
         };
         let e = refusal(&a, shape(128), DType::Bf16, only(Family::Sm90));
         assert!(e.contains("sm90") && e.contains("sm_90a"), "{e}");
-        let e = refusal(&h, shape(96), DType::Bf16, only(Family::Sm80));
-        assert!(e.contains("head_dim 64 and 128, not 96"), "{e}");
+        let e = refusal(&h, shape(200), DType::Bf16, only(Family::Sm80));
+        assert!(e.contains("to 128 (compiled for 64 and 128") && e.contains("not 200"), "{e}");
+        let e = refusal(&h, shape(44), DType::Bf16, only(Family::Sm90));
+        assert!(e.contains("multiple of 8") && e.contains("not 44"), "{e}");
         let e = refusal(&h, shape(64), DType::F32, only(Family::Sm90));
         assert!(e.contains("not f32"), "{e}");
         let dropout = FlashOptions::new(AttentionOptions::new().dropout(0.1, 1, 0));

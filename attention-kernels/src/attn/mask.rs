@@ -307,11 +307,13 @@ mod device {
     }
 
     /// Where the lane's accumulator rows take their non-finite contributions from: global rows
-    /// `base + key · stride` (bytes) holding the unsanitized operand, 16-bit elements.
+    /// `base + key · stride` (bytes) holding the unsanitized operand, 16-bit elements, `8 · tiles`
+    /// of them per row (the real head dim: a padded call's accumulator has more columns).
     #[derive(Clone, Copy)]
     pub struct Operand {
         pub base: u64,
         pub stride: u64,
+        pub tiles: u32,
     }
 
     /// The non-finite part of `Σ_j w_j · x_j` over keys `keys.0 .. keys.1` for the lane's
@@ -327,7 +329,7 @@ mod device {
     /// global memory), for the rare partly masked tiles whose operand held a non-finite value.
     ///
     /// # Safety
-    /// Every key below `max(ends)` is a readable row of `op` with `8·ND` elements.
+    /// Every key below `max(ends)` is a readable row of `op` with `8 · op.tiles` elements.
     #[inline(never)]
     pub unsafe fn non_finite_part<T: Exponent, const ND: usize>(
         keys: (u32, u32),
@@ -349,7 +351,7 @@ mod device {
             );
             let row = op.base + key as u64 * op.stride;
             // A run-time loop (bound through `opaque`): this is the slow path.
-            let cols = opaque(2 * ND as u32);
+            let cols = opaque(2 * op.tiles.min(ND as u32));
             let mut bit = 0;
             while bit < cols {
                 let col = 8 * (bit / 2) + 2 * t + bit % 2;

@@ -9,7 +9,7 @@ use attention_kernels::attn::backward::{
     CONVERT_THREADS, NAN_ROWS_THREADS, PREPROCESS_WARPS, n_q_pad,
 };
 
-use crate::error::Result;
+use crate::error::{Result, invalid};
 use crate::instances;
 use crate::layout::DeviceLayout;
 use crate::plan::Plan;
@@ -61,8 +61,12 @@ pub(crate) fn launch_backward(
         mods: mods.params,
     };
     let rows = shape.batch * shape.heads_q * n_q_pad;
+    let compiled_head_dim = plan
+        .tiles
+        .compiled_head_dim()
+        .ok_or_else(|| invalid!("{:?} is not a tensor-core backward plan", plan.tiles))?;
     gpu.launch(
-        &instances::tensor_core_preprocess(dtype, shape.head_dim),
+        &instances::tensor_core_preprocess(dtype, compiled_head_dim),
         LaunchConfig {
             grid: (rows.div_ceil(PREPROCESS_WARPS), 1, 1),
             block: (32 * PREPROCESS_WARPS, 1, 1),

@@ -137,7 +137,8 @@ unsafe fn forward<
         return;
     }
 
-    let row_bytes = d as u64 * 2;
+    // Rows in memory hold the real head dim; the tiles hold `d`, zeros past it.
+    let (row_bytes, real_chunks) = (s.head_dim as u64 * 2, s.head_dim / 8);
     let q_stride = s.heads_q as u64 * row_bytes;
     let kv_stride = s.heads_kv as u64 * row_bytes;
     let q_row0 = seq.batch as u64 * s.n_q as u64 + seq.q_start as u64;
@@ -148,12 +149,14 @@ unsafe fn forward<
         base: p.q + q_off,
         stride: q_stride,
         limit: seq.q_len,
+        chunks: real_chunks,
     };
     // Keys past the sequence's length are never seen: they load as zeros and are masked.
     let k_rows = GlobalRows {
         base: p.k + kv_off,
         stride: kv_stride,
         limit: seq.k_len,
+        chunks: real_chunks,
     };
     let v_rows = GlobalRows {
         base: p.v + kv_off,
@@ -317,6 +320,7 @@ unsafe fn forward<
         let v = Operand {
             base: v_rows.base,
             stride: kv_stride,
+            tiles: real_chunks,
         };
         // Every visited block: blocks the product already took non-finite values from add
         // them again, which changes nothing.
@@ -363,12 +367,14 @@ unsafe fn forward<
     let q_off =
         (seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * q_stride + h as u64 * row_bytes;
     let o_dst = p.o + q_off;
-    let chunks = staging.chunks();
+    // The real head dim's chunks only (the staging tile may hold padding columns past them).
+    let chunks = real_chunks;
     let mut i = tid;
     while i < br * chunks {
         let (r, c) = (i / chunks, i % chunks);
         let row = q0 + r;
-        // SAFETY: the shared chunk is inside the staging tile; the global row is below n_q.
+        // SAFETY: the shared chunk is inside the staging tile (chunks ≤ its chunks); the global
+        // row is below n_q.
         unsafe {
             let v = load_shared_16(staging.chunk_addr(r, c));
             if row < seq.q_len {

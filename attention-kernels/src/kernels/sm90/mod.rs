@@ -84,11 +84,12 @@ pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
     &[D64, D128]
 };
 
-/// The default configuration for a head dimension, `None` where no `wgmma` kernel exists.
+/// The default configuration for a head dimension (padded to its compiled one,
+/// [`super::tensor_core_head_dim`]), `None` where no `wgmma` kernel runs it.
 pub const fn config(head_dim: u32) -> Option<WgConfig> {
-    match head_dim {
-        64 => Some(D64),
-        128 => Some(D128),
+    match super::tensor_core_head_dim(head_dim) {
+        Some(64) => Some(D64),
+        Some(128) => Some(D128),
         _ => None,
     }
 }
@@ -144,11 +145,11 @@ pub const BACKWARD_D128: WgBackwardConfig = WgBackwardConfig {
 /// warpgroup per block at d = 64 (two independent blocks per SM).
 pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[BACKWARD_D64, BACKWARD_D128];
 
-/// The default backward configuration for a head dimension.
+/// The default backward configuration for a head dimension (padded as [`config`]).
 pub const fn backward_config(head_dim: u32) -> Option<WgBackwardConfig> {
-    match head_dim {
-        64 => Some(BACKWARD_D64),
-        128 => Some(BACKWARD_D128),
+    match super::tensor_core_head_dim(head_dim) {
+        Some(64) => Some(BACKWARD_D64),
+        Some(128) => Some(BACKWARD_D128),
         _ => None,
     }
 }

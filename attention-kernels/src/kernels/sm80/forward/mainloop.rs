@@ -52,7 +52,8 @@ unsafe fn forward<
     let (h, b) = (block_y(), block_z());
     let q0 = q_block * br;
 
-    let row_bytes = d as u64 * 2;
+    // Rows in memory hold the real head dim; the tiles hold `d`, zeros past it.
+    let (row_bytes, real_chunks) = (s.head_dim as u64 * 2, s.head_dim / 8);
     let q_stride = s.heads_q as u64 * row_bytes;
     let kv_stride = s.heads_kv as u64 * row_bytes;
     let q_off = (b as u64 * s.n_q as u64 * s.heads_q as u64 + h as u64) * row_bytes;
@@ -62,11 +63,13 @@ unsafe fn forward<
         base: p.q + q_off,
         stride: q_stride,
         limit: s.n_q,
+        chunks: real_chunks,
     };
     let k_rows = GlobalRows {
         base: p.k + kv_off,
         stride: kv_stride,
         limit: s.n_k,
+        chunks: real_chunks,
     };
     let v_rows = GlobalRows {
         base: p.v + kv_off,
@@ -189,6 +192,7 @@ unsafe fn forward<
         let v = Operand {
             base: v_rows.base,
             stride: kv_stride,
+            tiles: real_chunks,
         };
         // Every visited block with a window: blocks the product already took non-finite values
         // from add them again, which changes nothing.
@@ -218,10 +222,11 @@ unsafe fn forward<
         let idx = 32 * i + lane;
         let (r, c) = (idx / chunks, idx % chunks);
         let row = q0 + warp_row + r;
-        // SAFETY: the shared chunk is inside the Q tile; the global row is below n_q.
+        // SAFETY: the shared chunk is inside the Q tile; the global row is below n_q and the
+        // chunk below the real head dim.
         unsafe {
             let v = load_shared_16(q_tile.chunk_addr(warp_row + r, c));
-            if row < s.n_q {
+            if row < s.n_q && c < real_chunks {
                 store_global_16(o_dst + row as u64 * q_stride + c as u64 * 16, v);
             }
         }

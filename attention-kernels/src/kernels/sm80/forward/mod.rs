@@ -67,11 +67,12 @@ pub const VARIANTS: &[TcConfig] = if cfg!(feature = "tuning") {
     &[D64, D128]
 };
 
-/// The default configuration for a head dimension, `None` where no tensor-core kernel exists.
+/// The default configuration for a head dimension (padded to its compiled one,
+/// [`crate::kernels::tensor_core_head_dim`]), `None` where no tensor-core kernel runs it.
 pub const fn config(head_dim: u32) -> Option<TcConfig> {
-    match head_dim {
-        64 => Some(D64),
-        128 => Some(D128),
+    match crate::kernels::tensor_core_head_dim(head_dim) {
+        Some(64) => Some(D64),
+        Some(128) => Some(D128),
         _ => None,
     }
 }
