@@ -15,7 +15,9 @@ use attention_kernels::attn::backward::n_q_pad;
 use attention_kernels::kernels::sm80::backward::TcBackwardConfig;
 use attention_kernels::kernels::sm80::forward::TcConfig;
 use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
-use attention_kernels::kernels::{MAX_TENSOR_CORE_HEAD_DIM, sm80, sm90, tensor_core_head_dim};
+use attention_kernels::kernels::{
+    MAX_TENSOR_CORE_BACKWARD_HEAD_DIM, MAX_TENSOR_CORE_HEAD_DIM, sm80, sm90, tensor_core_head_dim,
+};
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
@@ -184,16 +186,16 @@ fn plan_family(
             Tiles::Exact(b)
         }
         (Family::Sm90, Direction::Forward) => {
-            Tiles::Sm90Forward(sm90::config(d).ok_or_else(|| head_dims(d))?)
+            Tiles::Sm90Forward(sm90::config(d).ok_or_else(|| head_dims(d, direction))?)
         }
         (Family::Sm80, Direction::Forward) => {
-            Tiles::Sm80Forward(sm80::forward::config(d).ok_or_else(|| head_dims(d))?)
+            Tiles::Sm80Forward(sm80::forward::config(d).ok_or_else(|| head_dims(d, direction))?)
         }
         (Family::Sm90, Direction::Backward) => {
-            Tiles::Sm90Backward(sm90::backward_config(d).ok_or_else(|| head_dims(d))?)
+            Tiles::Sm90Backward(sm90::backward_config(d).ok_or_else(|| head_dims(d, direction))?)
         }
         (Family::Sm80, Direction::Backward) => {
-            Tiles::Sm80Backward(sm80::backward::config(d).ok_or_else(|| head_dims(d))?)
+            Tiles::Sm80Backward(sm80::backward::config(d).ok_or_else(|| head_dims(d, direction))?)
         }
         (Family::Decode, _) => unreachable!("the decode family plans itself"),
     };
@@ -452,11 +454,18 @@ fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::R
     Ok(())
 }
 
-fn head_dims(d: u32) -> String {
-    format!(
-        "runs head_dim a multiple of 8 from 32 to {MAX_TENSOR_CORE_HEAD_DIM} (compiled for 64 and \
-         128, zero-padded in between), not {d}"
-    )
+fn head_dims(d: u32, direction: Direction) -> String {
+    match direction {
+        Direction::Forward => format!(
+            "runs head_dim a multiple of 8 from 32 to {MAX_TENSOR_CORE_HEAD_DIM} forward (compiled \
+             for 64, 128, 192 and 256, zero-padded in between), not {d}"
+        ),
+        Direction::Backward => format!(
+            "runs head_dim a multiple of 8 from 32 to {MAX_TENSOR_CORE_BACKWARD_HEAD_DIM} backward \
+             (compiled for 64 and 128, zero-padded in between; dK and dV of larger ones do not \
+             fit in registers), not {d}"
+        ),
+    }
 }
 
 /// Alignment of each workspace piece, bytes (the kernels read 16-byte vectors).
@@ -598,7 +607,12 @@ mod tests {
             assert_eq!(family(&a, shape(64), DType::Bf16, plain()), Family::Sm80);
             assert_eq!(family(&a, shape(64), DType::Bf16, masked()), Family::Exact);
             assert_eq!(family(&h, shape(96), DType::Bf16, plain()), Family::Sm90);
-            assert_eq!(family(&h, shape(136), DType::Bf16, plain()), Family::Exact);
+            let wide = match direction {
+                Direction::Forward => Family::Sm90,
+                Direction::Backward => Family::Exact,
+            };
+            assert_eq!(family(&h, shape(136), DType::Bf16, plain()), wide);
+            assert_eq!(family(&h, shape(36), DType::Bf16, plain()), Family::Exact);
             assert_eq!(family(&h, shape(128), DType::F32, plain()), Family::Exact);
             let paper = plain().schedule(Schedule::Paper);
             assert_eq!(family(&h, shape(128), DType::Bf16, paper), Family::Exact);
@@ -614,15 +628,20 @@ mod tests {
         assert_eq!(p.unwrap().family, Family::Exact);
     }
 
-    /// Every multiple of 8 from 32 to 128 runs on the next compiled head dim (64 or 128) of
-    /// each tensor-core family, forward and backward, on the H200 and the A100; the preprocess
-    /// that the backward launches is that instance's. Others fall to the exact kernels.
+    /// Every multiple of 8 from 32 to 256 (forward) or 128 (backward) runs on the next compiled
+    /// head dim (64, 128, 192, 256) of each tensor-core family on the H200 and the A100; the
+    /// preprocess that the backward launches is that instance's. Others fall to the exact
+    /// kernels.
     #[test]
     fn head_dims_pad_to_the_next_compiled_instance() {
         let (h, a) = (h200(), a100());
-        for d in (8..=256).step_by(8) {
-            let padded = (d % 8 == 0 && (32..=128).contains(&d)).then(|| if d <= 64 { 64 } else { 128 });
+        for d in (8..=256u32).step_by(8) {
             for direction in [Direction::Forward, Direction::Backward] {
+                let max = match direction {
+                    Direction::Forward => 256,
+                    Direction::Backward => 128,
+                };
+                let padded = (32..=max).contains(&d).then(|| d.next_multiple_of(64));
                 for (dev, family) in [(&h, Family::Sm90), (&a, Family::Sm80), (&h, Family::Sm80)] {
                     let o = FlashOptions::default().kernel(KernelChoice::Only(family));
                     let p = select_on(dev, shape(d), DType::Bf16, o, direction);
@@ -634,7 +653,13 @@ mod tests {
                         }
                         None => assert!(p.is_err(), "d={d} {family} {direction:?}"),
                     }
-                    let auto = select_on(dev, shape(d), DType::F16, FlashOptions::default(), direction);
+                    let auto = select_on(
+                        dev,
+                        shape(d),
+                        DType::F16,
+                        FlashOptions::default(),
+                        direction,
+                    );
                     let auto = auto.unwrap().family;
                     let want = match padded {
                         Some(_) if dev.wgmma => Family::Sm90,
@@ -647,7 +672,10 @@ mod tests {
         }
         assert_eq!(tensor_core_head_dim(32), Some(64));
         assert_eq!(tensor_core_head_dim(72), Some(128));
+        assert_eq!(tensor_core_head_dim(136), Some(192));
+        assert_eq!(tensor_core_head_dim(200), Some(256));
         assert_eq!(tensor_core_head_dim(24), None);
+        assert_eq!(tensor_core_head_dim(36), None);
     }
 
     #[test]
@@ -661,10 +689,21 @@ mod tests {
         };
         let e = refusal(&a, shape(128), DType::Bf16, only(Family::Sm90));
         assert!(e.contains("sm90") && e.contains("sm_90a"), "{e}");
-        let e = refusal(&h, shape(200), DType::Bf16, only(Family::Sm80));
-        assert!(e.contains("to 128 (compiled for 64 and 128") && e.contains("not 200"), "{e}");
         let e = refusal(&h, shape(44), DType::Bf16, only(Family::Sm90));
         assert!(e.contains("multiple of 8") && e.contains("not 44"), "{e}");
+        let e = select_on(
+            &h,
+            shape(192),
+            DType::Bf16,
+            only(Family::Sm80),
+            Direction::Backward,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("to 128 backward") && e.contains("not 192"),
+            "{e}"
+        );
         let e = refusal(&h, shape(64), DType::F32, only(Family::Sm90));
         assert!(e.contains("not f32"), "{e}");
         let dropout = FlashOptions::new(AttentionOptions::new().dropout(0.1, 1, 0));

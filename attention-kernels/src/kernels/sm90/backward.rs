@@ -281,7 +281,7 @@ unsafe fn backward<
                 [lo0, lo1, r0, r1]
             };
             // Columns past the real head dim are padding (dQ there is 0), not in the accumulator.
-            if row < n_q && dq_col0 + 8 * j as u32 < dr {
+            if row < n_q && dq_col0 + 8 * (j as u32) < dr {
                 // SAFETY: row < n_q and columns col + 8j .. + 4 < dr are inside the accumulator,
                 // 16-byte aligned (col is a multiple of 4, rows are whole 16-byte chunks).
                 unsafe { red_add_f32x4(at + 32 * j as u64, v) };

@@ -434,6 +434,18 @@ entry_points! {
     flash_wgmma_forward_mods_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true;
     flash_wgmma_forward_mods_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true;
     flash_wgmma_forward_mods_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true;
+    flash_wgmma_forward_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_general_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false;
+    flash_wgmma_forward_general_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false;
+    flash_wgmma_forward_mods_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true;
+    flash_wgmma_forward_mods_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true;
+    flash_wgmma_forward_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_general_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false;
+    flash_wgmma_forward_general_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false;
+    flash_wgmma_forward_mods_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true;
+    flash_wgmma_forward_mods_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.

@@ -52,6 +52,21 @@ pub const D128: WgConfig = WgConfig {
     warpgroups: 2,
     block_keys: 128,
 };
+/// d = 192: two warpgroups of 64 rows as FlashAttention-3 (which takes 112 keys; our score
+/// accumulators come in 32, 64 or 128 keys), 64-key blocks: 144 KiB of shared memory, O 96
+/// registers per thread beside 32 of scores.
+pub const D192: WgConfig = WgConfig {
+    head_dim: 192,
+    warpgroups: 2,
+    block_keys: 64,
+};
+/// d = 256: 128 rows × 64 keys (FlashAttention-3 takes 80 keys): 192 KiB of shared memory, one
+/// block per SM; O 128 registers per thread beside 32 of scores.
+pub const D256: WgConfig = WgConfig {
+    head_dim: 256,
+    warpgroups: 2,
+    block_keys: 64,
+};
 
 /// Every configuration compiled into the sm_90a PTX: the defaults, and with the `tuning` feature
 /// the candidates they were measured against (compared by the timing examples).
@@ -59,6 +74,8 @@ pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
     &[
         D64,
         D128,
+        D192,
+        D256,
         WgConfig {
             head_dim: 128,
             warpgroups: 2,
@@ -81,7 +98,7 @@ pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
         },
     ]
 } else {
-    &[D64, D128]
+    &[D64, D128, D192, D256]
 };
 
 /// The default configuration for a head dimension (padded to its compiled one,
@@ -90,6 +107,8 @@ pub const fn config(head_dim: u32) -> Option<WgConfig> {
     match super::tensor_core_head_dim(head_dim) {
         Some(64) => Some(D64),
         Some(128) => Some(D128),
+        Some(192) => Some(D192),
+        Some(256) => Some(D256),
         _ => None,
     }
 }
