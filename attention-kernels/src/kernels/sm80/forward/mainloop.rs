@@ -276,10 +276,10 @@ entry_points! {
     flash_tc_forward_mods_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true;
     flash_tc_forward_mods_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true;
     flash_tc_forward_mods_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true;
-    flash_tc_forward_bf16_d192_w4_k64 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 64 }, false;
-    flash_tc_forward_f16_d192_w4_k64 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 64 }, false;
-    flash_tc_forward_mods_bf16_d192_w4_k64 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 64 }, true;
-    flash_tc_forward_mods_f16_d192_w4_k64 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 64 }, true;
+    flash_tc_forward_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false;
+    flash_tc_forward_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false;
+    flash_tc_forward_mods_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true;
+    flash_tc_forward_mods_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true;
     flash_tc_forward_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false;
     flash_tc_forward_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false;
     flash_tc_forward_mods_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true;

@@ -40,16 +40,17 @@ pub const D128: TcConfig = TcConfig {
     warps: 8,
     block_keys: 64,
 };
-/// d = 192: FlashAttention-2's sm80 tiles at this head dim (64 rows × 64 keys, 4 warps): 120 KiB
-/// of shared memory; Q (48 registers) and O (96) stay in registers beside the scores (32).
+/// d = 192: 64 rows, 4 warps as FlashAttention-2's sm80 tiles, but 32-key blocks: with 64 keys
+/// (FlashAttention-2's choice) Q (48 registers), O (96) and the scores (32) spill 112 bytes on
+/// sm_90a; with 32, 4 bytes. 72 KiB of shared memory.
 pub const D192: TcConfig = TcConfig {
     head_dim: 192,
     warps: 4,
-    block_keys: 64,
+    block_keys: 32,
 };
 /// d = 256: 64 rows, 4 warps as FlashAttention-2, but 32-key blocks: Q (64 registers) and O
-/// (128) leave too few for 64 keys' scores (32) and their operands without spilling; 96 KiB of
-/// shared memory, so it fits sm_86/89's 99 KiB too.
+/// (128) leave too few for 64 keys' scores (32) and their operands; 96 KiB of shared memory, so
+/// it fits sm_86/89's 99 KiB too.
 pub const D256: TcConfig = TcConfig {
     head_dim: 256,
     warps: 4,
