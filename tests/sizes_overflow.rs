@@ -1,6 +1,7 @@
-//! Shapes whose element counts overflow `usize` (or the kernels' `i32` indexing) are refused with
-//! `InvalidInput` before anything is allocated: never a panic, never a wrapped size. Runs with or
-//! without a GPU (every refusal here comes before the driver is asked for anything).
+//! Shapes whose element counts overflow `usize`, or whose row counts pass the kernels' bound
+//! (`batch · n · heads < 2^31`, `validate_shape`), are refused with `InvalidInput` before anything
+//! is allocated: never a panic, never a wrapped size. Shapes of more than 2^31 elements within the
+//! bound are accepted. Runs with or without a GPU (nothing here reaches the driver).
 
 use flash_attn::materialized::MaterializedWorkspace;
 use flash_attn::options::{checked_elems, validate_shape};
@@ -12,7 +13,7 @@ use flash_attn::{
 const BIG: u32 = u32::MAX;
 
 /// Shapes each of whose Q or K/V element count overflows `u64`/`usize`, wraps to a small number
-/// when multiplied unchecked, or passes `usize` but not the kernels' `i32` indexing.
+/// when multiplied unchecked, or whose row count passes `2^31 − 1`.
 fn overflowing_shapes() -> Vec<(&'static str, AttentionShape)> {
     let unit = AttentionShape {
         batch: 1,
@@ -58,14 +59,17 @@ fn overflowing_shapes() -> Vec<(&'static str, AttentionShape)> {
             },
         ),
         (
-            "Q past i32::MAX",
+            "Q rows exactly 2^31",
             AttentionShape {
-                n_q: 1 << 25,
+                batch: 2,
+                n_q: 1 << 20,
+                heads_q: 1 << 10,
+                heads_kv: 1,
                 ..unit
             },
         ),
         (
-            "K/V past i32::MAX with n_k near u32::MAX",
+            "K/V rows past i32::MAX with n_k near u32::MAX",
             AttentionShape {
                 n_k: BIG - 1,
                 ..unit
@@ -188,4 +192,81 @@ fn buffer_byte_sizes_are_checked_before_allocating() {
         "usize::MAX elements",
         DeviceTensor::poisoned(DType::Bf16, usize::MAX),
     );
+}
+
+/// The 1M-token prefill: 2^32 elements per Q-shaped tensor, 2^25 rows.
+fn million_token_prefill() -> AttentionShape {
+    AttentionShape {
+        batch: 1,
+        n_q: 1 << 20,
+        n_k: 1 << 20,
+        heads_q: 32,
+        heads_kv: 8,
+        head_dim: 128,
+    }
+}
+
+#[test]
+fn tensors_past_2_31_elements_are_accepted() {
+    let shape = million_token_prefill();
+    assert_eq!(shape.checked_q_elems().unwrap(), 1 << 32);
+    validate_shape(&shape).unwrap();
+    for causal in [false, true] {
+        let options = FlashOptions::new(AttentionOptions::new().causal(causal));
+        let p = Problem::new(&shape, DType::Bf16, &options).unwrap();
+        assert_eq!(p.grid_yz(shape.heads_q), (32, 1));
+    }
+    // The largest row count allowed, with the widest head the families take: 2^39 elements.
+    let widest = AttentionShape {
+        batch: 1,
+        n_q: i32::MAX as u32,
+        n_k: 1,
+        heads_q: 1,
+        heads_kv: 1,
+        head_dim: 256,
+    };
+    validate_shape(&widest).unwrap();
+    Problem::new(&widest, DType::Bf16, &FlashOptions::default()).unwrap();
+}
+
+#[test]
+fn row_counts_past_the_bound_are_refused_with_their_count() {
+    let rows = AttentionShape {
+        n_q: 1 << 21,
+        heads_q: 1 << 10,
+        heads_kv: 1,
+        ..million_token_prefill()
+    };
+    let err = validate_shape(&rows).unwrap_err().to_string();
+    assert!(err.contains("2147483648 rows"), "{err}");
+    let kv = AttentionShape {
+        n_k: 1 << 29,
+        heads_kv: 8,
+        ..million_token_prefill()
+    };
+    let err = validate_shape(&kv).unwrap_err().to_string();
+    assert!(err.contains("K/V has 4294967296 rows"), "{err}");
+}
+
+#[test]
+fn batch_times_heads_past_the_grid_limit_is_accepted() {
+    // 2^17 (batch, head) pairs, 2^21 rows: the grid folds the pairs (`abi::grid`).
+    let shape = AttentionShape {
+        batch: 1 << 12,
+        n_q: 16,
+        n_k: 16,
+        heads_q: 32,
+        heads_kv: 8,
+        head_dim: 64,
+    };
+    let p = Problem::new(&shape, DType::Bf16, &FlashOptions::default()).unwrap();
+    assert_eq!(p.grid_yz(32), (32, 1 << 12));
+    let heads = AttentionShape {
+        batch: 2,
+        heads_q: 1 << 17,
+        heads_kv: 1 << 17,
+        ..shape
+    };
+    let p = Problem::new(&heads, DType::Bf16, &FlashOptions::default()).unwrap();
+    assert_eq!(p.grid_yz(1 << 17), (65_535, 5));
 }

@@ -42,8 +42,11 @@ pub struct FlashOptions {
     /// Explicit `(B_r, B_c)` of the exact kernels; `None` derives them from the device's shared
     /// memory (`blocks`).
     pub block_sizes: Option<BlockSizes>,
-    /// Gradients bitwise identical run to run: dQ from a separate row-owned pass instead of
-    /// atomics (whose order of addition varies). Only the exact backward has that pass.
+    /// Gradients bitwise identical run to run. The exact backward writes dQ in a separate
+    /// row-owned pass instead of atomics (whose order of addition varies); the tensor-core
+    /// backwards keep their atomics but order them: each K/V block adds its part of a Q block's
+    /// dQ after the K/V blocks before it (a semaphore per Q block). The `wgmma` (sm90) instances
+    /// that do this take scale and causal only (not key lengths, packed sequences or dropout).
     pub deterministic: bool,
 }
 

@@ -70,30 +70,44 @@ pub fn sm90_forward_mods(dtype: DType, cfg: &WgConfig) -> String {
 }
 
 /// The `mma.sync` backward main kernel `cfg`.
-pub fn sm80_backward(dtype: DType, cfg: &TcBackwardConfig) -> String {
-    format!("flash_tc_backward_{dtype}_d{}_w{}", cfg.head_dim, cfg.warps)
+pub fn sm80_backward(dtype: DType, cfg: &TcBackwardConfig, deterministic: bool) -> String {
+    format!(
+        "flash_tc_backward_{}{dtype}_d{}_w{}",
+        if deterministic { "det_" } else { "" },
+        cfg.head_dim,
+        cfg.warps
+    )
 }
 
 /// The `mma.sync` backward main kernel `cfg` with the window and score modifiers (compiled for
 /// the defaults only).
 pub fn sm80_backward_mods(dtype: DType, cfg: &TcBackwardConfig) -> String {
-    sm80_backward(dtype, cfg).replacen("_backward_", "_backward_mods_", 1)
+    sm80_backward(dtype, cfg, false).replacen("_backward_", "_backward_mods_", 1)
 }
 
-/// The `wgmma` backward main kernel `cfg`; `general` as for [`sm90_forward`].
-pub fn sm90_backward(dtype: DType, cfg: &WgBackwardConfig, general: bool) -> String {
+/// The `wgmma` backward main kernel `cfg`; `general` as for [`sm90_forward`]; `deterministic`
+/// adds dQ in key order (scale and causal only: never with `general`).
+pub fn sm90_backward(
+    dtype: DType,
+    cfg: &WgBackwardConfig,
+    general: bool,
+    deterministic: bool,
+) -> String {
+    let kind = match (general, deterministic) {
+        (true, _) => "general_",
+        (false, true) => "det_",
+        (false, false) => "",
+    };
     format!(
-        "flash_wgmma_backward_{}{dtype}_d{}_g{}",
-        if general { "general_" } else { "" },
-        cfg.head_dim,
-        cfg.warpgroups
+        "flash_wgmma_backward_{kind}{dtype}_d{}_g{}",
+        cfg.head_dim, cfg.warpgroups
     )
 }
 
 /// The `wgmma` backward main kernel `cfg` with the window and score modifiers, as
 /// [`sm90_forward_mods`].
 pub fn sm90_backward_mods(dtype: DType, cfg: &WgBackwardConfig) -> String {
-    sm90_backward(dtype, cfg, true).replacen("_general_", "_mods_", 1)
+    sm90_backward(dtype, cfg, true, false).replacen("_general_", "_mods_", 1)
 }
 
 /// The tensor-core backward's preprocess (D, LSE · log2 e, zeroed dQ accumulator).
@@ -178,8 +192,9 @@ pub fn entry_points() -> Vec<Entry> {
             }
         }
         for &cfg in sm80::backward::VARIANTS {
-            push(Family::Sm80, sm80_backward(dtype, &cfg));
+            push(Family::Sm80, sm80_backward(dtype, &cfg, false));
             if sm80::backward::config(cfg.head_dim) == Some(cfg) {
+                push(Family::Sm80, sm80_backward(dtype, &cfg, true));
                 push(Family::Sm80, sm80_backward_mods(dtype, &cfg));
             }
         }
@@ -196,9 +211,10 @@ pub fn entry_points() -> Vec<Entry> {
             }
         }
         for &cfg in sm90::BACKWARD_VARIANTS {
-            push(Family::Sm90, sm90_backward(dtype, &cfg, false));
+            push(Family::Sm90, sm90_backward(dtype, &cfg, false, false));
             if sm90::backward_config(cfg.head_dim) == Some(cfg) {
-                push(Family::Sm90, sm90_backward(dtype, &cfg, true));
+                push(Family::Sm90, sm90_backward(dtype, &cfg, true, false));
+                push(Family::Sm90, sm90_backward(dtype, &cfg, false, true));
                 push(Family::Sm90, sm90_backward_mods(dtype, &cfg));
             }
         }

@@ -1,5 +1,6 @@
 //! Host side of the article's materialized baseline (0x02B): three launches, `S` and `P` stored.
 
+use attention_kernels::abi::grid::MAX_GRID_YZ;
 use attention_kernels::abi::params::{
     MaterializedOutputParams, MaterializedScoresParams, MaterializedSoftmaxParams,
 };
@@ -74,7 +75,14 @@ pub fn materialized_forward(
         ));
     }
     let (s, p) = (&workspace.s, &workspace.p);
+    // A comparator that writes all of S: it keeps the plain grid (Q tiles in y, planes in z).
     let planes = shape.batch * shape.heads_q;
+    if planes > MAX_GRID_YZ || shape.n_q.div_ceil(TILE) > MAX_GRID_YZ {
+        return Err(invalid!(
+            "the materialized baseline takes at most {MAX_GRID_YZ} (batch x heads) planes and {} query rows",
+            MAX_GRID_YZ * TILE
+        ));
+    }
 
     let scores = MaterializedScoresParams {
         q: q.device_ptr(),

@@ -268,7 +268,18 @@ fn check_cu_seqlens(name: &str, cu: &[u32], total: u32) -> Result<()> {
     Ok(())
 }
 
-/// Checks a shape on its own: non-zero extents, GQA divisibility, sizes that index in `u32`.
+/// Largest row count of one tensor (`batch · n · heads`): rows, and so every extent, `batch ·
+/// heads` and a row index inside a tensor, fit in `i32`.
+pub const MAX_TENSOR_ROWS: u64 = i32::MAX as u64;
+
+/// Checks a shape on its own: non-zero extents, GQA divisibility, and the bound every kernel's
+/// index arithmetic relies on.
+///
+/// The rule: the row counts `batch · n_q · heads_q` (Q, O, LSE) and `batch · n_k · heads_kv`
+/// (K, V) are at most [`MAX_TENSOR_ROWS`] (`2³¹ − 1`), and each tensor's bytes, f32 included,
+/// fit in `isize`. Element counts themselves are only limited by memory: kernels compute row,
+/// key, head and sequence indices in `u32` and every element or byte offset in 64 bits (B = 1,
+/// N = 2²⁰, H = 32, d = 128 is 2³² elements per tensor and runs).
 pub fn validate_shape(s: &AttentionShape) -> Result<()> {
     for (name, v) in [
         ("batch", s.batch),
@@ -289,10 +300,25 @@ pub fn validate_shape(s: &AttentionShape) -> Result<()> {
             s.heads_kv
         ));
     }
+    for (name, factors) in [
+        ("Q", [s.batch, s.n_q, s.heads_q]),
+        ("K/V", [s.batch, s.n_k, s.heads_kv]),
+    ] {
+        let rows = factors.iter().map(|&f| f as u64).product::<u64>();
+        if rows > MAX_TENSOR_ROWS {
+            return Err(invalid!(
+                "{name} has {rows} rows (batch x sequence x heads = {factors:?}); at most {MAX_TENSOR_ROWS} are supported"
+            ));
+        }
+    }
+    // Rows fit in 31 bits, so only the head dimension can make the byte counts overflow.
     let largest = s.checked_q_elems()?.max(s.checked_kv_elems()?);
-    if largest > i32::MAX as usize {
+    if largest
+        .checked_mul(size_of::<f32>())
+        .is_none_or(|bytes| bytes > isize::MAX as usize)
+    {
         return Err(invalid!(
-            "a tensor of {largest} elements is larger than the kernels index"
+            "a tensor of {largest} elements is larger than any address space"
         ));
     }
     Ok(())

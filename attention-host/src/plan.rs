@@ -11,7 +11,8 @@
 use std::fmt;
 
 use attention_kernels::abi::layout::BlockSizes;
-use attention_kernels::attn::backward::n_q_pad;
+use attention_kernels::abi::shape::AttentionShape;
+use attention_kernels::attn::backward::{PREPROCESS_WARPS, Q_BLOCK, n_q_pad};
 use attention_kernels::kernels::sm80::backward::TcBackwardConfig;
 use attention_kernels::kernels::sm80::forward::TcConfig;
 use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
@@ -294,7 +295,7 @@ fn admits(
              softcap, ALiBi and sink logits only)"
                 .into(),
         ),
-        Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction),
+        Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction, family),
     }
 }
 
@@ -373,7 +374,11 @@ fn plan_tiles(
             )
         }
         Tiles::Sm90Backward(c) => {
-            let entry = instances::sm90_backward(dtype, &c, general);
+            let deterministic = problem.options.deterministic;
+            if deterministic && sm90::backward_config(c.head_dim) != Some(c) {
+                return Err(format!("{c:?} has no deterministic instance"));
+            }
+            let entry = instances::sm90_backward(dtype, &c, general, deterministic);
             (
                 entry,
                 c.block_rows(),
@@ -383,10 +388,21 @@ fn plan_tiles(
             )
         }
         Tiles::Sm80Backward(c) => {
+            let deterministic = problem.options.deterministic;
+            if deterministic && (mods || sm80::backward::config(c.head_dim) != Some(c)) {
+                return Err(format!(
+                    "{c:?} has no deterministic instance{}",
+                    if mods {
+                        " with the window or score modifiers"
+                    } else {
+                        ""
+                    }
+                ));
+            }
             let entry = if mods {
                 instances::sm80_backward_mods(dtype, &c)
             } else {
-                instances::sm80_backward(dtype, &c)
+                instances::sm80_backward(dtype, &c, deterministic)
             };
             (
                 entry,
@@ -404,18 +420,17 @@ fn plan_tiles(
             device.max_shared_per_block
         ));
     }
-    // The forward's blocks own query rows; the backward's own keys (of each K/V head).
+    // The forward's blocks own query rows; the backward's own keys (of each K/V head). The
+    // (head, sequence) pairs take y and z, folded past 65,535 of either (`abi::grid`).
     let grid = match direction {
-        Direction::Forward => (
-            problem.max_q_len.div_ceil(block_rows),
-            s.heads_q,
-            problem.sequences,
-        ),
-        Direction::Backward => (
-            problem.max_k_rows.div_ceil(block_keys),
-            s.heads_kv,
-            problem.sequences,
-        ),
+        Direction::Forward => {
+            let (y, z) = problem.grid_yz(s.heads_q);
+            (problem.max_q_len.div_ceil(block_rows), y, z)
+        }
+        Direction::Backward => {
+            let (y, z) = problem.grid_yz(s.heads_kv);
+            (problem.max_k_rows.div_ceil(block_keys), y, z)
+        }
     };
     Ok(Plan {
         direction,
@@ -433,7 +448,11 @@ fn plan_tiles(
 }
 
 /// What both tensor-core families refuse whatever the device.
-fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::Result<(), String> {
+fn tensor_core_admits(
+    problem: &Problem,
+    direction: Direction,
+    family: Family,
+) -> std::result::Result<(), String> {
     let o = &problem.options;
     if problem.dtype == DType::F32 {
         return Err("takes f16 or bf16, not f32".into());
@@ -446,12 +465,31 @@ fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::R
     if o.block_sizes.is_some() {
         return Err("has fixed tiles; explicit (B_r, B_c) are the exact kernels'".into());
     }
-    if direction == Direction::Backward && o.deterministic {
+    if direction == Direction::Backward
+        && o.deterministic
+        && family == Family::Sm90
+        && problem.needs_general()
+    {
         return Err(
-            "adds dQ with float atomics, so its gradients are not bitwise deterministic".into(),
+            "has no deterministic instance with key lengths, packed sequences, dropout, the \
+             window or score modifiers"
+                .into(),
+        );
+    }
+    if direction == Direction::Backward && preprocess_blocks(&problem.shape) > i32::MAX as u64 {
+        return Err(
+            "pads each (batch, head) to whole Q blocks: too many padded rows for one grid".into(),
         );
     }
     Ok(())
+}
+
+/// Blocks of the tensor-core backward's preprocess: one warp per padded row. Rows of
+/// `validate_shape`'s shapes are below 2^31, but padding a tiny `n_q` to 64 rows for each of up to
+/// 2^31 (batch, head) pairs is not.
+pub(crate) fn preprocess_blocks(s: &AttentionShape) -> u64 {
+    let padded = s.batch as u64 * s.heads_q as u64 * n_q_pad(s.n_q) as u64;
+    padded.div_ceil(PREPROCESS_WARPS as u64)
 }
 
 fn head_dims(d: u32, direction: Direction) -> String {
@@ -487,7 +525,12 @@ fn workspace(problem: &Problem, direction: Direction, tiles: &Tiles) -> Vec<(&'s
         (Direction::Backward, _) => {
             // Rows padded to whole Q blocks, so each block's statistics are whole 16-byte chunks.
             let padded = s.batch as u64 * s.heads_q as u64 * n_q_pad(s.n_q) as u64;
-            vec![("dq_accum", q), ("lse_log2", padded), ("d_sum", padded)]
+            let mut pieces = vec![("dq_accum", q), ("lse_log2", padded), ("d_sum", padded)];
+            if o.deterministic {
+                // One u32 per (batch, head, Q block).
+                pieces.push(("dq_semaphores", padded / Q_BLOCK as u64));
+            }
+            pieces
         }
     };
     pieces
@@ -618,14 +661,19 @@ mod tests {
             assert_eq!(family(&h, shape(128), DType::Bf16, paper), Family::Exact);
         }
         let deterministic = plain().deterministic(true);
-        let p = select_on(
-            &h,
-            shape(128),
-            DType::Bf16,
-            deterministic,
-            Direction::Backward,
-        );
-        assert_eq!(p.unwrap().family, Family::Exact);
+        let backward = |dev, o| select_on(dev, shape(128), DType::Bf16, o, Direction::Backward);
+        let p = backward(&h, deterministic.clone()).unwrap();
+        assert_eq!(p.family, Family::Sm90);
+        assert_eq!(p.entry, "flash_wgmma_backward_det_bf16_d128_g2");
+        assert_eq!(p.workspace.last().unwrap(), &("dq_semaphores", 256));
+        let p = backward(&a, deterministic.clone()).unwrap();
+        assert_eq!(p.entry, "flash_tc_backward_det_bf16_d128_w4");
+        // With dropout only the exact family has a deterministic backward.
+        let dropout = FlashOptions::new(AttentionOptions::new().dropout(0.1, 1, 2));
+        let p = backward(&h, dropout.deterministic(true)).unwrap();
+        assert_eq!(p.family, Family::Exact);
+        let reason = format!("{:?}", p.not_chosen);
+        assert!(reason.contains("no deterministic instance"), "{reason}");
     }
 
     /// Every multiple of 8 from 32 to 256 (forward) or 128 (backward) runs on the next compiled
@@ -816,5 +864,62 @@ mod tests {
             ["delta", "dq_accum"]
         );
         assert!(e.shared_bytes <= 163 * 1024);
+    }
+
+    #[test]
+    fn folded_grids_are_the_plans_grid() {
+        // 70,000 sequences and 70,000 K/V heads: y and z fold (`abi::grid`), the plan says so.
+        let many = AttentionShape {
+            batch: 70_000,
+            n_q: 5,
+            n_k: 9,
+            heads_q: 2,
+            heads_kv: 1,
+            head_dim: 64,
+        };
+        let plan = |s, d| select_on(&h200(), s, DType::Bf16, FlashOptions::default(), d).unwrap();
+        assert_eq!(plan(many, Direction::Forward).grid, (1, 65_535, 3));
+        assert_eq!(plan(many, Direction::Backward).grid, (1, 65_535, 2));
+        let heads = AttentionShape {
+            batch: 1,
+            heads_q: 70_000,
+            heads_kv: 70_000,
+            ..many
+        };
+        assert_eq!(plan(heads, Direction::Backward).grid, (1, 65_535, 2));
+    }
+
+    #[test]
+    fn tensor_core_backwards_refuse_a_preprocess_grid_past_the_hardware() {
+        // 2^30 (batch, head) pairs of one row each: 2^31 rows is over the bound, 2^30 rows is
+        // not, but padding each pair to a 64-row Q block gives 2^36 padded rows.
+        let tiny = AttentionShape {
+            batch: 1 << 20,
+            n_q: 1,
+            n_k: 1,
+            heads_q: 1 << 10,
+            heads_kv: 1 << 10,
+            head_dim: 64,
+        };
+        let b = select_on(
+            &h200(),
+            tiny,
+            DType::Bf16,
+            FlashOptions::default(),
+            Direction::Backward,
+        )
+        .unwrap();
+        assert_eq!(b.family, Family::Exact);
+        let reason = format!("{:?}", b.not_chosen);
+        assert!(reason.contains("padded rows"), "{reason}");
+        let f = select_on(
+            &h200(),
+            tiny,
+            DType::Bf16,
+            FlashOptions::default(),
+            Direction::Forward,
+        )
+        .unwrap();
+        assert_eq!(f.family, Family::Sm90);
     }
 }

@@ -1,17 +1,16 @@
 //! The one validation of a call: shape, dtype and options checked once, before any plan, allocation
 //! or launch, and the extents every family's grid derives from.
 
+use attention_kernels::abi::grid::fold_heads_sequences;
 use attention_kernels::abi::shape::AttentionShape;
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
 use crate::flash_options::FlashOptions;
-use crate::options::Lengths;
+use crate::options::{Lengths, MAX_TENSOR_ROWS};
 
 /// Largest head dimension any family is built for (the exact kernels' limit).
 pub const MAX_HEAD_DIM: u32 = 256;
-/// Grid y (heads) and z (sequences) extents are limited to 65535 by the hardware.
-pub const MAX_GRID_YZ: u32 = 65_535;
 
 /// A validated call: everything a plan needs to choose a family, no device memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,7 +18,8 @@ pub struct Problem {
     pub shape: AttentionShape,
     pub dtype: DType,
     pub options: FlashOptions,
-    /// Sequences the grid's z extent covers: `batch`, or the packed sequence count.
+    /// Sequences the grid covers (folded with the heads, `abi::grid`): `batch`, or the packed
+    /// sequence count.
     pub sequences: u32,
     /// Longest sequence in query rows and in key rows: the grid's Q and K/V block extents.
     pub max_q_len: u32,
@@ -50,9 +50,12 @@ impl Problem {
             }
             _ => (shape.batch as u64, shape.n_q, shape.n_k),
         };
-        if shape.heads_q > MAX_GRID_YZ || sequences > MAX_GRID_YZ as u64 {
+        // `batch · heads_q` is below 2^31 (validated); empty packed sequences are not bounded
+        // by the rows, so their count is checked here: every (head, sequence) pair is a grid row.
+        let pairs = shape.heads_q as u64 * sequences;
+        if pairs > MAX_TENSOR_ROWS {
             return Err(invalid!(
-                "heads_q ({}) and the number of sequences ({sequences}) must be at most {MAX_GRID_YZ}",
+                "heads_q ({}) x sequences ({sequences}) = {pairs} exceeds {MAX_TENSOR_ROWS}",
                 shape.heads_q
             ));
         }
@@ -64,6 +67,13 @@ impl Problem {
             max_q_len,
             max_k_rows,
         })
+    }
+
+    /// Grid `(y, z)` extents of the (head, sequence) pairs for `heads` heads per sequence
+    /// (`heads_q` or `heads_kv`): unfolded below 65,536 of each, folded past that.
+    pub fn grid_yz(&self, heads: u32) -> (u32, u32) {
+        fold_heads_sequences(heads, self.sequences)
+            .expect("Problem::new bounds heads x sequences below 2^31")
     }
 
     /// Whether the call masks by lengths, drops out, or has a local window or score modifiers:
@@ -107,7 +117,7 @@ mod tests {
     }
 
     #[test]
-    fn refuses_head_dims_past_the_limit_and_grids_past_the_hardware() {
+    fn refuses_head_dims_past_the_limit_and_folds_grids_past_the_hardware() {
         let big_d = AttentionShape {
             head_dim: 264,
             ..shape()
@@ -121,7 +131,23 @@ mod tests {
             n_k: 1,
             ..shape()
         };
-        let err = Problem::new(&many_heads, DType::F32, &FlashOptions::default()).unwrap_err();
-        assert!(err.to_string().contains("65535"), "{err}");
+        let p = Problem::new(&many_heads, DType::F32, &FlashOptions::default()).unwrap();
+        assert_eq!(p.grid_yz(70_000), (65_535, 2));
+        assert_eq!(p.grid_yz(1), (1, 1));
+        // Empty packed sequences count as grid rows too.
+        let mut cu = vec![0u32; 1 << 20];
+        *cu.last_mut().unwrap() = 300;
+        let packed = FlashOptions::new(AttentionOptions::new().packed(cu.clone(), {
+            let mut k = cu;
+            *k.last_mut().unwrap() = 500;
+            k
+        }));
+        let wide = AttentionShape {
+            heads_q: 4096,
+            heads_kv: 4096,
+            ..shape()
+        };
+        let err = Problem::new(&wide, DType::F32, &packed).unwrap_err();
+        assert!(err.to_string().contains("sequences"), "{err}");
     }
 }

@@ -133,6 +133,10 @@ pub struct TensorCoreBackwardParams {
     pub dq_accum: u64,
     pub lse_log2: u64,
     pub d_sum: u64,
+    /// Deterministic instances only (0 otherwise): one u32 per (batch, head, Q block), zeroed by
+    /// the preprocess, counting the K/V blocks that have added their part of the Q block's dQ
+    /// (`attn::backward::dq_semaphore`).
+    pub dq_semaphores: u64,
     /// As in [`TensorCoreForwardParams`].
     pub layout: SequenceLayout,
     pub dropout: DropoutRng,

@@ -49,6 +49,11 @@ pub fn grid_dim_x() -> u32 {
     // SAFETY: as above.
     unsafe { nvptx::_grid_dim_x() as u32 }
 }
+#[inline(always)]
+pub fn grid_dim_y() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_grid_dim_y() as u32 }
+}
 
 /// Barrier over the thread block; every thread of the block must reach it.
 #[inline(always)]

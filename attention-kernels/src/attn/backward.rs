@@ -19,6 +19,23 @@ pub const fn n_q_pad(n_q: u32) -> u32 {
     n_q.div_ceil(Q_BLOCK) * Q_BLOCK
 }
 
+/// The deterministic backward's count for K/V block `kv_block` and a Q block it visits: how many
+/// K/V blocks of the same (sequence, K/V head) add their part of that Q block's dQ before it
+/// does. Every earlier K/V block visits each Q block this one visits ([`first_q_block`] does not
+/// decrease with the keys), so the count is the block's index: the adds go in key order. A mask
+/// that also bounds keys from the left (a local window) breaks that premise: there the count is
+/// `kv_block` minus the first K/V block any row of the Q block sees, computed here for every
+/// caller.
+pub const fn dq_adds_before(kv_block: u32) -> u32 {
+    kv_block
+}
+
+/// Index of the dQ semaphore of (`bh = batch · heads_q + head`, Q block `q_block`): the padded
+/// statistics' layout, one entry per Q block.
+pub const fn dq_semaphore(bh: u32, q_block: u32, n_q_pad: u32) -> u64 {
+    bh as u64 * (n_q_pad / Q_BLOCK) as u64 + q_block as u64
+}
+
 /// The first Q block the K/V block starting at key `k0` visits (it visits every later one
 /// too): causally, row i sees key k0 iff i ≥ k0 + n_q − n_k (`causal_key_end`), so earlier
 /// blocks contribute nothing.

@@ -5,6 +5,8 @@
 pub mod backward;
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod dropout;
+#[cfg(target_arch = "nvptx64")]
+pub(crate) mod grid;
 pub mod mask;
 pub mod merge;
 pub mod online_state;

@@ -58,3 +58,38 @@ pub unsafe fn red_add_f32x4(addr: u64, v: [f32; 4]) {
              options(nostack));
     }
 }
+
+/// Spins until the u32 at `addr` equals `value`, each read an acquire at GPU scope: what other
+/// blocks released before storing `value` is visible after it.
+///
+/// # Safety
+/// `addr` must be a 4-byte aligned global address that another block will set to `value`.
+#[inline(always)]
+pub unsafe fn wait_equal_acquire(addr: u64, value: u32) {
+    loop {
+        let v: u32;
+        // SAFETY: the caller guarantees the address.
+        unsafe {
+            asm!("ld.acquire.gpu.global.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg64) addr,
+                 options(nostack));
+        }
+        if v == value {
+            break;
+        }
+    }
+}
+
+/// Stores `value` at `addr` as a release at GPU scope, after a GPU-scope fence: with a barrier
+/// before it, the whole block's earlier writes (the dQ reductions) are visible to a block that
+/// acquires `value` ([`wait_equal_acquire`]).
+///
+/// # Safety
+/// `addr` must be a 4-byte aligned, writable global address.
+#[inline(always)]
+pub unsafe fn release_store(addr: u64, value: u32) {
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("fence.acq_rel.gpu;", "st.release.gpu.global.u32 [{a}], {v};",
+             a = in(reg64) addr, v = in(reg32) value, options(nostack));
+    }
+}

@@ -5,6 +5,7 @@
 //! chunked step of a few rows): there its SIMT products stay bandwidth bound (`kernels::decode`)
 //! and each K/V row is read once. Larger groups are prefill, for the tensor-core families.
 
+use attention_kernels::abi::grid::MAX_GRID_YZ;
 use attention_kernels::kernels::decode::{
     HEAD_DIMS, MAX_ROW_TILE, STEP_KEYS, THREADS, row_tile, shared_bytes,
 };
@@ -35,7 +36,7 @@ const MAX_SPLITS: u32 = 256;
 
 /// `(splits, keys_per_split)` for `batch_heads` (sequences × K/V heads) blocks of work over
 /// `n_k` keys on `sms` SMs: enough splits that the grid fills every SM `BLOCKS_PER_SM` times,
-/// never a split shorter than one step of keys, never more than [`MAX_SPLITS`].
+/// never a split shorter than one step of keys, never more than `MAX_SPLITS` (256).
 pub fn choose_splits(sms: u32, batch_heads: u32, n_k: u32) -> (u32, u32) {
     let steps = n_k.div_ceil(STEP_KEYS).max(1);
     let target = (sms * BLOCKS_PER_SM).div_ceil(batch_heads.max(1));
@@ -75,6 +76,11 @@ pub(crate) fn plan(
         return Err(format!(
             "is compiled for head_dim 64 and 128, not {}",
             s.head_dim
+        ));
+    }
+    if s.heads_kv > MAX_GRID_YZ || problem.sequences > MAX_GRID_YZ {
+        return Err(format!(
+            "launches a grid row per K/V head and sequence: at most {MAX_GRID_YZ} of each"
         ));
     }
     let rows = (s.heads_q / s.heads_kv) as u64 * s.n_q as u64;

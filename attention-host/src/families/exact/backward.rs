@@ -64,6 +64,7 @@ pub(crate) fn launch_backward(
         causal: attention.causal as u32,
         mods: mods.params,
     };
+    // Below 2^31 rows (`validate_shape`).
     let rows = shape.row_elems() as u32;
     let delta_cfg = LaunchConfig {
         grid: (rows.div_ceil(DELTA_WARPS), 1, 1),
@@ -85,19 +86,17 @@ pub(crate) fn launch_backward(
     }
     gpu.launch(&plan.entry, plan.launch_config(), &params)?;
     if deterministic {
+        let (y, z) = problem.grid_yz(shape.heads_q);
         let dq_cfg = LaunchConfig {
-            grid: (
-                problem.max_q_len.div_ceil(blocks.block_rows),
-                shape.heads_q,
-                problem.sequences,
-            ),
+            grid: (problem.max_q_len.div_ceil(blocks.block_rows), y, z),
             ..plan.launch_config()
         };
         gpu.launch(&instances::exact_backward(dtype, "dq"), dq_cfg, &params)
     } else {
-        let elems = shape.q_elems() as u32;
+        // A grid-stride loop: a bounded grid covers any element count.
+        let blocks = shape.q_elems().div_ceil(THREADS as usize).min(65_535) as u32;
         let convert_cfg = LaunchConfig {
-            grid: (elems.div_ceil(THREADS).min(65_535), 1, 1),
+            grid: (blocks, 1, 1),
             block: (THREADS, 1, 1),
             shared_bytes: 0,
         };

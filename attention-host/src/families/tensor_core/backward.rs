@@ -12,7 +12,7 @@ use attention_kernels::attn::backward::{
 use crate::error::{Result, invalid};
 use crate::instances;
 use crate::layout::DeviceLayout;
-use crate::plan::Plan;
+use crate::plan::{Plan, preprocess_blocks};
 use crate::problem::Problem;
 use crate::runtime::{Gpu, LaunchConfig};
 use crate::score_mods::DeviceScoreMods;
@@ -51,6 +51,11 @@ pub(crate) fn launch_backward(
         dq_accum: workspace.piece("dq_accum")?,
         lse_log2: workspace.piece("lse_log2")?,
         d_sum: workspace.piece("d_sum")?,
+        dq_semaphores: if problem.options.deterministic {
+            workspace.piece("dq_semaphores")?
+        } else {
+            0
+        },
         layout: layout.params,
         dropout: options.dropout_rng(),
         shape: *shape,
@@ -60,7 +65,11 @@ pub(crate) fn launch_backward(
         causal: options.causal as u32,
         mods: mods.params,
     };
-    let rows = shape.batch * shape.heads_q * n_q_pad;
+    // Below 2^31 (the plan admits the family only then); Q's elements / 8 and its rows too.
+    let blocks = |n: u64| {
+        u32::try_from(n)
+            .map_err(|_| invalid!("a backward grid of {n} blocks exceeds the hardware's"))
+    };
     let compiled_head_dim = plan
         .tiles
         .compiled_head_dim()
@@ -68,7 +77,7 @@ pub(crate) fn launch_backward(
     gpu.launch(
         &instances::tensor_core_preprocess(dtype, compiled_head_dim),
         LaunchConfig {
-            grid: (rows.div_ceil(PREPROCESS_WARPS), 1, 1),
+            grid: (blocks(preprocess_blocks(shape))?, 1, 1),
             block: (32 * PREPROCESS_WARPS, 1, 1),
             shared_bytes: 0,
         },
@@ -90,7 +99,7 @@ pub(crate) fn launch_backward(
         &instances::tensor_core_convert_dq(dtype),
         LaunchConfig {
             grid: (
-                (shape.q_elems() / 8).div_ceil(CONVERT_THREADS as usize) as u32,
+                blocks((shape.q_elems() as u64 / 8).div_ceil(CONVERT_THREADS as u64))?,
                 1,
                 1,
             ),
@@ -103,7 +112,7 @@ pub(crate) fn launch_backward(
         &instances::tensor_core_nan_rows(dtype),
         LaunchConfig {
             grid: (
-                shape.row_elems().div_ceil(NAN_ROWS_THREADS as usize) as u32,
+                blocks((shape.row_elems() as u64).div_ceil(NAN_ROWS_THREADS as u64))?,
                 1,
                 1,
             ),

@@ -4,7 +4,7 @@
 use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{block_dim_x, block_x, thread_x, warp_sum};
-use crate::attn::backward::{PREPROCESS_WARPS, Pair};
+use crate::attn::backward::{PREPROCESS_WARPS, Pair, Q_BLOCK, dq_semaphore};
 use crate::attn::score_mod::sink_gradient;
 use crate::tile::mem::store_global_16;
 use crate::tile::mma::MmaElem;
@@ -20,14 +20,25 @@ use crate::tile::mma::MmaElem;
 unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
     let s = p.shape;
     let lane = thread_x() % 32;
-    let row = block_x() * PREPROCESS_WARPS + thread_x() / 32;
-    let rows = s.batch * s.heads_q * p.n_q_pad;
+    // Padded rows can pass 2^32 (tiny n_q, many heads); `bh < batch · heads_q < 2^31`.
+    let row = block_x() as u64 * PREPROCESS_WARPS as u64 + (thread_x() / 32) as u64;
+    let rows = s.batch as u64 * s.heads_q as u64 * p.n_q_pad as u64;
     if row >= rows {
         return;
     }
-    let (bh, i) = (row / p.n_q_pad, row % p.n_q_pad);
+    let (bh, i) = (
+        (row / p.n_q_pad as u64) as u32,
+        (row % p.n_q_pad as u64) as u32,
+    );
     let (b, h) = (bh / s.heads_q, bh % s.heads_q);
     let (lse_log2, d_sum) = (p.lse_log2 as *mut f32, p.d_sum as *mut f32);
+    if p.dq_semaphores != 0 && lane == 0 && i.is_multiple_of(Q_BLOCK) {
+        // SAFETY: the deterministic instances' semaphores cover every (bh, Q block).
+        unsafe {
+            *(p.dq_semaphores as *mut u32).add(dq_semaphore(bh, i / Q_BLOCK, p.n_q_pad) as usize) =
+                0
+        };
+    }
     if i >= s.n_q {
         if lane == 0 {
             // SAFETY: `row` indexes the padded statistics.
@@ -108,7 +119,8 @@ pub unsafe extern "ptx-kernel" fn flash_tc_backward_d_sink(p: TensorCoreBackward
 /// Eight elements per thread: `dQ = τ · accumulator`, rounded to the storage dtype.
 #[inline(always)]
 unsafe fn convert_dq<T: MmaElem>(p: &TensorCoreBackwardParams) {
-    let first = (block_x() * block_dim_x() + thread_x()) as usize * 8;
+    // Q can hold more than 2^32 / 8 groups of eight elements.
+    let first = (block_x() as usize * block_dim_x() as usize + thread_x() as usize) * 8;
     if first >= p.shape.q_elems() {
         return;
     }

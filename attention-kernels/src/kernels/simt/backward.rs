@@ -12,10 +12,11 @@
 use crate::abi::params::FlashBackwardParams;
 use crate::abi::storage::{Bf16, F16, Storage};
 use crate::arch::{
-    atomic_add_global, block_dim_x, block_x, block_y, block_z, entry_points, exp, grid_dim_x,
-    sync_threads, sync_threads_or, thread_x, warp_sum,
+    atomic_add_global, block_dim_x, block_x, entry_points, exp, grid_dim_x, sync_threads,
+    sync_threads_or, thread_x, warp_sum,
 };
 use crate::attn::dropout::dropout_multiplier;
+use crate::attn::grid::head_and_sequence;
 use crate::attn::mask::{MASKED, allowed_weight};
 use crate::attn::score_mod::sink_gradient;
 use crate::attn::sequence::Sequence;
@@ -100,7 +101,7 @@ unsafe fn load_query_block<T: Storage>(
 ) {
     let s = &p.shape;
     let at = seq.q_offset(s, i0, h);
-    let stride = (s.heads_q * s.head_dim) as usize;
+    let stride = s.heads_q as usize * s.head_dim as usize;
     // SAFETY: rows i0 .. i0 + rows of the sequence exist in Q, dO, LSE and D.
     unsafe {
         load_rows(
@@ -136,7 +137,7 @@ unsafe fn load_kv_block<T: Storage>(
 ) {
     let s = &p.shape;
     let at = seq.k_offset(s, j0, hk);
-    let stride = (s.heads_kv * s.head_dim) as usize;
+    let stride = s.heads_kv as usize * s.head_dim as usize;
     // SAFETY: keys j0 .. j0 + cols of the sequence exist in K and V.
     unsafe {
         load_rows(
@@ -217,13 +218,16 @@ unsafe fn recompute_tile(
     any_masked
 }
 
-/// K/V blocks outer. Grid `(K/V blocks, heads_kv, sequences)`.
+/// K/V blocks outer. Grid `(K/V blocks, (heads_kv, sequences) folded)`.
 unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
     let s = &p.shape;
     let (br, bc, d) = (p.blocks.block_rows, p.blocks.block_cols, s.head_dim);
-    // SAFETY: the grid's z extent is the number of sequences.
-    let seq = unsafe { Sequence::locate(&p.layout, s, block_z()) };
-    let (hk, j0) = (block_y(), block_x() * bc);
+    let Some((hk, sq)) = head_and_sequence(s.heads_kv, p.layout.sequences) else {
+        return;
+    };
+    // SAFETY: `sq` is below the layout's sequence count.
+    let seq = unsafe { Sequence::locate(&p.layout, s, sq) };
+    let j0 = block_x() * bc;
     if j0 >= seq.k_rows {
         return;
     }
@@ -283,7 +287,7 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
                     mul_t_acc(dk, ds, qt.q, cols, d, rows, checked);
                     if p.dq_accum != 0 {
                         let dq = (p.dq_accum as *mut f32).wrapping_add(seq.q_offset(s, i0, h));
-                        let stride = (s.heads_q * d) as usize;
+                        let stride = s.heads_q as usize * d as usize;
                         for_each(rows * d, |e| {
                             let (r, x) = (e / d, e % d);
                             let mut sum = 0.0f32;
@@ -308,7 +312,7 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
         }
         sync_threads();
         let at = seq.k_offset(s, j0, hk);
-        let stride = (s.heads_kv * d) as usize;
+        let stride = s.heads_kv as usize * d as usize;
         store_rows(
             (p.dk as *mut T).wrapping_add(at),
             stride,
@@ -322,13 +326,16 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
 }
 
 /// Deterministic dQ: Q blocks outer, dQ_i accumulated on chip in a fixed order, written once.
-/// Grid `(Q blocks, heads_q, sequences)`.
+/// Grid `(Q blocks, (heads_q, sequences) folded)`.
 unsafe fn dq<T: Storage>(p: &FlashBackwardParams) {
     let s = &p.shape;
     let (br, bc, d) = (p.blocks.block_rows, p.blocks.block_cols, s.head_dim);
-    // SAFETY: the grid's z extent is the number of sequences.
-    let seq = unsafe { Sequence::locate(&p.layout, s, block_z()) };
-    let (h, i0) = (block_y(), block_x() * br);
+    let Some((h, sq)) = head_and_sequence(s.heads_q, p.layout.sequences) else {
+        return;
+    };
+    // SAFETY: `sq` is below the layout's sequence count.
+    let seq = unsafe { Sequence::locate(&p.layout, s, sq) };
+    let i0 = block_x() * br;
     if i0 >= seq.q_len {
         return;
     }
@@ -364,7 +371,7 @@ unsafe fn dq<T: Storage>(p: &FlashBackwardParams) {
             j0 += bc;
         }
         sync_threads();
-        let stride = (s.heads_q * d) as usize;
+        let stride = s.heads_q as usize * d as usize;
         store_rows(
             (p.dq as *mut T).wrapping_add(seq.q_offset(s, i0, h)),
             stride,
@@ -379,8 +386,8 @@ unsafe fn dq<T: Storage>(p: &FlashBackwardParams) {
 /// dQ = the f32 atomics buffer, narrowed to the storage type. Grid-stride over Q's elements.
 unsafe fn dq_convert<T: Storage>(p: &FlashBackwardParams) {
     let n = p.shape.q_elems();
-    let mut e = (block_x() * block_dim_x() + thread_x()) as usize;
-    let step = (grid_dim_x() * block_dim_x()) as usize;
+    let mut e = block_x() as usize * block_dim_x() as usize + thread_x() as usize;
+    let step = grid_dim_x() as usize * block_dim_x() as usize;
     while e < n {
         // SAFETY: e < the element count of dQ and of the accumulator.
         unsafe { *(p.dq as *mut T).add(e) = T::from_f32(*(p.dq_accum as *const f32).add(e)) };

@@ -9,10 +9,11 @@
 use crate::abi::params::FlashForwardParams;
 use crate::abi::storage::{Bf16, F16, Storage};
 use crate::arch::{
-    block_dim_x, block_x, block_y, block_z, entry_points, exp, ln, sync_threads, sync_threads_or,
-    sync_warp, thread_x, warp_max, warp_sum,
+    block_dim_x, block_x, entry_points, exp, ln, sync_threads, sync_threads_or, sync_warp,
+    thread_x, warp_max, warp_sum,
 };
 use crate::attn::dropout::dropout_multiplier;
+use crate::attn::grid::head_and_sequence;
 use crate::attn::mask::{MASKED, row_is_empty};
 use crate::attn::score_mod::with_sink;
 use crate::attn::sequence::Sequence;
@@ -31,13 +32,13 @@ struct QueryBlock {
 impl QueryBlock {
     /// `None` when the sequence has fewer query blocks than the grid (packed sequences differ).
     unsafe fn locate(p: &FlashForwardParams) -> Option<QueryBlock> {
-        // SAFETY: the grid's z extent is the number of sequences.
-        let seq = unsafe { Sequence::locate(&p.layout, &p.shape, block_z()) };
+        let (h, s) = head_and_sequence(p.shape.heads_q, p.layout.sequences)?;
+        // SAFETY: `s` is below the layout's sequence count.
+        let seq = unsafe { Sequence::locate(&p.layout, &p.shape, s) };
         let i0 = block_x() * p.blocks.block_rows;
         if i0 >= seq.q_len {
             return None;
         }
-        let h = block_y();
         let rows = p.blocks.block_rows.min(seq.q_len - i0);
         Some(QueryBlock {
             seq,
@@ -86,7 +87,7 @@ unsafe fn load_query<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &Ti
         load_rows(
             t.q,
             q,
-            (s.heads_q * s.head_dim) as usize,
+            s.heads_q as usize * s.head_dim as usize,
             qb.rows,
             s.head_dim,
         )
@@ -107,7 +108,7 @@ unsafe fn merge_kv_block<T: Storage>(
     let s = &p.shape;
     let d = s.head_dim;
     let cols = p.blocks.block_cols.min(qb.seq.k_rows - j0);
-    let kv_stride = (s.heads_kv * d) as usize;
+    let kv_stride = s.heads_kv as usize * d as usize;
     let kv_at = qb.seq.k_offset(s, j0, qb.hk);
     // The previous block's readers of K_j, V_j and S are done before they are overwritten.
     sync_threads();
@@ -211,7 +212,7 @@ unsafe fn write_output<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &
     let s = &p.shape;
     let d = s.head_dim;
     let o = (p.o as *mut T).wrapping_add(qb.seq.q_offset(s, qb.i0, qb.h));
-    let stride = (s.heads_q * d) as usize;
+    let stride = s.heads_q as usize * d as usize;
     // SAFETY: the head's sink exists when sinks are on (validated by the host).
     let sink = unsafe { p.mods.sink(qb.h) };
     // (LSE, the factor of the unnormalised O) of row r.
@@ -290,7 +291,7 @@ unsafe fn paper<T: Storage>(p: &FlashForwardParams) {
     let s = &p.shape;
     let d = s.head_dim;
     let t = Tiles::carve(p.blocks.block_rows, p.blocks.block_cols, d);
-    let stride = (s.heads_q * d) as usize;
+    let stride = s.heads_q as usize * d as usize;
     let o_state = (p.o_state as *mut f32).wrapping_add(qb.seq.q_offset(s, qb.i0, qb.h));
     let row = |r: u32| qb.seq.row_index(s, qb.i0 + r, qb.h);
     // SAFETY: tiles are sized by the host; the state buffers hold every row of O and LSE.

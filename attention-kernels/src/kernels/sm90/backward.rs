@@ -24,6 +24,10 @@
 //! (a K/V block visits only the Q blocks whose rows' windows reach it), softcap (dS times
 //! `1 − tanh²`) and ALiBi (`attn::score_mod`), kept apart so that the general instances pay no
 //! registers for them. The others take the sequence from the kernel parameters.
+//! The `DETERMINISTIC` instances (without `GENERAL` or `CARRY_DQ`) add each Q block's dQ in key
+//! order: a semaphore per (batch, head, Q block) counts the K/V blocks that have added theirs
+//! (`attn::backward::dq_adds_before`); one thread waits for its count, the block adds, and one
+//! thread releases the count + 1. Their barriers sit on compile-time paths only.
 //! Generic over `KD = d / 16`, `ND = d / 8` (fragments of dK, dV), `WG` and `DQ = ND / WG`
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
@@ -31,10 +35,9 @@ use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::philox::DropoutRng;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
-use crate::arch::{
-    block_x, block_y, block_z, exp2, log2, opaque, shared_window, shfl_xor, sync_threads, thread_x,
-};
-use crate::attn::backward::{first_q_block, needs_mask};
+use crate::arch::{block_x, exp2, log2, opaque, shared_window, shfl_xor, sync_threads, thread_x};
+use crate::attn::backward::{dq_adds_before, dq_semaphore, first_q_block, needs_mask};
+use crate::attn::grid::{head_and_sequence, head_here};
 use crate::attn::mask::hidden;
 use crate::attn::mask::{
     Exponent, MASKED, is_masked, quad_any, sanitize_own_chunks, sanitize_row_part,
@@ -44,7 +47,9 @@ use crate::attn::sequence::Sequence;
 use crate::kernels::sm90::WgBackwardConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
-use crate::tile::mem_backward::{load_shared_f32x2, red_add_f32x4};
+use crate::tile::mem_backward::{
+    load_shared_f32x2, red_add_f32x4, release_store, wait_equal_acquire,
+};
 use crate::tile::mma::{FragA, FragC, each_fragment};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
@@ -88,6 +93,7 @@ unsafe fn backward<
     const CARRY_DQ: bool,
     const GENERAL: bool,
     const MODS: bool,
+    const DETERMINISTIC: bool,
 >(
     p: &TensorCoreBackwardParams,
 ) where
@@ -96,6 +102,7 @@ unsafe fn backward<
     [FragC; DQ]: Accumulator,
 {
     const { assert!(ND == 2 * KD && KD >= 4 && WG > 0 && DQ * WG == ND) };
+    const { assert!(!DETERMINISTIC || !(CARRY_DQ || GENERAL)) };
     let cfg = WgBackwardConfig {
         head_dim: 16 * KD as u32,
         warpgroups: WG as u32,
@@ -107,12 +114,15 @@ unsafe fn backward<
     let (group, warp, lane) = (tid / 128, (tid / 32) % 4, tid % 32);
     let (g, t) = (lane / 4, lane % 4);
     let causal = p.causal != 0;
-    let (kv_block, hk) = (block_x(), block_y());
+    let Some((hk, sq)) = head_and_sequence(s.heads_kv, p.layout.sequences) else {
+        return;
+    };
+    let kv_block = block_x();
     let seq = if GENERAL {
-        // SAFETY: the host launches one block row per sequence of a validated layout.
-        unsafe { Sequence::locate(&p.layout, &s, block_z()) }
+        // SAFETY: `sq` is below the sequence count of a validated layout.
+        unsafe { Sequence::locate(&p.layout, &s, sq) }
     } else {
-        Sequence::full(&s, block_z())
+        Sequence::full(&s, sq)
     };
     let k0 = kv_block * bc;
     if k0 >= seq.k_rows {
@@ -167,7 +177,10 @@ unsafe fn backward<
     };
     let per_head = end_block.saturating_sub(first_block);
     let iters = per_head * heads_per_kv;
-    let head_of = |i: u32| hk * heads_per_kv + i / per_head;
+    // Without GENERAL the K/V head is recomputed at each use (no register across the loop: no
+    // spills at d = 128); GENERAL instances spill more that way, so they keep it.
+    let kv_head = || if GENERAL { hk } else { head_here(s.heads_kv) };
+    let head_of = |i: u32| kv_head() * heads_per_kv + i / per_head;
     let row0_of = |i: u32| (first_block + i % per_head) * br;
 
     let fill = |i: u32, st: u32| {
@@ -524,7 +537,27 @@ unsafe fn backward<
             issue_dq(&mut dq_now);
             wgmma::wait::<0>();
             dq_now.pin();
+            let semaphore = |h: u32| {
+                p.dq_semaphores + 4 * dq_semaphore(seq.batch * s.heads_q + h, q0 / br, p.n_q_pad)
+            };
+            if DETERMINISTIC {
+                if tid == 0 {
+                    // Blocks start in grid order and the waited-for blocks have lower x (same y
+                    // and z): each is resident or done, so the wait ends.
+                    // SAFETY: the semaphore of (batch, h, Q block) exists; the preprocess zeroed it.
+                    unsafe { wait_equal_acquire(semaphore(h), dq_adds_before(kv_block)) };
+                }
+                sync_threads();
+            }
             reduce_dq(&dq_now, (h, q0));
+            if DETERMINISTIC {
+                // Every thread's adds precede the barrier; the release publishes them.
+                sync_threads();
+                if tid == 0 {
+                    // SAFETY: as for the wait above.
+                    unsafe { release_store(semaphore(h), dq_adds_before(kv_block) + 1) };
+                }
+            }
         }
         i += 1;
     }
@@ -571,10 +604,11 @@ unsafe fn backward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_wgmma_backward_<dtype>_d<d>_g<groups>`
-/// as the host formats it, `flash_wgmma_backward_general_…` (lengths and dropout) and
-/// `flash_wgmma_backward_mods_…` (those and the score modifiers).
+/// as the host formats it, `flash_wgmma_backward_general_…` (lengths and dropout),
+/// `flash_wgmma_backward_mods_…` (those and the score modifiers), and
+/// `flash_wgmma_backward_det_…` with bitwise reproducible dQ (scale and causal only).
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $general:literal, $mods:literal;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $general:literal, $mods:literal, $det:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
             // SAFETY: the host validated the buffers against `p`, ran the preprocess kernel on the
@@ -586,9 +620,10 @@ macro_rules! entry_points {
                     { $cfg.head_dim as usize / 8 },
                     { $cfg.warpgroups as usize },
                     { $cfg.dq_cols() as usize / 8 },
-                    { $cfg.carry_dq() },
+                    { $cfg.carry_dq() && !$det },
                     $general,
                     $mods,
+                    $det,
                 >(&p)
             }
         }
@@ -596,16 +631,20 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false;
-    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false;
-    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false;
-    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false;
-    flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false;
-    flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false;
-    flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false;
-    flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false;
-    flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true;
-    flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true;
-    flash_wgmma_backward_mods_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true;
-    flash_wgmma_backward_mods_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true;
+    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false;
+    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false;
+    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false;
+    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false;
+    flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false, false;
+    flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false, false;
+    flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false, false;
+    flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false, false;
+    flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true, false;
+    flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true, false;
+    flash_wgmma_backward_mods_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true, false;
+    flash_wgmma_backward_mods_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true, false;
+    flash_wgmma_backward_det_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, true;
+    flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, true;
+    flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, true;
+    flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, true;
 }

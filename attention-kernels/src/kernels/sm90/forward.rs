@@ -27,10 +27,10 @@ use crate::abi::params::TensorCoreForwardParams;
 use crate::abi::philox::DropoutRng;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{
-    block_x, block_y, block_z, grid_dim_x, opaque, shared_window, sync_threads, sync_threads_or,
-    thread_x,
+    block_x, grid_dim_x, opaque, shared_window, sync_threads, sync_threads_or, thread_x,
 };
 use crate::attn::dropout::dropout_multiplier;
+use crate::attn::grid::head_and_sequence;
 use crate::attn::mask::{Exponent, Operand, Poison, non_finite_part, sanitize_own_chunks};
 use crate::attn::row_keys::RowKeys;
 use crate::attn::score_mod::{ScoreMod, Window};
@@ -121,13 +121,15 @@ unsafe fn forward<
     } else {
         block_x()
     };
-    let h = block_y();
+    let Some((h, sq)) = head_and_sequence(s.heads_q, p.layout.sequences) else {
+        return;
+    };
     let locate = || {
         if GENERAL {
-            // SAFETY: the host launches one block row per sequence of a validated layout.
-            unsafe { Sequence::locate(&p.layout, &s, opaque(block_z())) }
+            // SAFETY: `sq` is below the sequence count of a validated layout.
+            unsafe { Sequence::locate(&p.layout, &s, opaque(sq)) }
         } else {
-            Sequence::full(&s, block_z())
+            Sequence::full(&s, sq)
         }
     };
     let seq = locate();

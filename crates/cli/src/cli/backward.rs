@@ -39,8 +39,8 @@ pub struct BackwardArgs {
     /// Where the sink gradients are written (f32, `[heads_q]`; with --sinks).
     #[arg(long, requires = "sinks")]
     pub d_sinks: Option<PathBuf>,
-    /// Bitwise reproducible gradients (dQ from a separate pass instead of atomics; the exact
-    /// kernels only).
+    /// Bitwise reproducible gradients (the exact kernels: dQ from a separate pass instead of
+    /// atomics; the tensor-core kernels: dQ atomics in key order).
     #[arg(long)]
     pub deterministic: bool,
     #[command(flatten)]

@@ -6,8 +6,8 @@ use clap::{Args, ValueEnum};
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
 use flash_attn::timing::{time_calls, time_pipelined};
 use flash_attn::{
-    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceTensor, FlashOptions, Gpu,
-    KernelChoice, Plan, memory,
+    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceTensor, Family, FlashOptions,
+    Gpu, KernelChoice, Plan, memory,
 };
 use flash_attn_testkit::bench::{
     CaseRecord, anchor_cases, backward_flops, environment, forward_flops, headdim_cases,
@@ -110,6 +110,11 @@ pub struct BenchArgs {
     /// How each sample is taken.
     #[arg(long, value_enum, default_value = "pipelined")]
     timing: Timing,
+    /// Bitwise reproducible gradients in the backward (`FlashOptions::deterministic`): the exact
+    /// family's row-owned dQ pass, the tensor-core families' dQ atomics in key order. Time with
+    /// and without to see its cost.
+    #[arg(long)]
+    deterministic: bool,
     /// Calls per pipelined sample; 0 picks enough for about 2 ms per sample (at most 200).
     #[arg(long, default_value_t = 0)]
     calls: usize,
@@ -339,7 +344,9 @@ fn bench_backward<'a>(
     choice: KernelChoice,
     args: &BenchArgs,
 ) -> flash_attn::Result<CaseRecord<'a>> {
-    let options = FlashOptions::new(AttentionOptions::new().causal(causal)).kernel(choice);
+    let options = FlashOptions::new(AttentionOptions::new().causal(causal))
+        .kernel(choice)
+        .deterministic(args.deterministic);
     let (_, dev) = inputs(shape, args.dtype)?;
     let d_o = DeviceTensor::from_f32(args.dtype, &uniform(rand::random(), shape.q_elems()))?;
     let fwd = flash_attn::forward(gpu, shape, &dev[0], &dev[1], &dev[2], &options)?;
@@ -370,8 +377,10 @@ fn bench_backward<'a>(
     Ok(CaseRecord {
         kernel: plan.family.name(),
         pass: "backward",
-        schedule: if options.deterministic {
+        schedule: if options.deterministic && plan.family == Family::Exact {
             "K/V-outer, row-owned dQ"
+        } else if options.deterministic {
+            "K/V-outer, dQ atomics in key order"
         } else {
             "K/V-outer, atomic dQ"
         },

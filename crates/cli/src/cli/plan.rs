@@ -44,7 +44,8 @@ pub struct PlanArgs {
     /// Compute dtype: f32, f16 or bf16.
     #[arg(long, default_value = "bf16")]
     dtype: DType,
-    /// Bitwise reproducible gradients (the backward's dQ without atomics).
+    /// Bitwise reproducible gradients (exact: dQ without atomics; tensor cores: dQ atomics in key
+    /// order).
     #[arg(long)]
     deterministic: bool,
     #[command(flatten)]

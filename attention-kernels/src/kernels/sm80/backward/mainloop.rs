@@ -17,10 +17,9 @@
 use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
-use crate::arch::{
-    block_x, block_y, block_z, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x,
-};
-use crate::attn::backward::Pair;
+use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x};
+use crate::attn::backward::{Pair, dq_adds_before, dq_semaphore};
+use crate::attn::grid::{head_and_sequence, head_here};
 use crate::attn::mask::hidden;
 use crate::attn::mask::{Exponent, MASKED, is_masked, sanitize_own_chunks, sanitize_pair};
 use crate::attn::score_mod::{ScoreMod, Window, key_range, rows_seeing_keys};
@@ -28,7 +27,9 @@ use crate::kernels::sm80::backward::TcBackwardConfig;
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
-use crate::tile::mem_backward::{load_shared_f32x2, load_shared_u32, red_add_f32};
+use crate::tile::mem_backward::{
+    load_shared_f32x2, load_shared_u32, red_add_f32, release_store, wait_equal_acquire,
+};
 use crate::tile::mma::{FragB, FragC, each_fragment};
 
 /// `b` with its non-finite elements replaced by 0.
@@ -69,6 +70,7 @@ unsafe fn backward<
     const WARPS: usize,
     const DQ: usize,
     const MODS: bool,
+    const DETERMINISTIC: bool,
 >(
     p: &TensorCoreBackwardParams,
 ) {
@@ -82,7 +84,11 @@ unsafe fn backward<
     let s = p.shape;
     let (tid, warp, lane) = (thread_x(), thread_x() / 32, thread_x() % 32);
     let causal = p.causal != 0;
-    let (kv_block, hk, b) = (block_x(), block_y(), block_z());
+    // Without length masks (all this family runs) sequence b is batch item b.
+    let Some((hk, b)) = head_and_sequence(s.heads_kv, p.layout.sequences) else {
+        return;
+    };
+    let kv_block = block_x();
     let k0 = kv_block * bc;
     let group = s.heads_q / s.heads_kv;
 
@@ -129,7 +135,8 @@ unsafe fn backward<
     };
     let per_head = end_block.saturating_sub(first_block);
     let iters = per_head * group;
-    let head_of = |i: u32| hk * group + i / per_head;
+    // The K/V head recomputed at each use: no register for it across the loop.
+    let head_of = |i: u32| head_here(s.heads_kv) * group + i / per_head;
     let row0_of = |i: u32| (first_block + i % per_head) * br;
 
     let fill = |i: u32, st: u32| {
@@ -399,7 +406,18 @@ unsafe fn backward<
             }
             dk.iter_mut().for_each(FragC::pin);
         }
-        // dQ reads every warp's dSᵀ rows.
+        // dQ (deterministic instances): this Q block's semaphore counts the K/V blocks that have
+        // added their part; its adds follow theirs, so dQ sums in key order on every run.
+        let semaphore = |h: u32, q0: u32| {
+            p.dq_semaphores + 4 * dq_semaphore(b * s.heads_q + h, q0 / br, p.n_q_pad)
+        };
+        if DETERMINISTIC && tid == 0 {
+            // Blocks start in grid order and the waited-for blocks have lower x (same y and z):
+            // each is resident or done, so the wait ends.
+            // SAFETY: the semaphore of (b, h, Q block) exists; the preprocess zeroed it.
+            unsafe { wait_equal_acquire(semaphore(h, q0), dq_adds_before(kv_block)) };
+        }
+        // dQ reads every warp's dSᵀ rows (and, deterministic, follows the earlier blocks' adds).
         sync_threads();
 
         // dQ = dS·K over the block's keys. Warp w takes rows 16(w % 4) .. + 16 of the Q block
@@ -455,6 +473,14 @@ unsafe fn backward<
                 }
             }
         }
+        if DETERMINISTIC {
+            // Every thread's adds precede the barrier; the release publishes them with the count.
+            sync_threads();
+            if tid == 0 {
+                // SAFETY: as for the wait above.
+                unsafe { release_store(semaphore(h, q0), dq_adds_before(kv_block) + 1) };
+            }
+        }
         i += 1;
     }
 
@@ -486,9 +512,10 @@ unsafe fn backward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_tc_backward_<dtype>_d<d>_w<warps>` as
-/// the host formats it; the test checks that every `VARIANTS` entry exists.
+/// the host formats it (`flash_tc_backward_det_…` for the deterministic instances of the default
+/// tiles); the test checks that every `VARIANTS` entry exists.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $mods:literal;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $mods:literal, $det:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
             // SAFETY: the host validated the buffers against `p` and launched the configuration's
@@ -503,6 +530,7 @@ macro_rules! entry_points {
                     { $cfg.warps as usize },
                     { $cfg.dq_tiles() as usize },
                     $mods,
+                    $det,
                 >(&p)
             }
         }
@@ -510,21 +538,25 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_tc_backward_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, false;
-    flash_tc_backward_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false;
-    flash_tc_backward_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false;
-    flash_tc_backward_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false;
-    flash_tc_backward_mods_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, true;
-    flash_tc_backward_mods_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, true;
-    flash_tc_backward_mods_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, true;
-    flash_tc_backward_mods_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, true;
+    flash_tc_backward_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, false;
+    flash_tc_backward_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, false;
+    flash_tc_backward_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false;
+    flash_tc_backward_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false;
+    flash_tc_backward_mods_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, false;
+    flash_tc_backward_mods_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, false;
+    flash_tc_backward_mods_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, false;
+    flash_tc_backward_mods_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, false;
+    flash_tc_backward_det_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, true;
+    flash_tc_backward_det_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, true;
+    flash_tc_backward_det_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, true;
+    flash_tc_backward_det_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
 #[cfg(feature = "tuning")]
 entry_points! {
-    flash_tc_backward_bf16_d64_w8 => Bf16, TcBackwardConfig { head_dim: 64, warps: 8 }, false;
-    flash_tc_backward_f16_d64_w8 => F16, TcBackwardConfig { head_dim: 64, warps: 8 }, false;
-    flash_tc_backward_bf16_d128_w8 => Bf16, TcBackwardConfig { head_dim: 128, warps: 8 }, false;
-    flash_tc_backward_f16_d128_w8 => F16, TcBackwardConfig { head_dim: 128, warps: 8 }, false;
+    flash_tc_backward_bf16_d64_w8 => Bf16, TcBackwardConfig { head_dim: 64, warps: 8 }, false, false;
+    flash_tc_backward_f16_d64_w8 => F16, TcBackwardConfig { head_dim: 64, warps: 8 }, false, false;
+    flash_tc_backward_bf16_d128_w8 => Bf16, TcBackwardConfig { head_dim: 128, warps: 8 }, false, false;
+    flash_tc_backward_f16_d128_w8 => F16, TcBackwardConfig { head_dim: 128, warps: 8 }, false, false;
 }

@@ -12,9 +12,8 @@
 
 use crate::abi::params::TensorCoreForwardParams;
 use crate::abi::storage::{Bf16, F16};
-use crate::arch::{
-    block_x, block_y, block_z, grid_dim_x, shared_window, sync_threads_or, sync_warp, thread_x,
-};
+use crate::arch::{block_x, grid_dim_x, shared_window, sync_threads_or, sync_warp, thread_x};
+use crate::attn::grid::head_and_sequence;
 use crate::attn::mask::{Exponent, Operand, non_finite_part, sanitize_own_chunks};
 use crate::attn::row_keys::RowKeys;
 use crate::attn::score_mod::{ScoreMod, Window, key_range};
@@ -49,7 +48,10 @@ unsafe fn forward<
     } else {
         block_x()
     };
-    let (h, b) = (block_y(), block_z());
+    // Without length masks (all this family runs) sequence b is batch item b.
+    let Some((h, b)) = head_and_sequence(s.heads_q, p.layout.sequences) else {
+        return;
+    };
     let q0 = q_block * br;
 
     // Rows in memory hold the real head dim; the tiles hold `d`, zeros past it.
