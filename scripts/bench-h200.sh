@@ -6,7 +6,10 @@
 # device tool returns eight; the ratio table is printed and saved. Then the memory measurements.
 # `decode`: the decode rows of issue 11 (examples/decode_bench.rs) and the PyTorch SDPA peers on
 # the same rows (scripts/peers/decode_bench.py), pipelined timing, raw samples in JSON.
-# usage: bench-h200.sh [all|speed|memory|decode] [flash-attn bench options, e.g. --pass forward]
+# `headdims`: the head-dim table of issue 10 (d = 32, 80, 96, 160, 192, 256 at N = 4096, causal
+# and not; `flash-attn bench --shapes headdims`) against the same SDPA peers, its ratio table in
+# $out/headdim-table.md.
+# usage: bench-h200.sh [all|speed|memory|decode|headdims] [flash-attn bench options, e.g. --pass forward]
 set -uo pipefail
 what=${1:-all}; shift || true
 out=${OUT:-reports/bench}
@@ -17,6 +20,12 @@ if [ "$what" = decode ]; then
   .device-run/decode_bench --out "$out" "$@"
   OUT="$out" python3 scripts/peers/decode_bench.py
   python3 scripts/peers/decode_table.py "$out" | tee "$out/decode-table.md"
+  exit
+fi
+if [ "$what" = headdims ]; then
+  $fa bench --kernel auto --shapes headdims --out "$out" "$@"
+  OUT="$out" python3 scripts/peers/sdpa_bench.py --backends flash cudnn --shapes headdims
+  python3 scripts/peers/ratio_table.py "$out/sdpa.json" "$out"/bench-auto-*.json | tee "$out/headdim-table.md"
   exit
 fi
 if [ "$what" != memory ]; then

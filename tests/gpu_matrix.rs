@@ -18,6 +18,10 @@
 //!   backward, D computed from the stored f16 O, which `dS = P(dP − D)` amplifies where dP ≈ D.
 //! - bf16 `1e-2`: the same with 8 significant bits (2⁻⁸ ≈ 3.9e-3 per element).
 //!
+//! A fourth list runs every tensor-core head dim (multiples of 8 from 32 to 128, zero-padded to
+//! the compiled 64 or 128) over the same axes, one case in four with the window and every
+//! score modifier; a fifth the forward alone at head dims 136 … 256 (compiled 192 and 256).
+//!
 //! A third list crosses the local window (left/right 0, one-sided, wider than N, with and without
 //! causal), softcap, ALiBi and sink logits (alone and together) with the axes above; the sink
 //! gradient `dσ_h` is held to the same bound relative to `Σ_rows |P_sink · D|`.
@@ -31,7 +35,7 @@ use flash_attn::reference::{backward_f32, forward_f32};
 use flash_attn::{
     AttentionOptions, AttentionShape, DType, FlashOptions, Gpu, KernelChoice, Schedule,
 };
-use flash_attn_testkit::family_run::{HostCase, run_case};
+use flash_attn_testkit::family_run::{HostCase, run_case, run_forward};
 use flash_attn_testkit::testing::{
     LengthMode, MATRIX_SIZES, families, fresh_seed, gpu_or_skip, lse_err, rel_err, skip,
 };
@@ -140,6 +144,48 @@ fn tensor_core_cases() -> Vec<Case> {
         .collect()
 }
 
+/// Every head dim the tensor-core families run forward and backward: the multiples of 8 from 32
+/// to 128, padded to the compiled 64 or 128 (zero columns on load, only the real ones stored).
+const TENSOR_CORE_HEAD_DIMS: [u32; 13] = [32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128];
+/// Head dims they run forward only (padded to the compiled 192 or 256): every multiple of 8
+/// between 128 and 192 and a spread above it.
+const FORWARD_HEAD_DIMS: [u32; 11] = [136, 144, 152, 160, 168, 176, 184, 192, 200, 232, 256];
+
+/// Twice each of `dims`, so that each meets both dtypes, over causal, GQA/MQA, tails, length
+/// modes, dropout, and the window with every score modifier (the `mods_` instances pad too).
+fn head_dim_cases(dims: &[u32]) -> Vec<Case> {
+    let sizes = [(128, 128), (97, 230), (230, 97), (1, 17), (1000, 1000)];
+    let heads = [(2, 2), (4, 2), (3, 1)];
+    (0..2 * dims.len())
+        .map(|i| {
+            let (n_q, n_k) = sizes[i % sizes.len()];
+            let long = n_q.max(n_k) >= 1000;
+            // The first pass has full lengths and no dropout (what `mma.sync` admits).
+            let first_pass = i < dims.len();
+            Case {
+                dtype: [DType::Bf16, DType::F16][i % 2],
+                schedule: Schedule::RowOwned,
+                causal: (i / 2) % 2 == 1,
+                head_dim: dims[i % dims.len()],
+                n_q,
+                n_k,
+                dropout: !first_pass && i % 3 == 1,
+                heads: if long { (2, 1) } else { heads[(i / 4) % 3] },
+                lengths: if first_pass {
+                    LengthMode::Full
+                } else {
+                    LengthMode::ALL[i % 3]
+                },
+                mods: if i % 4 == 3 {
+                    Mods::All(64, 7)
+                } else {
+                    Mods::None
+                },
+            }
+        })
+        .collect()
+}
+
 /// The window and score modifiers over both domains' dtypes and head dims: windows with
 /// left/right 0, one-sided, wider than the sequence, with and without causal, each modifier
 /// alone and all together, under GQA, length masks and dropout.
@@ -242,11 +288,13 @@ struct Reference {
     d_sink_scale: Vec<f64>,
 }
 
+/// `forward_only`: the backward's reference is left empty.
 fn reference(
     shape: &AttentionShape,
     options: &AttentionOptions,
     dt: DType,
     rng: &mut StdRng,
+    forward_only: bool,
 ) -> Reference {
     let mut draw = |n: usize, amp: f32| -> Vec<f32> {
         (0..n)
@@ -260,7 +308,16 @@ fn reference(
         draw(shape.q_elems(), 1.0),
     );
     let f = forward_f32(shape, &q, &k, &v, options).unwrap();
-    let g = backward_f32(shape, &q, &k, &v, &d_o, options).unwrap();
+    let g = if forward_only {
+        flash_attn::reference::Gradients {
+            dq: vec![],
+            dk: vec![],
+            dv: vec![],
+            d_sinks: None,
+        }
+    } else {
+        backward_f32(shape, &q, &k, &v, &d_o, options).unwrap()
+    };
     let d = shape.head_dim as usize;
     let mut d_sink_scale = vec![0.0; shape.heads_q as usize];
     if let Some(sinks) = &options.sinks {
@@ -309,14 +366,15 @@ fn d_sink_err(got: &Option<Vec<f32>>, r: &Reference) -> f64 {
     }
 }
 
-/// Forward and backward of one case on one family, each error by name; `None` where the family
-/// does not admit the case (the plan says why).
+/// Forward and backward (`forward_only`: the forward) of one case on one family, each error by
+/// name; `None` where the family does not admit the case (the plan says why).
 fn run_family(
     gpu: &Gpu,
     shape: &AttentionShape,
     options: &FlashOptions,
     dt: DType,
     r: &Reference,
+    forward_only: bool,
 ) -> Option<Vec<(&'static str, f64)>> {
     let case = HostCase {
         q: &r.q,
@@ -326,6 +384,13 @@ fn run_family(
         o: &r.o,
         lse: &r.lse,
     };
+    if forward_only {
+        let (o, lse) = run_forward(gpu, shape, options, dt, &case)?;
+        return Some(vec![
+            ("o", rel_err(&o, &r.o)),
+            ("lse", lse_err(&lse, &r.lse)),
+        ]);
+    }
     let got = run_case(gpu, shape, options, dt, &case)?;
     Some(vec![
         ("o", rel_err(&got.o, &r.o)),
@@ -337,7 +402,8 @@ fn run_family(
     ])
 }
 
-fn run_matrix(test: &str, list: Vec<Case>) {
+/// Runs `list` on every family (`forward_only`: the forward pass alone).
+fn run_matrix(test: &str, list: Vec<Case>, forward_only: bool) {
     let Some(gpu) = gpu_or_skip(test) else {
         return;
     };
@@ -360,10 +426,16 @@ fn run_matrix(test: &str, list: Vec<Case>) {
     let mut ran = vec![0usize; families.len()];
     for case in &list {
         let (shape, options) = case.shape_and_options(&mut rng);
-        let r = reference(&shape, &options.attention, case.dtype, &mut rng);
+        let r = reference(
+            &shape,
+            &options.attention,
+            case.dtype,
+            &mut rng,
+            forward_only,
+        );
         for (i, &family) in families.iter().enumerate() {
             let forced = options.clone().kernel(KernelChoice::Only(family));
-            let Some(errs) = run_family(&gpu, &shape, &forced, case.dtype, &r) else {
+            let Some(errs) = run_family(&gpu, &shape, &forced, case.dtype, &r, forward_only) else {
                 continue;
             };
             ran[i] += 1;
@@ -409,7 +481,7 @@ fn exact_domain_on_every_family() {
     for d in EXACT_HEAD_DIMS {
         assert!(list.iter().any(|c| c.head_dim == d), "head dim {d} missing");
     }
-    run_matrix("exact_domain_on_every_family", list);
+    run_matrix("exact_domain_on_every_family", list, false);
 }
 
 #[test]
@@ -427,7 +499,7 @@ fn score_modifiers_on_every_family() {
                 .any(|c| c.causal == causal && matches!(c.mods, Mods::Window(..) | Mods::All(..)))
         );
     }
-    run_matrix("score_modifiers_on_every_family", list);
+    run_matrix("score_modifiers_on_every_family", list, false);
 }
 
 #[test]
@@ -444,5 +516,38 @@ fn tensor_core_domain_on_every_family() {
             );
         }
     }
-    run_matrix("tensor_core_domain_on_every_family", list);
+    run_matrix("tensor_core_domain_on_every_family", list, false);
+}
+
+/// `list` covers every head dim of `dims` in both dtypes, with a case `mma.sync` admits.
+fn assert_head_dims_covered(list: &[Case], dims: &[u32]) {
+    for &d in dims {
+        for dtype in [DType::Bf16, DType::F16] {
+            assert!(
+                list.iter().any(|c| c.head_dim == d && c.dtype == dtype),
+                "d={d} {dtype:?} missing"
+            );
+        }
+        assert!(
+            list.iter()
+                .any(|c| c.head_dim == d && c.lengths == LengthMode::Full && !c.dropout),
+            "d={d} has no case the mma.sync family admits"
+        );
+    }
+}
+
+#[test]
+fn tensor_core_head_dims_on_every_family() {
+    let list = head_dim_cases(&TENSOR_CORE_HEAD_DIMS);
+    assert_head_dims_covered(&list, &TENSOR_CORE_HEAD_DIMS);
+    run_matrix("tensor_core_head_dims_on_every_family", list, false);
+}
+
+/// The head dims past the tensor-core backward's (forward only: the backward of these runs on
+/// the exact kernels, which the exact list checks).
+#[test]
+fn tensor_core_forward_head_dims_on_every_family() {
+    let list = head_dim_cases(&FORWARD_HEAD_DIMS);
+    assert_head_dims_covered(&list, &FORWARD_HEAD_DIMS);
+    run_matrix("tensor_core_forward_head_dims_on_every_family", list, true);
 }

@@ -9,9 +9,11 @@ pub enum Family {
     /// Split-KV decode (SIMT, sm_80+), bf16/f16, head dims 64 and 128, at most 16 query rows per
     /// K/V head; partials merged by the combine kernel.
     Decode,
-    /// Hopper warpgroup tensor cores (`wgmma`, `sm_90a` module), bf16/f16, head dims 64 and 128.
+    /// Hopper warpgroup tensor cores (`wgmma`, `sm_90a` module), bf16/f16, head dims every
+    /// multiple of 8 from 32 to 256 forward and to 128 backward (compiled for 64, 128, 192 and
+    /// 256, zero-padded in between).
     Sm90,
-    /// Warp tensor cores (`mma.sync`, sm_80+), bf16/f16, head dims 64 and 128, scale and causal.
+    /// Warp tensor cores (`mma.sync`, sm_80+), bf16/f16, head dims as `Sm90`, scale and causal.
     Sm80,
     /// The exact SIMT kernels: f32 tiles, every dtype, option and head dim up to 256.
     Exact,

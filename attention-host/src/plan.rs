@@ -16,7 +16,9 @@ use attention_kernels::attn::backward::{PREPROCESS_WARPS, Q_BLOCK, n_q_pad};
 use attention_kernels::kernels::sm80::backward::TcBackwardConfig;
 use attention_kernels::kernels::sm80::forward::TcConfig;
 use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
-use attention_kernels::kernels::{sm80, sm90};
+use attention_kernels::kernels::{
+    MAX_TENSOR_CORE_BACKWARD_HEAD_DIM, MAX_TENSOR_CORE_HEAD_DIM, sm80, sm90, tensor_core_head_dim,
+};
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
@@ -82,6 +84,20 @@ pub enum Tiles {
     Sm80Backward(TcBackwardConfig),
     Sm90Backward(WgBackwardConfig),
     Decode(DecodeConfig),
+}
+
+impl Tiles {
+    /// The compiled head dim of a tensor-core instance (a call's head dim padded to it), `None`
+    /// for the exact and decode tiles.
+    pub fn compiled_head_dim(&self) -> Option<u32> {
+        match self {
+            Tiles::Sm80Forward(c) => Some(c.head_dim),
+            Tiles::Sm90Forward(c) => Some(c.head_dim),
+            Tiles::Sm80Backward(c) => Some(c.head_dim),
+            Tiles::Sm90Backward(c) => Some(c.head_dim),
+            Tiles::Exact(_) | Tiles::Decode(_) => None,
+        }
+    }
 }
 
 /// How one call runs: what [`select`] decided and everything its launch derives from.
@@ -171,16 +187,16 @@ fn plan_family(
             Tiles::Exact(b)
         }
         (Family::Sm90, Direction::Forward) => {
-            Tiles::Sm90Forward(sm90::config(d).ok_or_else(|| head_dims(d))?)
+            Tiles::Sm90Forward(sm90::config(d).ok_or_else(|| head_dims(d, direction))?)
         }
         (Family::Sm80, Direction::Forward) => {
-            Tiles::Sm80Forward(sm80::forward::config(d).ok_or_else(|| head_dims(d))?)
+            Tiles::Sm80Forward(sm80::forward::config(d).ok_or_else(|| head_dims(d, direction))?)
         }
         (Family::Sm90, Direction::Backward) => {
-            Tiles::Sm90Backward(sm90::backward_config(d).ok_or_else(|| head_dims(d))?)
+            Tiles::Sm90Backward(sm90::backward_config(d).ok_or_else(|| head_dims(d, direction))?)
         }
         (Family::Sm80, Direction::Backward) => {
-            Tiles::Sm80Backward(sm80::backward::config(d).ok_or_else(|| head_dims(d))?)
+            Tiles::Sm80Backward(sm80::backward::config(d).ok_or_else(|| head_dims(d, direction))?)
         }
         (Family::Decode, _) => unreachable!("the decode family plans itself"),
     };
@@ -237,7 +253,7 @@ pub fn with_tiles(
     if forward_tiles != (direction == Direction::Forward) {
         return Err(invalid!("{tiles:?} is not a {direction:?} configuration"));
     }
-    if !compiled || head_dim != d {
+    if !compiled || tensor_core_head_dim(d) != Some(head_dim) {
         return Err(invalid!("no compiled instance {tiles:?} for head_dim {d}"));
     }
     if problem.needs_general() && !default {
@@ -476,8 +492,18 @@ pub(crate) fn preprocess_blocks(s: &AttentionShape) -> u64 {
     padded.div_ceil(PREPROCESS_WARPS as u64)
 }
 
-fn head_dims(d: u32) -> String {
-    format!("is compiled for head_dim 64 and 128, not {d}")
+fn head_dims(d: u32, direction: Direction) -> String {
+    match direction {
+        Direction::Forward => format!(
+            "runs head_dim a multiple of 8 from 32 to {MAX_TENSOR_CORE_HEAD_DIM} forward (compiled \
+             for 64, 128, 192 and 256, zero-padded in between), not {d}"
+        ),
+        Direction::Backward => format!(
+            "runs head_dim a multiple of 8 from 32 to {MAX_TENSOR_CORE_BACKWARD_HEAD_DIM} backward \
+             (compiled for 64 and 128, zero-padded in between; dK and dV of larger ones do not \
+             fit in registers), not {d}"
+        ),
+    }
 }
 
 /// Alignment of each workspace piece, bytes (the kernels read 16-byte vectors).
@@ -623,7 +649,13 @@ mod tests {
             assert_eq!(family(&h, shape(64), DType::F16, masked()), Family::Sm90);
             assert_eq!(family(&a, shape(64), DType::Bf16, plain()), Family::Sm80);
             assert_eq!(family(&a, shape(64), DType::Bf16, masked()), Family::Exact);
-            assert_eq!(family(&h, shape(96), DType::Bf16, plain()), Family::Exact);
+            assert_eq!(family(&h, shape(96), DType::Bf16, plain()), Family::Sm90);
+            let wide = match direction {
+                Direction::Forward => Family::Sm90,
+                Direction::Backward => Family::Exact,
+            };
+            assert_eq!(family(&h, shape(136), DType::Bf16, plain()), wide);
+            assert_eq!(family(&h, shape(36), DType::Bf16, plain()), Family::Exact);
             assert_eq!(family(&h, shape(128), DType::F32, plain()), Family::Exact);
             let paper = plain().schedule(Schedule::Paper);
             assert_eq!(family(&h, shape(128), DType::Bf16, paper), Family::Exact);
@@ -644,6 +676,56 @@ mod tests {
         assert!(reason.contains("no deterministic instance"), "{reason}");
     }
 
+    /// Every multiple of 8 from 32 to 256 (forward) or 128 (backward) runs on the next compiled
+    /// head dim (64, 128, 192, 256) of each tensor-core family on the H200 and the A100; the
+    /// preprocess that the backward launches is that instance's. Others fall to the exact
+    /// kernels.
+    #[test]
+    fn head_dims_pad_to_the_next_compiled_instance() {
+        let (h, a) = (h200(), a100());
+        for d in (8..=256u32).step_by(8) {
+            for direction in [Direction::Forward, Direction::Backward] {
+                let max = match direction {
+                    Direction::Forward => 256,
+                    Direction::Backward => 128,
+                };
+                let padded = (32..=max).contains(&d).then(|| d.next_multiple_of(64));
+                for (dev, family) in [(&h, Family::Sm90), (&a, Family::Sm80), (&h, Family::Sm80)] {
+                    let o = FlashOptions::default().kernel(KernelChoice::Only(family));
+                    let p = select_on(dev, shape(d), DType::Bf16, o, direction);
+                    match padded {
+                        Some(pd) => {
+                            let p = p.unwrap_or_else(|e| panic!("d={d} {family}: {e}"));
+                            assert_eq!(p.tiles.compiled_head_dim(), Some(pd), "d={d}");
+                            assert!(p.entry.contains(&format!("_d{pd}_")), "{}", p.entry);
+                        }
+                        None => assert!(p.is_err(), "d={d} {family} {direction:?}"),
+                    }
+                    let auto = select_on(
+                        dev,
+                        shape(d),
+                        DType::F16,
+                        FlashOptions::default(),
+                        direction,
+                    );
+                    let auto = auto.unwrap().family;
+                    let want = match padded {
+                        Some(_) if dev.wgmma => Family::Sm90,
+                        Some(_) => Family::Sm80,
+                        None => Family::Exact,
+                    };
+                    assert_eq!(auto, want, "d={d} {direction:?}");
+                }
+            }
+        }
+        assert_eq!(tensor_core_head_dim(32), Some(64));
+        assert_eq!(tensor_core_head_dim(72), Some(128));
+        assert_eq!(tensor_core_head_dim(136), Some(192));
+        assert_eq!(tensor_core_head_dim(200), Some(256));
+        assert_eq!(tensor_core_head_dim(24), None);
+        assert_eq!(tensor_core_head_dim(36), None);
+    }
+
     #[test]
     fn a_forced_family_that_cannot_run_the_call_is_refused_with_the_reason() {
         let (h, a) = (h200(), a100());
@@ -655,8 +737,21 @@ mod tests {
         };
         let e = refusal(&a, shape(128), DType::Bf16, only(Family::Sm90));
         assert!(e.contains("sm90") && e.contains("sm_90a"), "{e}");
-        let e = refusal(&h, shape(96), DType::Bf16, only(Family::Sm80));
-        assert!(e.contains("head_dim 64 and 128, not 96"), "{e}");
+        let e = refusal(&h, shape(44), DType::Bf16, only(Family::Sm90));
+        assert!(e.contains("multiple of 8") && e.contains("not 44"), "{e}");
+        let e = select_on(
+            &h,
+            shape(192),
+            DType::Bf16,
+            only(Family::Sm80),
+            Direction::Backward,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("to 128 backward") && e.contains("not 192"),
+            "{e}"
+        );
         let e = refusal(&h, shape(64), DType::F32, only(Family::Sm90));
         assert!(e.contains("not f32"), "{e}");
         let dropout = FlashOptions::new(AttentionOptions::new().dropout(0.1, 1, 0));

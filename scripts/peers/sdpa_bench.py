@@ -33,6 +33,18 @@ def anchor_cases():
     return cases
 
 
+def headdim_cases():
+    """`flash-attn bench --shapes headdims`: N = 4096, B = 4, H = 2048/d rounded, causal and not."""
+    cases = []
+    for d in (32, 80, 96, 160, 192, 256):
+        for causal in (False, True):
+            cases.append((4, (2048 + d // 2) // d, 4096, d, causal))
+    return cases
+
+
+SHAPES = {"anchors": anchor_cases, "headdims": headdim_cases}
+
+
 def timed(fn, warmup, samples, timing, calls):
     """Per-call milliseconds of `samples` samples and the calls each sample made."""
     def batch(n):
@@ -69,7 +81,7 @@ def tensors(B, H, N, d, layout):
 def bench(args):
     rows = []
     for rep in range(args.repeats):
-        for (B, H, N, d, causal) in anchor_cases():
+        for (B, H, N, d, causal) in SHAPES[args.shapes]():
             flops = 4 * B * H * N * N * d / (2 if causal else 1)
             for layout in args.layouts:
                 q, k, v, do = tensors(B, H, N, d, layout)
@@ -130,6 +142,8 @@ def main():
     p.add_argument("--calls", type=int, default=0, help="calls per pipelined sample (0: about 2 ms worth)")
     p.add_argument("--layouts", nargs="+", default=["bnhd", "bhnd"], choices=["bnhd", "bhnd"])
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--shapes", choices=sorted(SHAPES), default="anchors",
+                   help="the shape set, as `flash-attn bench --shapes`")
     p.add_argument("--memory", action="store_true", help="measure peak memory instead of time")
     p.add_argument("--memory-n", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     args = p.parse_args()

@@ -105,22 +105,23 @@ pub fn sanitize_pair<T: Exponent>(word: u32) -> (u32, bool) {
 }
 
 /// Non-finite contributions `w · v` of allowed positions to the output elements one lane owns in
-/// an `m16n8` accumulator layout (rows `g`, `g + 8`; columns `8n + 2t + {0, 1}`, `n < 16`),
+/// an `m16n8` accumulator layout (rows `g`, `g + 8`; columns `8n + 2t + {0, 1}`, `n < 32`: head
+/// dims to 256),
 /// kept as bit masks by kind so that no register array is indexed at run time. Their IEEE sum is
 /// NaN, `+∞` or `−∞`; [`Poison::apply`] adds it to the accumulators (the finite part came from
 /// the product over the sanitized tile).
 #[derive(Clone, Copy, Default)]
 pub struct Poison {
-    nan: [u32; 2],
-    pos: [u32; 2],
-    neg: [u32; 2],
+    nan: [u64; 2],
+    pos: [u64; 2],
+    neg: [u64; 2],
 }
 
 impl Poison {
     /// Adds `x = w · v` (non-finite) to row `r` (0: g, 1: g + 8), owned column `bit = 2n + c`.
     #[inline(always)]
     pub fn add(&mut self, r: usize, bit: u32, x: f32) {
-        let m = 1u32 << bit;
+        let m = 1u64 << bit;
         if x.is_nan() {
             self.nan[r] |= m;
         } else if x == f32::INFINITY {
@@ -133,7 +134,7 @@ impl Poison {
     /// The sum for row `r`, owned column `bit`: NaN, `±∞`, or `None` where nothing was added.
     #[inline(always)]
     pub fn get(&self, r: usize, bit: u32) -> Option<f32> {
-        let has = |m: [u32; 2]| (m[r] >> bit) & 1 != 0;
+        let has = |m: [u64; 2]| (m[r] >> bit) & 1 != 0;
         let (nan, pos, neg) = (has(self.nan), has(self.pos), has(self.neg));
         if nan || (pos && neg) {
             Some(f32::NAN)
@@ -173,7 +174,7 @@ impl Poison {
     /// kernel.
     #[inline(always)]
     pub fn apply<Q: Quad, const N: usize>(&self, acc: &mut [Q; N]) {
-        const { assert!(N <= 16) };
+        const { assert!(N <= 32) };
         macro_rules! fragments {
             ($($n:literal)*) => {$(
                 if let Some(t) = acc.get_mut($n) {
@@ -185,13 +186,13 @@ impl Poison {
                 }
             )*};
         }
-        fragments!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+        fragments!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
     }
 
     /// `x` plus the sum added at row `r`, owned column `bit`.
     #[inline(always)]
     fn added(&self, r: usize, bit: u32, x: f32) -> f32 {
-        let has = |m: [u32; 2]| (m[r] >> bit) & 1 != 0;
+        let has = |m: [u64; 2]| (m[r] >> bit) & 1 != 0;
         let (nan, pos, neg) = (has(self.nan), has(self.pos), has(self.neg));
         if nan || (pos && neg) {
             f32::NAN
@@ -342,15 +343,17 @@ mod device {
     }
 
     /// Where the lane's accumulator rows take their non-finite contributions from: global rows
-    /// `base + key · stride` (bytes) holding the unsanitized operand, 16-bit elements.
+    /// `base + key · stride` (bytes) holding the unsanitized operand, 16-bit elements, `8 · tiles`
+    /// of them per row (the real head dim: a padded call's accumulator has more columns).
     #[derive(Clone, Copy)]
     pub struct Operand {
         pub base: u64,
         pub stride: u64,
+        pub tiles: u32,
     }
 
     /// The non-finite part of `Σ_j w_j · x_j` over keys `keys.0 .. keys.1` for the lane's
-    /// output elements (`m16n8` layout, `2·ND ≤ 32` owned columns), for [`Poison::apply`]: key
+    /// output elements (`m16n8` layout, `2·ND ≤ 64` owned columns), for [`Poison::apply`]: key
     /// `j` counts for row g (g + 8) when in `starts[0] .. ends[0]` (`starts[1] .. ends[1]`: a
     /// local window's rows start past 0), and each non-finite operand
     /// element `x = (j, col)` adds `w · x`, where the weight `w` of an allowed key is positive
@@ -365,7 +368,7 @@ mod device {
     /// (`in_support(row, key)` false): its value never reaches O, whatever it holds.
     ///
     /// # Safety
-    /// Every key below `max(ends)` is a readable row of `op` with `8·ND` elements.
+    /// Every key below `max(ends)` is a readable row of `op` with `8 · op.tiles` elements.
     #[inline(never)]
     pub unsafe fn non_finite_part<T: Exponent, const ND: usize>(
         keys: (u32, u32),
@@ -376,7 +379,7 @@ mod device {
         dropped: impl Fn(usize, u32) -> bool,
         in_support: impl Fn(usize, u32) -> bool,
     ) -> Poison {
-        const { assert!(ND <= 16) };
+        const { assert!(ND <= 32) };
         let t = lane % 4;
         let mut poison = Poison::default();
         let end = keys.1.min(ends[0].max(ends[1]));
@@ -388,7 +391,7 @@ mod device {
             );
             let row = op.base + key as u64 * op.stride;
             // A run-time loop (bound through `opaque`): this is the slow path.
-            let cols = opaque(2 * ND as u32);
+            let cols = opaque(2 * op.tiles.min(ND as u32));
             let mut bit = 0;
             while bit < cols {
                 let col = 8 * (bit / 2) + 2 * t + bit % 2;

@@ -45,12 +45,15 @@ pub fn wait_all() {
     unsafe { asm!("cp.async.wait_all;", options(nostack)) }
 }
 
-/// Rows of a global tensor: row `r` starts at `base + r · stride` bytes and exists for `r < limit`.
+/// Rows of a global tensor: row `r` starts at `base + r · stride` bytes and exists for `r < limit`;
+/// each holds `chunks` 16-byte chunks (the real head dim / 8: a tile wider than that, the compiled
+/// head dim of a padded call, fills its other chunks with zeros).
 #[derive(Clone, Copy)]
 pub struct GlobalRows {
     pub base: u64,
     pub stride: u64,
     pub limit: u32,
+    pub chunks: u32,
 }
 
 /// A shared tile stored as 16-byte chunks: what `fill_async` needs to know of its layout.
@@ -61,7 +64,8 @@ pub trait ChunkedTile {
     fn chunk_addr(&self, row: u32, chunk: u32) -> u32;
 
     /// Starts filling rows `0 .. rows` of the tile from rows `first .. first + rows` of `src`;
-    /// rows at or past `src.limit` become zeros. The block's `threads` threads share the work,
+    /// rows at or past `src.limit` and chunks at or past `src.chunks` become zeros (zero columns
+    /// change no product, so a padded head dim computes the real one's result). The block's `threads` threads share the work,
     /// consecutive threads on consecutive chunks so that global reads coalesce.
     ///
     /// # Safety
@@ -72,7 +76,7 @@ pub trait ChunkedTile {
         let mut i = tid;
         while i < rows * chunks {
             let (r, c) = (i / chunks, i % chunks);
-            let valid = first + r < src.limit;
+            let valid = first + r < src.limit && c < src.chunks;
             let at = if valid {
                 src.base + (first + r) as u64 * src.stride + c as u64 * 16
             } else {

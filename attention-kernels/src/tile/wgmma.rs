@@ -160,6 +160,8 @@ macro_rules! accumulator {
 accumulator!(32, 4, [0 1 2 3]);
 accumulator!(64, 8, [0 1 2 3 4 5 6 7]);
 accumulator!(128, 16, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]);
+accumulator!(192, 24, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23]);
+accumulator!(256, 32, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31]);
 
 /// Makes shared memory written through the generic proxy (`cp.async`, ordinary stores) visible to
 /// the tensor cores' async proxy; each writing thread runs it before the barrier that publishes

@@ -63,6 +63,31 @@ pub fn anchor_cases() -> Vec<(AttentionShape, bool)> {
     cases
 }
 
+/// The head dims of the head-dim speed table (issue 10): d ∈ {32, 80, 96, 160, 192, 256} at
+/// N = 4096, causal and not, with the anchors' work per case: `B = 16384/N = 4` (16K tokens)
+/// and `H = 2048/d` rounded to the nearest head (H·d within 1.6% of 2048).
+pub const HEADDIM_TABLE_DIMS: [u32; 6] = [32, 80, 96, 160, 192, 256];
+
+/// The rows of the head-dim speed table; see [`HEADDIM_TABLE_DIMS`].
+pub fn headdim_cases() -> Vec<(AttentionShape, bool)> {
+    let n = 4096u32;
+    let mut cases = Vec::new();
+    for d in HEADDIM_TABLE_DIMS {
+        let heads = (2048 + d / 2) / d;
+        let shape = AttentionShape {
+            batch: 16384 / n,
+            n_q: n,
+            n_k: n,
+            heads_q: heads,
+            heads_kv: heads,
+            head_dim: d,
+        };
+        cases.push((shape, false));
+        cases.push((shape, true));
+    }
+    cases
+}
+
 /// The article's running fixture: B=1, N=4096, H=32, d=128.
 pub fn running_fixture() -> AttentionShape {
     AttentionShape {

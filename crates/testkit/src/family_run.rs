@@ -37,18 +37,10 @@ pub fn run_case(
     dt: DType,
     case: &HostCase,
 ) -> Option<Outputs> {
-    let plan_of = |d| flash_attn::plan(gpu, shape, dt, options, d).ok();
-    let (fwd_plan, bwd_plan) = (plan_of(Direction::Forward)?, plan_of(Direction::Backward)?);
+    let bwd_plan = flash_attn::plan(gpu, shape, dt, options, Direction::Backward).ok()?;
     let up = |x: &[f32]| DeviceTensor::from_f32(dt, x).unwrap();
     let (q, k, v, d_o) = (up(case.q), up(case.k), up(case.v), up(case.d_o));
-    let o = DeviceTensor::poisoned(dt, shape.q_elems()).unwrap();
-    let lse = DeviceF32::poisoned(shape.row_elems()).unwrap();
-    let ran = flash_attn::forward_into(gpu, shape, &q, &k, &v, &o, &lse, options).unwrap();
-    assert_eq!(
-        ran, fwd_plan,
-        "forward_into ran another plan than plan() gave"
-    );
-    gpu.synchronize().unwrap();
+    let (o, lse) = forward_on(gpu, shape, options, dt, (&q, &k, &v))?;
 
     let o_ref: Vec<f32> = case.o.iter().map(|&x| dt.round(x as f32)).collect();
     let lse_ref: Vec<f32> = case.lse.iter().map(|&x| x as f32).collect();
@@ -69,11 +61,50 @@ pub fn run_case(
     flash_attn::backward_into(gpu, shape, &inputs, &grads, &workspace, options).unwrap();
     gpu.synchronize().unwrap();
     Some(Outputs {
-        o: o.to_f32().unwrap(),
-        lse: lse.to_vec().unwrap(),
+        o,
+        lse,
         dq: grads.dq.to_f32().unwrap(),
         dk: grads.dk.to_f32().unwrap(),
         dv: grads.dv.to_f32().unwrap(),
         d_sinks: grads.d_sinks.map(|d| d.to_vec().unwrap()),
     })
+}
+
+/// The forward alone of `case` (for head dims a family runs forward only); `None` where the plan
+/// refuses it. Returns O and LSE, downloaded.
+pub fn run_forward(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    options: &FlashOptions,
+    dt: DType,
+    case: &HostCase,
+) -> Option<(Vec<f32>, Vec<f32>)> {
+    let up = |x: &[f32]| DeviceTensor::from_f32(dt, x).unwrap();
+    forward_on(
+        gpu,
+        shape,
+        options,
+        dt,
+        (&up(case.q), &up(case.k), &up(case.v)),
+    )
+}
+
+/// `forward_into` into NaN-poisoned O and LSE, checked to run the plan `plan` gives.
+fn forward_on(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    options: &FlashOptions,
+    dt: DType,
+    (q, k, v): (&DeviceTensor, &DeviceTensor, &DeviceTensor),
+) -> Option<(Vec<f32>, Vec<f32>)> {
+    let fwd_plan = flash_attn::plan(gpu, shape, dt, options, Direction::Forward).ok()?;
+    let o = DeviceTensor::poisoned(dt, shape.q_elems()).unwrap();
+    let lse = DeviceF32::poisoned(shape.row_elems()).unwrap();
+    let ran = flash_attn::forward_into(gpu, shape, q, k, v, &o, &lse, options).unwrap();
+    assert_eq!(
+        ran, fwd_plan,
+        "forward_into ran another plan than plan() gave"
+    );
+    gpu.synchronize().unwrap();
+    Some((o.to_f32().unwrap(), lse.to_vec().unwrap()))
 }

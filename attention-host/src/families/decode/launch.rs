@@ -12,9 +12,9 @@ use crate::layout::DeviceLayout;
 use crate::merge::PartShape;
 use crate::plan::Plan;
 use crate::problem::Problem;
+use crate::runtime::LaunchConfig;
 use crate::runtime::Queue;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
-use crate::runtime::LaunchConfig;
 use crate::tensors::Workspace;
 
 /// Launches `plan` (a decode plan) without waiting. The caller validated the tensors and the

@@ -70,8 +70,12 @@ pub(crate) fn launch_backward(
         u32::try_from(n)
             .map_err(|_| invalid!("a backward grid of {n} blocks exceeds the hardware's"))
     };
+    let compiled_head_dim = plan
+        .tiles
+        .compiled_head_dim()
+        .ok_or_else(|| invalid!("{:?} is not a tensor-core backward plan", plan.tiles))?;
     queue.launch(
-        &instances::tensor_core_preprocess(dtype, shape.head_dim),
+        &instances::tensor_core_preprocess(dtype, compiled_head_dim),
         LaunchConfig {
             grid: (blocks(preprocess_blocks(shape))?, 1, 1),
             block: (32 * PREPROCESS_WARPS, 1, 1),

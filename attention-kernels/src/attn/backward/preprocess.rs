@@ -14,7 +14,8 @@ use crate::tile::mma::MmaElem;
 /// with no allowed key (`LSE = −∞`) and NaN rows (`LSE` NaN) get `LSE · log2 e = +∞` and `D = 0`,
 /// so the main kernel's `P = 2^(S·τ·log2 e − LSE·log2 e)` and `dS = P ∘ (dP − D)` are 0 there
 /// without a test: a NaN row's gradients are the work of [`super::nan_rows`], which knows which
-/// of its keys leave its support. `W = d / 64` words per lane.
+/// of its keys leave its support. `W = d / 64` words per lane, `d` the compiled head dim: of a
+/// padded call only the real head dim's words exist (and count).
 #[inline(always)]
 unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
     let s = p.shape;
@@ -48,14 +49,18 @@ unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
         }
         return;
     }
-    let d = 64 * W;
+    let (d, words) = (s.head_dim as usize, s.head_dim as usize / 2);
     let elem = ((b as usize * s.n_q as usize + i as usize) * s.heads_q as usize + h as usize) * d;
     let (o, d_o) = (p.o as *const u32, p.d_o as *const u32);
     let acc = p.dq_accum as *mut f32;
     let mut dot = 0.0f32;
     for w in 0..W {
+        let at = w * 32 + lane as usize;
+        if at >= words {
+            break;
+        }
         // Consecutive lanes read consecutive words: one coalesced row.
-        let word = elem / 2 + w * 32 + lane as usize;
+        let word = elem / 2 + at;
         // SAFETY: the row is inside O, dO and the accumulator (validated by the host).
         unsafe {
             let (x, y) = (T::unpack(*o.add(word)), T::unpack(*d_o.add(word)));

@@ -132,14 +132,16 @@ unsafe fn backward<
     let heads_per_kv = s.heads_q / s.heads_kv;
     let (n_q, n_k) = (seq.q_len, seq.k_len);
 
-    let row_bytes = d as u64 * 2;
+    // Rows in memory hold the real head dim `dr`; the tiles hold `d`, zeros past it.
+    let (dr, real_chunks) = (s.head_dim, s.head_dim / 8);
+    let row_bytes = dr as u64 * 2;
     let q_stride = s.heads_q as u64 * row_bytes;
     let kv_stride = s.heads_kv as u64 * row_bytes;
     let k_row0 = seq.batch as u64 * s.n_k as u64 + seq.k_start as u64;
     let kv_off = k_row0 * kv_stride + hk as u64 * row_bytes;
     // Element index of (the sequence's row 0, head 0) in Q-shaped tensors.
     let q_batch =
-        (seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * s.heads_q as u64 * d as u64;
+        (seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * s.heads_q as u64 * dr as u64;
     // Row of (the sequence's row 0, head h) in the padded statistics.
     let stats_row =
         |h: u32| (seq.batch * s.heads_q + h) as u64 * p.n_q_pad as u64 + seq.q_start as u64;
@@ -183,7 +185,7 @@ unsafe fn backward<
 
     let fill = |i: u32, st: u32| {
         let (h, q0) = (head_of(i), row0_of(i));
-        let src = (q_batch + h as u64 * d as u64) * 2;
+        let src = (q_batch + h as u64 * dr as u64) * 2;
         // SAFETY: each stage holds `br` rows; rows below n_q are inside Q and dO; the statistics
         // are padded to whole Q blocks, so every chunk is inside them, and a packed sequence's
         // rows are copied one by one (its first row need not start a 16-byte chunk).
@@ -192,6 +194,7 @@ unsafe fn backward<
                 base: base + src,
                 stride: q_stride,
                 limit: n_q,
+                chunks: real_chunks,
             };
             q_tile(smem, st).fill_async(rows(p.q), q0, br, tid, threads);
             do_tile(smem, st).fill_async(rows(p.d_o), q0, br, tid, threads);
@@ -230,6 +233,7 @@ unsafe fn backward<
             base: base + kv_off,
             stride: kv_stride,
             limit: n_k,
+            chunks: real_chunks,
         };
         k_tile(smem).fill_async(rows(p.k), k0, bc, tid, threads);
         v_tile(smem).fill_async(rows(p.v), k0, bc, tid, threads);
@@ -279,7 +283,7 @@ unsafe fn backward<
         let row = q0 + 16 * warp + g + if odd { 8 } else { 0 };
         let col = dq_col0 + 2 * t - if odd { 2 } else { 0 };
         let at = p.dq_accum
-            + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * d as u64 + col as u64) * 4;
+            + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * dr as u64 + col as u64) * 4;
         for (j, f) in dq.iter().enumerate() {
             let [lo0, lo1, hi0, hi1] = f.0;
             let (send0, send1) = if odd { (lo0, lo1) } else { (hi0, hi1) };
@@ -289,8 +293,9 @@ unsafe fn backward<
             } else {
                 [lo0, lo1, r0, r1]
             };
-            if row < n_q {
-                // SAFETY: row < n_q and columns col + 8j .. + 4 < d are inside the accumulator,
+            // Columns past the real head dim are padding (dQ there is 0), not in the accumulator.
+            if row < n_q && dq_col0 + 8 * (j as u32) < dr {
+                // SAFETY: row < n_q and columns col + 8j .. + 4 < dr are inside the accumulator,
                 // 16-byte aligned (col is a multiple of 4, rows are whole 16-byte chunks).
                 unsafe { red_add_f32x4(at + 32 * j as u64, v) };
             }
@@ -578,13 +583,15 @@ unsafe fn backward<
         unsafe { stage_fragments::<T, ND>(tile, key_row, acc, scale, lane) };
     }
     sync_threads();
-    let chunks = k_out.chunks();
+    // The real head dim's chunks only (the tiles may hold padding columns past them).
+    let chunks = real_chunks;
     for (tile, dst) in [(k_out, p.dk), (v_out, p.dv)] {
         let mut n = tid;
         while n < bc * chunks {
             let (r, c) = (n / chunks, n % chunks);
             let key = k0 + r;
-            // SAFETY: the shared chunk is inside the tile; the global row is below n_k.
+            // SAFETY: the shared chunk is inside the tile (chunks ≤ its chunks); the global row
+            // is below n_k.
             unsafe {
                 let v = load_shared_16(tile.chunk_addr(r, c));
                 if key < seq.k_rows {

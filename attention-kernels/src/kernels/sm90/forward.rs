@@ -141,7 +141,8 @@ unsafe fn forward<
         return;
     }
 
-    let row_bytes = d as u64 * 2;
+    // Rows in memory hold the real head dim; the tiles hold `d`, zeros past it.
+    let (row_bytes, real_chunks) = (s.head_dim as u64 * 2, s.head_dim / 8);
     let q_stride = s.heads_q as u64 * row_bytes;
     let kv_stride = s.heads_kv as u64 * row_bytes;
     let q_row0 = seq.batch as u64 * s.n_q as u64 + seq.q_start as u64;
@@ -152,12 +153,14 @@ unsafe fn forward<
         base: p.q + q_off,
         stride: q_stride,
         limit: seq.q_len,
+        chunks: real_chunks,
     };
     // Keys past the sequence's length are never seen: they load as zeros and are masked.
     let k_rows = GlobalRows {
         base: p.k + kv_off,
         stride: kv_stride,
         limit: seq.k_len,
+        chunks: real_chunks,
     };
     let v_rows = GlobalRows {
         base: p.v + kv_off,
@@ -321,6 +324,7 @@ unsafe fn forward<
         let v = Operand {
             base: v_rows.base,
             stride: kv_stride,
+            tiles: real_chunks,
         };
         // Every visited block: blocks the product already took non-finite values from add
         // them again, which changes nothing.
@@ -340,10 +344,12 @@ unsafe fn forward<
             Operand {
                 base: q_rows.base,
                 stride: q_stride,
+                tiles: real_chunks,
             },
             Operand {
                 base: k_rows.base,
                 stride: kv_stride,
+                tiles: real_chunks,
             },
         );
         let (n_q, n_k) = (seq.q_len, seq.k_len);
@@ -351,7 +357,8 @@ unsafe fn forward<
             let score =
                 |raw| score_mod.apply_log2(raw, p.scale_log2, distance(rows[r], key, n_q, n_k));
             // SAFETY: a row below the sequence's length is a row of Q; an allowed key of K.
-            rows[r] >= n_q || !unsafe { scored_out::<T>(q_op, k_op, (rows[r], key), d, score) }
+            rows[r] >= n_q
+                || !unsafe { scored_out::<T>(q_op, k_op, (rows[r], key), s.head_dim, score) }
         };
         // SAFETY: allowed keys are below the sequence's key length, rows of V.
         poison = unsafe {
@@ -392,12 +399,14 @@ unsafe fn forward<
     let q_off =
         (seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * q_stride + h as u64 * row_bytes;
     let o_dst = p.o + q_off;
-    let chunks = staging.chunks();
+    // The real head dim's chunks only (the staging tile may hold padding columns past them).
+    let chunks = real_chunks;
     let mut i = tid;
     while i < br * chunks {
         let (r, c) = (i / chunks, i % chunks);
         let row = q0 + r;
-        // SAFETY: the shared chunk is inside the staging tile; the global row is below n_q.
+        // SAFETY: the shared chunk is inside the staging tile (chunks ≤ its chunks); the global
+        // row is below n_q.
         unsafe {
             let v = load_shared_16(staging.chunk_addr(r, c));
             if row < seq.q_len {
@@ -457,6 +466,18 @@ entry_points! {
     flash_wgmma_forward_mods_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true;
     flash_wgmma_forward_mods_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true;
     flash_wgmma_forward_mods_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true;
+    flash_wgmma_forward_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_general_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false;
+    flash_wgmma_forward_general_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false;
+    flash_wgmma_forward_mods_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true;
+    flash_wgmma_forward_mods_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true;
+    flash_wgmma_forward_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_general_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false;
+    flash_wgmma_forward_general_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false;
+    flash_wgmma_forward_mods_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true;
+    flash_wgmma_forward_mods_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.

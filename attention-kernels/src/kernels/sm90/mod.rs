@@ -52,6 +52,21 @@ pub const D128: WgConfig = WgConfig {
     warpgroups: 2,
     block_keys: 128,
 };
+/// d = 192: two warpgroups of 64 rows as FlashAttention-3 (which takes 112 keys; our score
+/// accumulators come in 32, 64 or 128 keys), 64-key blocks: 144 KiB of shared memory, O 96
+/// registers per thread beside 32 of scores.
+pub const D192: WgConfig = WgConfig {
+    head_dim: 192,
+    warpgroups: 2,
+    block_keys: 64,
+};
+/// d = 256: 128 rows × 64 keys (FlashAttention-3 takes 80 keys): 192 KiB of shared memory, one
+/// block per SM; O 128 registers per thread beside 32 of scores.
+pub const D256: WgConfig = WgConfig {
+    head_dim: 256,
+    warpgroups: 2,
+    block_keys: 64,
+};
 
 /// Every configuration compiled into the sm_90a PTX: the defaults, and with the `tuning` feature
 /// the candidates they were measured against (compared by the timing examples).
@@ -59,6 +74,8 @@ pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
     &[
         D64,
         D128,
+        D192,
+        D256,
         WgConfig {
             head_dim: 128,
             warpgroups: 2,
@@ -81,14 +98,17 @@ pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
         },
     ]
 } else {
-    &[D64, D128]
+    &[D64, D128, D192, D256]
 };
 
-/// The default configuration for a head dimension, `None` where no `wgmma` kernel exists.
+/// The default configuration for a head dimension (padded to its compiled one,
+/// [`super::tensor_core_head_dim`]), `None` where no `wgmma` kernel runs it.
 pub const fn config(head_dim: u32) -> Option<WgConfig> {
-    match head_dim {
-        64 => Some(D64),
-        128 => Some(D128),
+    match super::tensor_core_head_dim(head_dim) {
+        Some(64) => Some(D64),
+        Some(128) => Some(D128),
+        Some(192) => Some(D192),
+        Some(256) => Some(D256),
         _ => None,
     }
 }
@@ -144,11 +164,11 @@ pub const BACKWARD_D128: WgBackwardConfig = WgBackwardConfig {
 /// warpgroup per block at d = 64 (two independent blocks per SM).
 pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[BACKWARD_D64, BACKWARD_D128];
 
-/// The default backward configuration for a head dimension.
+/// The default backward configuration for a head dimension (padded as [`config`]).
 pub const fn backward_config(head_dim: u32) -> Option<WgBackwardConfig> {
-    match head_dim {
-        64 => Some(BACKWARD_D64),
-        128 => Some(BACKWARD_D128),
+    match super::tensor_core_head_dim(head_dim) {
+        Some(64) => Some(BACKWARD_D64),
+        Some(128) => Some(BACKWARD_D128),
         _ => None,
     }
 }

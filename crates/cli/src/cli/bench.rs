@@ -10,7 +10,8 @@ use flash_attn::{
     Gpu, KernelChoice, Plan, memory,
 };
 use flash_attn_testkit::bench::{
-    CaseRecord, anchor_cases, backward_flops, environment, forward_flops, running_fixture,
+    CaseRecord, anchor_cases, backward_flops, environment, forward_flops, headdim_cases,
+    running_fixture,
 };
 use flash_attn_testkit::inputs::uniform;
 use flash_attn_testkit::sampled_rows::check_rows;
@@ -77,6 +78,9 @@ enum Shapes {
     Anchors,
     /// The running fixture B=1, N=4096, H=32, d=128 only.
     Fixture,
+    /// The head-dim table: d = 32, 80, 96, 160, 192, 256 at N = 4096, B = 4, H = 2048/d
+    /// rounded, causal and not.
+    Headdims,
 }
 
 #[derive(Args, Debug)]
@@ -124,6 +128,7 @@ pub fn run(args: &BenchArgs) -> CliResult {
     let cases: Vec<(AttentionShape, bool)> = match args.shapes {
         Shapes::Anchors => anchor_cases(),
         Shapes::Fixture => vec![(running_fixture(), false), (running_fixture(), true)],
+        Shapes::Headdims => headdim_cases(),
     }
     .into_iter()
     .filter(|(_, c)| args.causal.is_none_or(|want| want == *c))

@@ -21,7 +21,7 @@ use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, sync_warp,
 use crate::attn::backward::{Pair, dq_adds_before, dq_semaphore};
 use crate::attn::grid::{head_and_sequence, head_here};
 use crate::attn::mask::hidden;
-use crate::attn::mask::{Exponent, MASKED, is_masked, sanitize_own_chunks, sanitize_pair};
+use crate::attn::mask::{Exponent, MASKED, sanitize_own_chunks, sanitize_pair};
 use crate::attn::score_mod::{ScoreMod, Window, key_range, rows_seeing_keys};
 use crate::kernels::sm80::backward::TcBackwardConfig;
 use crate::tile::SwizzledTile;
@@ -92,12 +92,14 @@ unsafe fn backward<
     let k0 = kv_block * bc;
     let group = s.heads_q / s.heads_kv;
 
-    let row_bytes = d as u64 * 2;
+    // Rows in memory hold the real head dim `dr`; the tiles hold `d`, zeros past it.
+    let (dr, real_chunks) = (s.head_dim, s.head_dim / 8);
+    let row_bytes = dr as u64 * 2;
     let q_stride = s.heads_q as u64 * row_bytes;
     let kv_stride = s.heads_kv as u64 * row_bytes;
     let kv_off = (b as u64 * s.n_k as u64 * s.heads_kv as u64 + hk as u64) * row_bytes;
     // Element index of (b, row 0, head 0) in Q-shaped tensors.
-    let q_batch = b as u64 * s.n_q as u64 * s.heads_q as u64 * d as u64;
+    let q_batch = b as u64 * s.n_q as u64 * s.heads_q as u64 * dr as u64;
 
     let smem = shared_window();
     let (kv_bytes, q_bytes) = (bc * d * 2, br * d * 2);
@@ -139,7 +141,7 @@ unsafe fn backward<
 
     let fill = |i: u32, st: u32| {
         let (h, q0) = (head_of(i), row0_of(i));
-        let src = (q_batch + h as u64 * d as u64) * 2;
+        let src = (q_batch + h as u64 * dr as u64) * 2;
         // SAFETY: each stage holds `br` rows; rows below n_q are inside Q and dO; the statistics
         // are padded to whole Q blocks, so every chunk is inside them.
         unsafe {
@@ -147,6 +149,7 @@ unsafe fn backward<
                 base: base + src,
                 stride: q_stride,
                 limit: s.n_q,
+                chunks: real_chunks,
             };
             q_tile(st).fill_async(rows(p.q), q0, br, tid, threads);
             do_tile(st).fill_async(rows(p.d_o), q0, br, tid, threads);
@@ -170,6 +173,7 @@ unsafe fn backward<
             base: base + kv_off,
             stride: kv_stride,
             limit: s.n_k,
+            chunks: real_chunks,
         };
         k_tile.fill_async(rows(p.k), k0, bc, tid, threads);
         v_tile.fill_async(rows(p.v), k0, bc, tid, threads);
@@ -421,13 +425,17 @@ unsafe fn backward<
         // and n-tiles (w / 4)·ND / (WARPS / 4) onwards, `DQ` n-tiles (8 columns each) at a time,
         // so that the dQ part fits beside dK and dV in registers.
         let acc_row = |row: u32| {
-            p.dq_accum + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * d as u64) * 4
+            p.dq_accum + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * dr as u64) * 4
         };
         let (row_group, tile0) = (warp % 4, (warp / 4) as usize * (ND / (WARPS / 4)));
         for part in 0..ND / (WARPS / 4) / DQ {
             let lane = opaque(lane);
             let (g, t) = (lane / 4, lane % 4);
             let first = tile0 + DQ * part;
+            if first as u32 >= real_chunks {
+                // Only padding columns left (warp-uniform).
+                break;
+            }
             let mut dq = [FragC::default(); DQ];
             for kk in 0..WARPS as u32 {
                 // SAFETY: keys 16kk .. 16kk + 16 and the row group's 16 queries are inside the dSᵀ
@@ -452,7 +460,11 @@ unsafe fn backward<
                 if row < s.n_q {
                     let at = acc_row(row) + (32 * first + 8 * t as usize) as u64;
                     for (j, f) in dq.iter().enumerate() {
-                        // SAFETY: row < n_q and columns 8(first + j) + 2t (+ 1) < d are inside
+                        if (first + j) as u32 >= real_chunks {
+                            // Padding columns (dQ there is 0): not in the accumulator.
+                            break;
+                        }
+                        // SAFETY: row < n_q and columns 8(first + j) + 2t (+ 1) < dr are inside
                         // the accumulator.
                         unsafe {
                             red_add_f32(at + 32 * j as u64, f.0[half]);
@@ -488,10 +500,11 @@ unsafe fn backward<
             let idx = 32 * n + lane;
             let (r, c) = (idx / chunks, idx % chunks);
             let key = k0 + key_row + r;
-            // SAFETY: the shared chunk is inside the tile; the global row is below n_k.
+            // SAFETY: the shared chunk is inside the tile; the global row is below n_k and the
+            // chunk below the real head dim.
             unsafe {
                 let v = load_shared_16(tile.chunk_addr(key_row + r, c));
-                if key < s.n_k {
+                if key < s.n_k && c < real_chunks {
                     store_global_16(dst + kv_off + key as u64 * kv_stride + c as u64 * 16, v);
                 }
             }

@@ -90,11 +90,12 @@ pub const VARIANTS: &[TcBackwardConfig] = if cfg!(feature = "tuning") {
     &[D64, D128]
 };
 
-/// The configuration for a head dimension, `None` where no tensor-core backward exists.
+/// The configuration for a head dimension (padded as [`super::forward::config`]), `None` where
+/// no tensor-core backward runs it.
 pub const fn config(head_dim: u32) -> Option<TcBackwardConfig> {
-    match head_dim {
-        64 => Some(D64),
-        128 => Some(D128),
+    match crate::kernels::tensor_core_head_dim(head_dim) {
+        Some(64) => Some(D64),
+        Some(128) => Some(D128),
         _ => None,
     }
 }

@@ -54,7 +54,8 @@ unsafe fn forward<
     };
     let q0 = q_block * br;
 
-    let row_bytes = d as u64 * 2;
+    // Rows in memory hold the real head dim; the tiles hold `d`, zeros past it.
+    let (row_bytes, real_chunks) = (s.head_dim as u64 * 2, s.head_dim / 8);
     let q_stride = s.heads_q as u64 * row_bytes;
     let kv_stride = s.heads_kv as u64 * row_bytes;
     let q_off = (b as u64 * s.n_q as u64 * s.heads_q as u64 + h as u64) * row_bytes;
@@ -64,11 +65,13 @@ unsafe fn forward<
         base: p.q + q_off,
         stride: q_stride,
         limit: s.n_q,
+        chunks: real_chunks,
     };
     let k_rows = GlobalRows {
         base: p.k + kv_off,
         stride: kv_stride,
         limit: s.n_k,
+        chunks: real_chunks,
     };
     let v_rows = GlobalRows {
         base: p.v + kv_off,
@@ -191,6 +194,7 @@ unsafe fn forward<
         let v = Operand {
             base: v_rows.base,
             stride: kv_stride,
+            tiles: real_chunks,
         };
         // Every visited block with a window: blocks the product already took non-finite values
         // from add them again, which changes nothing.
@@ -204,10 +208,12 @@ unsafe fn forward<
             Operand {
                 base: q_rows.base,
                 stride: q_stride,
+                tiles: real_chunks,
             },
             Operand {
                 base: k_rows.base,
                 stride: kv_stride,
+                tiles: real_chunks,
             },
         );
         let rows = [row_lo, row_hi];
@@ -215,7 +221,8 @@ unsafe fn forward<
             let score =
                 |raw| score_mod.apply_log2(raw, p.scale_log2, distance(rows[r], key, s.n_q, s.n_k));
             // SAFETY: a row below n_q is a row of Q; an allowed key is a row of K.
-            rows[r] >= s.n_q || !unsafe { scored_out::<T>(q_op, k_op, (rows[r], key), d, score) }
+            rows[r] >= s.n_q
+                || !unsafe { scored_out::<T>(q_op, k_op, (rows[r], key), s.head_dim, score) }
         };
         // SAFETY: allowed keys are below n_k, rows of V.
         let poison = unsafe {
@@ -245,10 +252,11 @@ unsafe fn forward<
         let idx = 32 * i + lane;
         let (r, c) = (idx / chunks, idx % chunks);
         let row = q0 + warp_row + r;
-        // SAFETY: the shared chunk is inside the Q tile; the global row is below n_q.
+        // SAFETY: the shared chunk is inside the Q tile; the global row is below n_q and the
+        // chunk below the real head dim.
         unsafe {
             let v = load_shared_16(q_tile.chunk_addr(warp_row + r, c));
-            if row < s.n_q {
+            if row < s.n_q && c < real_chunks {
                 store_global_16(o_dst + row as u64 * q_stride + c as u64 * 16, v);
             }
         }
@@ -298,6 +306,14 @@ entry_points! {
     flash_tc_forward_mods_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true;
     flash_tc_forward_mods_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true;
     flash_tc_forward_mods_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true;
+    flash_tc_forward_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false;
+    flash_tc_forward_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false;
+    flash_tc_forward_mods_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true;
+    flash_tc_forward_mods_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true;
+    flash_tc_forward_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false;
+    flash_tc_forward_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false;
+    flash_tc_forward_mods_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true;
+    flash_tc_forward_mods_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.

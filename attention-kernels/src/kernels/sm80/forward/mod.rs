@@ -40,6 +40,22 @@ pub const D128: TcConfig = TcConfig {
     warps: 8,
     block_keys: 64,
 };
+/// d = 192: 64 rows, 4 warps as FlashAttention-2's sm80 tiles, but 32-key blocks: with 64 keys
+/// (FlashAttention-2's choice) Q (48 registers), O (96) and the scores (32) spill 112 bytes on
+/// sm_90a; with 32, 4 bytes. 72 KiB of shared memory.
+pub const D192: TcConfig = TcConfig {
+    head_dim: 192,
+    warps: 4,
+    block_keys: 32,
+};
+/// d = 256: 64 rows, 4 warps as FlashAttention-2, but 32-key blocks: Q (64 registers) and O
+/// (128) leave too few for 64 keys' scores (32) and their operands; 96 KiB of shared memory, so
+/// it fits sm_86/89's 99 KiB too.
+pub const D256: TcConfig = TcConfig {
+    head_dim: 256,
+    warps: 4,
+    block_keys: 32,
+};
 
 /// Every configuration compiled into the PTX: the defaults, and with the `tuning` feature the
 /// candidates they were measured against (compared by the timing examples).
@@ -47,6 +63,8 @@ pub const VARIANTS: &[TcConfig] = if cfg!(feature = "tuning") {
     &[
         D64,
         D128,
+        D192,
+        D256,
         TcConfig {
             head_dim: 64,
             warps: 4,
@@ -64,14 +82,17 @@ pub const VARIANTS: &[TcConfig] = if cfg!(feature = "tuning") {
         },
     ]
 } else {
-    &[D64, D128]
+    &[D64, D128, D192, D256]
 };
 
-/// The default configuration for a head dimension, `None` where no tensor-core kernel exists.
+/// The default configuration for a head dimension (padded to its compiled one,
+/// [`crate::kernels::tensor_core_head_dim`]), `None` where no tensor-core kernel runs it.
 pub const fn config(head_dim: u32) -> Option<TcConfig> {
-    match head_dim {
-        64 => Some(D64),
-        128 => Some(D128),
+    match crate::kernels::tensor_core_head_dim(head_dim) {
+        Some(64) => Some(D64),
+        Some(128) => Some(D128),
+        Some(192) => Some(D192),
+        Some(256) => Some(D256),
         _ => None,
     }
 }
