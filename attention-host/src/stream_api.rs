@@ -410,21 +410,30 @@ fn copy_strided(queue: &Queue, view: &View, dims: &Dims, packed: u64, way: Way) 
                 s.seq
             ));
         }
-        // SAFETY: all-zero is a valid CUDA_MEMCPY2D (no host or array ends); the device ends are
-        // set below.
-        let mut m: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
         let (src, src_pitch, dst, dst_pitch) = match way {
             Way::Gather => (view_at, view_pitch, packed_at, packed_pitch),
             Way::Scatter => (packed_at, packed_pitch, view_at, view_pitch),
         };
-        m.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        m.srcDevice = src;
-        m.srcPitch = src_pitch.max(width * es);
-        m.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-        m.dstDevice = dst;
-        m.dstPitch = dst_pitch.max(width * es);
-        m.WidthInBytes = width * es;
-        m.Height = height;
+        // Every field spelled out: all-zero is not a valid CUDA_MEMCPY2D (its memory-type enum
+        // has no zero value).
+        let m = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: src,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: src_pitch.max(width * es),
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dst,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: dst_pitch.max(width * es),
+            WidthInBytes: width * es,
+            Height: height,
+        };
         // SAFETY: `check_views` showed every element of the view inside the caller's memory and
         // the packed buffer holds `dims.elems()` elements; the copy is queued on the call's
         // stream after (gather: before) the kernels that use the buffer.

@@ -263,8 +263,6 @@ pub struct DecodeParams {
     pub scale_log2: f32,
     /// 1 for the causal mask, 0 for none.
     pub causal: u32,
-    /// Local window (bottom-right aligned like the causal mask); `Window::NONE` for none.
-    pub window: Window,
 }
 
 /// Appending new K/V rows to a contiguous cache (`kernels::cache`): `new_k`, `new_v` are

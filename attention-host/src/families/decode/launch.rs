@@ -1,18 +1,15 @@
 //! Launcher of the decode family: the split kernel writes partial `(O, LSE)` per split into the
-//! workspace, then the strided combine (`kernels::merge`, one block per output row) merges them
-//! into O and LSE.
+//! workspace, then the strided merge (`kernels::merge`) combines them into O and LSE.
 
 use attention_kernels::abi::params::{DecodeParams, MERGE_MAX_PARTS, MergeParams, MergeParts};
-use attention_kernels::kernels::merge::{COMBINE_THREADS, combine_shared_bytes};
 
 use crate::dtype::DType;
-use crate::error::{Result, invalid};
+use crate::error::Result;
 use crate::instances;
 use crate::layout::DeviceLayout;
 use crate::merge::PartShape;
 use crate::plan::Plan;
 use crate::problem::Problem;
-use crate::runtime::LaunchConfig;
 use crate::runtime::Queue;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 use crate::tensors::Workspace;
@@ -48,18 +45,9 @@ pub(crate) fn launch_forward(
         keys_per_split: plan.block_keys,
         scale_log2: options.scale_for(shape.head_dim) * std::f32::consts::LOG2_E,
         causal: options.causal as u32,
-        window: options.window_or_none(),
     };
     queue.launch(&plan.entry, plan.launch_config(), &params)?;
-    let rows = u32::try_from(PartShape::of(shape).lse_elems()?)
-        .ok()
-        .filter(|&r| r <= i32::MAX as u32)
-        .ok_or_else(|| {
-            invalid!(
-                "{} output rows are more than one combine launch takes",
-                shape.row_elems()
-            )
-        })?;
+    let parts = PartShape::of(shape);
     let combine = MergeParams {
         table: MergeParts {
             o: [0; MERGE_MAX_PARTS],
@@ -79,11 +67,7 @@ pub(crate) fn launch_forward(
     };
     queue.launch(
         &instances::merge(DType::F32, problem.dtype, true),
-        LaunchConfig {
-            grid: (rows, 1, 1),
-            block: (COMBINE_THREADS, 1, 1),
-            shared_bytes: combine_shared_bytes(),
-        },
+        parts.launch_config()?,
         &combine,
     )
 }

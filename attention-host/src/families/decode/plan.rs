@@ -7,7 +7,7 @@
 
 use attention_kernels::abi::grid::MAX_GRID_YZ;
 use attention_kernels::kernels::decode::{
-    HEAD_DIMS, MAX_ROW_TILE, MAX_SPLITS, STEP_KEYS, THREADS, row_tile, shared_bytes,
+    HEAD_DIMS, MAX_ROW_TILE, STEP_KEYS, THREADS, row_tile, shared_bytes,
 };
 
 use crate::dtype::DType;
@@ -28,24 +28,18 @@ pub struct DecodeConfig {
     pub keys_per_split: u32,
 }
 
-/// Waves of blocks the split count aims at: two, so that a block's fixed costs (the Q tile, the
-/// final merge of its warps' states) overlap other blocks' streaming, with every wave full.
-const WAVES: u32 = 2;
-
-/// Decode blocks of `row_tile` rows one SM holds at once (128 threads each): ptxas gives the
-/// one-row tiles 140–145 registers (three blocks in the 64 Ki registers), the larger tiles 168–255
-/// (two blocks); `reports/PERF_LOG_DECODE.md`, v2.
-pub fn resident_blocks(row_tile: u32) -> u32 {
-    if row_tile == 1 { 3 } else { 2 }
-}
+/// Blocks per SM the split count aims at: a decode block is small (4 warps, ≤ 17 KiB of shared
+/// memory), so several run per SM and hide each other's memory latency.
+const BLOCKS_PER_SM: u32 = 4;
+/// Most splits: bounds the partials' workspace and the combine's work per row.
+const MAX_SPLITS: u32 = 256;
 
 /// `(splits, keys_per_split)` for `batch_heads` (sequences × K/V heads) blocks of work over
-/// `n_k` keys on `sms` SMs holding `blocks_per_sm` blocks each: as many splits as `WAVES` (2) full
-/// waves take (never more, so no wave is left nearly empty), never a split shorter than one step
-/// of keys, never more than `MAX_SPLITS` (256).
-pub fn choose_splits(sms: u32, blocks_per_sm: u32, batch_heads: u32, n_k: u32) -> (u32, u32) {
+/// `n_k` keys on `sms` SMs: enough splits that the grid fills every SM `BLOCKS_PER_SM` times,
+/// never a split shorter than one step of keys, never more than `MAX_SPLITS` (256).
+pub fn choose_splits(sms: u32, batch_heads: u32, n_k: u32) -> (u32, u32) {
     let steps = n_k.div_ceil(STEP_KEYS).max(1);
-    let target = (sms * blocks_per_sm * WAVES) / batch_heads.max(1);
+    let target = (sms * BLOCKS_PER_SM).div_ceil(batch_heads.max(1));
     let wanted = target.clamp(1, MAX_SPLITS.min(steps));
     let keys_per_split = steps.div_ceil(wanted) * STEP_KEYS;
     (n_k.max(1).div_ceil(keys_per_split), keys_per_split)
@@ -70,9 +64,8 @@ pub(crate) fn plan(
     if o.attention.dropout.is_some() {
         return Err("runs without dropout (decode is inference)".into());
     }
-    let a = &o.attention;
-    if a.softcap.is_some() || a.alibi_slopes.is_some() || a.sinks.is_some() {
-        return Err("takes the local window but no softcap, ALiBi or sink logits".into());
+    if o.attention.has_score_mods() {
+        return Err("takes no local window, softcap, ALiBi or sink logits".into());
     }
     if matches!(o.attention.lengths, Lengths::Packed { .. }) {
         return Err("takes full or per-sequence key lengths, not packed sequences".into());
@@ -101,7 +94,6 @@ pub(crate) fn plan(
     };
     let (splits, keys_per_split) = choose_splits(
         device.multiprocessors,
-        resident_blocks(row_tile),
         problem.sequences.saturating_mul(s.heads_kv),
         problem.max_k_rows,
     );
@@ -207,12 +199,6 @@ mod tests {
             fwd(&h200, shape(2, 1, 1000, 16, 1), FlashOptions::default()).family,
             Family::Decode
         );
-        // The local window runs here too (the kernel cuts each row's keys to it).
-        let window = FlashOptions::new(AttentionOptions::new().causal(true).window(64, 0));
-        assert_eq!(
-            fwd(&h200, shape(1, 1, 4096, 32, 8), window).family,
-            Family::Decode
-        );
         let lengths = FlashOptions::new(AttentionOptions::new().key_lengths(vec![0, 7]));
         assert_eq!(
             fwd(&h200, shape(2, 1, 300, 4, 4), lengths).family,
@@ -260,6 +246,20 @@ mod tests {
             ),
             (
                 one,
+                DType::Bf16,
+                only(AttentionOptions::new().window(16, 0)),
+                Direction::Forward,
+                "no local window",
+            ),
+            (
+                one,
+                DType::Bf16,
+                only(AttentionOptions::new().softcap(30.0)),
+                Direction::Forward,
+                "softcap",
+            ),
+            (
+                one,
                 DType::F16,
                 only(AttentionOptions::new()),
                 Direction::Backward,
@@ -289,20 +289,6 @@ mod tests {
                 Direction::Forward,
                 "= 32",
             ),
-            (
-                one,
-                DType::F16,
-                only(AttentionOptions::new().softcap(30.0)),
-                Direction::Forward,
-                "no softcap, ALiBi or sink logits",
-            ),
-            (
-                one,
-                DType::Bf16,
-                only(AttentionOptions::new().sinks(vec![0.0; 8])),
-                Direction::Forward,
-                "no softcap, ALiBi or sink logits",
-            ),
         ] {
             let e = refusal(s, dtype, o, direction);
             assert!(e.contains("decode") && e.contains(why), "{e}");
@@ -311,27 +297,19 @@ mod tests {
 
     #[test]
     fn splits_fill_the_machine_without_splitting_below_a_step() {
-        // H200 (132 SMs), the rows: batch · H_kv blocks of work, 2 blocks per SM for
-        // 4 rows (32/8), 3 for 1 row (32/32).
-        assert_eq!(choose_splits(132, 2, 8, 32768), (64, 512));
-        assert_eq!(choose_splits(132, 2, 8, 131072), (64, 2048));
-        assert_eq!(choose_splits(132, 2, 64, 8192), (8, 1024));
-        assert_eq!(choose_splits(132, 2, 512, 4096), (1, 4096));
-        assert_eq!(choose_splits(132, 3, 32, 131072), (24, 5504));
+        // H200 (132 SMs), the rows: batch · H_kv blocks of work.
+        assert_eq!(choose_splits(132, 8, 32768), (64, 512));
+        assert_eq!(choose_splits(132, 8, 131072), (64, 2048));
+        assert_eq!(choose_splits(132, 64, 8192), (8, 1024));
+        assert_eq!(choose_splits(132, 512, 4096), (2, 2048));
+        assert_eq!(choose_splits(132, 32, 131072), (17, 7808));
         // Few keys: one step per split at most; one split when the heads fill the machine.
-        assert_eq!(choose_splits(132, 2, 1, 300), (3, 128));
-        assert_eq!(choose_splits(132, 2, 1, 1), (1, 128));
-        assert_eq!(choose_splits(132, 2, 10_000, 1 << 20), (1, 1 << 20));
-        // Never more blocks than the waves hold (when heads alone do not exceed them).
-        for (bh, n_k) in [(8, 32768), (32, 131072), (64, 8192), (3, 1 << 20)] {
-            for per_sm in [2, 3] {
-                let (splits, _) = choose_splits(132, per_sm, bh, n_k);
-                assert!(splits * bh <= 132 * per_sm * WAVES, "{bh} {n_k} {per_sm}");
-            }
-        }
+        assert_eq!(choose_splits(132, 1, 300), (3, 128));
+        assert_eq!(choose_splits(132, 1, 1), (1, 128));
+        assert_eq!(choose_splits(132, 10_000, 1 << 20), (1, 1 << 20));
         // Never more than MAX_SPLITS; every key is in a split and no split is empty.
         for (sms, bh, n_k) in [(132, 1, 1 << 24), (108, 3, 1000), (132, 7, 129), (1, 1, 5)] {
-            let (splits, keys) = choose_splits(sms, 2, bh, n_k);
+            let (splits, keys) = choose_splits(sms, bh, n_k);
             assert!(splits <= MAX_SPLITS && keys % STEP_KEYS == 0);
             assert!(splits as u64 * keys as u64 >= n_k as u64);
             assert!(((splits - 1) as u64 * keys as u64) < n_k.max(1) as u64);

@@ -1,27 +1,15 @@
 //! The split-KV decode kernel (see `super`). Scores are base 2 (`τ·log2 e` folded into Q).
-//!
-//! Each warp streams its own keys with no block barrier in the loop: `D/8` lanes hold one K or V
-//! row as 16-byte chunks (`32·8/D` rows per load instruction, each a run of `2·D` contiguous
-//! bytes), a lane group keeps its own online state `(m, ℓ, O)` over its keys, and the groups'
-//! states are merged once at the end (shuffles within the warp, shared memory across warps).
-//! K of the next iteration is loaded while this one's softmax and `P·V` run, and V while its
-//! scores run, so a lane keeps `U` to `2U` chunks in flight (`super::unroll`).
 
 use crate::abi::params::DecodeParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{
-    block_x, block_y, block_z, exp2, log2, shared_base, shfl_xor, sync_threads, thread_x,
+    block_x, block_y, block_z, exp2, log2, shared_base, shfl_xor, sync_threads, thread_x, warp_sum,
 };
 use crate::attn::mask::{Exponent, MASKED, allowed_weight, contribution, row_is_empty};
 use crate::attn::online_state::Real;
 use crate::attn::sequence::Sequence;
 
-use super::{THREADS, WARPS, unroll};
-
-/// 16-bit elements per 16-byte chunk.
-const CHUNK: usize = 8;
-/// Most keys a lane group takes per iteration (the largest [`unroll`]).
-const MAX_UNROLL: usize = 8;
+use super::{STEP_KEYS, THREADS};
 
 /// Sixteen bytes of K or V: eight 16-bit elements, one vector load.
 #[repr(C, align(16))]
@@ -33,26 +21,28 @@ struct Chunk([u32; 4]);
 #[derive(Clone, Copy)]
 struct Q8([f32; 8]);
 
-/// `body` for `u = 0, 1, …` below `n` (at most [`MAX_UNROLL`]), each with a constant `u`: the
-/// chunk and score arrays are indexed only by constants and stay in registers (LLVM leaves loops
-/// with bodies this large rolled, which would move the arrays to local memory).
-macro_rules! each_key {
-    ($u:ident < $n:expr => $body:block) => {
-        unrolled!($u, $n, $body, 0 1 2 3 4 5 6 7)
-    };
+/// Most 16-byte chunks of K or V one thread holds at once: a batch of loads is issued before the
+/// first is used, so a thread keeps up to 256 bytes in flight (a d = 128 K row while scoring; one
+/// chunk of each of its `d/8` keys in `P·V`).
+const IN_FLIGHT: usize = 16;
+
+/// Chunks per batch of loads for `R` rows and head dim `D`: all `D/8` while the `R` rows'
+/// accumulators leave room (`64 / R` chunks: 256 words of chunks and accumulators together).
+const fn in_flight(d: usize, r: usize) -> usize {
+    let room = 64 / r;
+    if d / 8 < room { d / 8 } else { room }
 }
 
-/// As [`each_key`] for the rows `r` below `n` (at most 16) of the state arrays.
-macro_rules! each_row {
-    ($r:ident < $n:expr => $body:block) => {
-        unrolled!($r, $n, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+/// `body` for `c = 0, 1, …` below `n` (at most [`IN_FLIGHT`]), each with a constant `c`: the
+/// chunk arrays are indexed only by constants and stay in registers (a rolled loop would index
+/// them at run time and move them to local memory; LLVM does not unroll bodies this large).
+macro_rules! each_chunk {
+    ($c:ident < $n:expr => $body:block) => {
+        each_chunk!(@ $c, $n, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
     };
-}
-
-macro_rules! unrolled {
-    ($i:ident, $n:expr, $body:block, $($k:literal)*) => {$(
-        if $k < $n {
-            let $i: usize = $k;
+    (@ $c:ident, $n:expr, $body:block, $($i:literal)*) => {$(
+        if $i < $n {
+            let $c: usize = $i;
             $body
         }
     )*};
@@ -68,22 +58,6 @@ unsafe fn load_chunk(base: u64, at: usize) -> [u32; 4] {
     unsafe { (*((base as *const u16).add(at) as *const Chunk)).0 }
 }
 
-/// The eight Q elements at `at` of the tile. Up to four rows LLVM keeps them in registers across
-/// the key loop; from eight rows on the volatile read keeps them in shared memory (re-read per
-/// key, broadcast to the lane groups), leaving the registers to the accumulators.
-#[inline(always)]
-fn q_fragment(q_s: *const f32, at: usize, rows: usize) -> Q8 {
-    let p = q_s.wrapping_add(at) as *const Q8;
-    // SAFETY: `at` is inside the Q tile, 32-byte aligned (D % 8 == 0).
-    unsafe {
-        if rows >= 8 {
-            core::ptr::read_volatile(p)
-        } else {
-            *p
-        }
-    }
-}
-
 /// Eight elements widened to f32.
 #[inline(always)]
 fn widen8<T: Exponent>(w: [u32; 4]) -> [f32; 8] {
@@ -96,48 +70,41 @@ fn widen8<T: Exponent>(w: [u32; 4]) -> [f32; 8] {
     out
 }
 
-/// The factor `2^(m_part − m)` of a state with maximum `m_part` in a merge whose maximum is `m`:
-/// 0 for an empty state (`−∞`, never `−∞ − −∞`), NaN when `m` is.
+/// Warp maximum that keeps a NaN (a NaN or `+∞` score makes the row NaN).
 #[inline(always)]
-fn state_weight(m_part: f32, m: f32) -> f32 {
-    if m_part == f32::NEG_INFINITY {
-        0.0
-    } else {
-        exp2(m_part - m)
+fn warp_max_nan(mut x: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        x = x.max_nan(shfl_xor(x, m));
+        m >>= 1;
     }
+    x
 }
 
 /// Grid `(splits, heads_kv, sequences)`, block [`THREADS`], shared `super::shared_bytes(R, D)`.
 /// Row `r < group · n_q` of the tile is query head `hk · group + r / n_q`, query row `r % n_q`.
 #[inline(always)]
 unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) {
-    const { assert!(D % CHUNK == 0 && 32 % (D / CHUNK) == 0 && unroll(R) <= MAX_UNROLL) };
+    const { assert!(D % 8 == 0 && THREADS as usize % (D / 8) == 0 && D / 8 <= IN_FLIGHT) };
     let s = p.shape;
     let (split, hk) = (block_x(), block_y());
     // SAFETY: the host launched one block row per sequence of the layout.
     let seq = unsafe { Sequence::locate(&p.layout, &s, block_z()) };
     let t = thread_x() as usize;
     let (warp, lane) = (t / 32, t % 32);
-    // `lanes` lanes hold one key row; a warp load covers `subs` consecutive keys.
-    let lanes = D / CHUNK;
-    let subs = 32 / lanes;
-    let (sub, col) = (lane / lanes, lane % lanes);
-    let keys_per_warp = subs * unroll(R);
     let group = s.heads_q / s.heads_kv;
     let rows = (group * seq.q_len) as usize;
     let head = |r: usize| hk * group + r as u32 / seq.q_len;
     let local_row = |r: usize| r as u32 % seq.q_len;
-    let causal = p.causal != 0;
-    // Keys `start .. end` of row r (causal, key length, window); padding rows see none.
-    let range = |r: usize| {
-        if r < rows {
-            seq.key_range(local_row(r), causal, p.window)
-        } else {
-            (0, 0)
-        }
-    };
 
     let q_s = shared_base() as *mut f32;
+    // SAFETY: the window holds R·(D + STEP_KEYS + 3) f32 (super::shared_bytes).
+    let (score, stats) = unsafe {
+        let score = q_s.add(R * D);
+        (score, score.add(R * STEP_KEYS as usize))
+    };
+    let (row_max, row_sum, rescale) = unsafe { (stats, stats.add(R), stats.add(2 * R)) };
+
     let mut i = t;
     while i < R * D {
         let (r, c) = (i / D, i % D);
@@ -152,179 +119,172 @@ unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) 
         unsafe { *q_s.add(i) = x };
         i += THREADS as usize;
     }
-    // This split owns keys `k0 .. k1`; some row sees keys in `kb .. ke`, every row those in
-    // `lo .. hi` (where no key needs a per-row test).
+    if t < R {
+        // SAFETY: inside the statistics.
+        unsafe {
+            *row_max.add(t) = f32::NEG_INFINITY;
+            *row_sum.add(t) = 0.0;
+        }
+    }
+    // Row r sees keys below `key_end[r]` (causal bottom-right per sequence, key lengths); this
+    // split owns keys `k0 .. k1`.
+    let mut key_end = [0u32; R];
+    for (r, e) in key_end.iter_mut().enumerate() {
+        *e = if r < rows {
+            seq.key_end(local_row(r), p.causal != 0)
+        } else {
+            0
+        };
+    }
     let k0 = split * p.keys_per_split;
     let k1 = seq.k_len.min(k0.saturating_add(p.keys_per_split));
-    let (mut kb, mut ke, mut lo, mut hi) = (u32::MAX, 0, 0, u32::MAX);
-    for r in 0..rows.min(R) {
-        let (a, b) = range(r);
-        (kb, ke, lo, hi) = (kb.min(a), ke.max(b), lo.max(a), hi.min(b));
-    }
-    let (kb, ke) = (kb.max(k0), ke.min(k1));
+    let lanes_per_key = D / 8;
+    let (key_group, col) = (t / lanes_per_key, t % lanes_per_key);
+    let key_groups = THREADS as usize / lanes_per_key;
+    let mut acc = [[0.0f32; 8]; R];
     sync_threads();
 
-    let key = |base: u32, u: usize| base + (u * subs + sub) as u32;
-    let chunk_at = |j: u32| seq.k_offset(&s, j, hk) + CHUNK * col;
-    let load = |buf: &mut [[u32; 4]; MAX_UNROLL], src: u64, base: u32| {
-        each_key!(u < unroll(R) => {
-            let j = key(base, u);
-            buf[u] = if j < ke {
-                // SAFETY: key j < k_len is a key row of the sequence.
-                unsafe { load_chunk(src, chunk_at(j)) }
-            } else {
-                [0; 4]
-            };
-        });
-    };
-    let mut m = [f32::NEG_INFINITY; R];
-    let mut l = [0.0f32; R];
-    let mut acc = [[0.0f32; CHUNK]; R];
-    let stride = (WARPS as usize * keys_per_warp) as u32;
-    let mut base = kb.saturating_add((warp * keys_per_warp) as u32);
-    let (mut k_buf, mut v_buf) = ([[0u32; 4]; MAX_UNROLL], [[0u32; 4]; MAX_UNROLL]);
-    load(&mut k_buf, p.k, base);
-    while base < ke {
-        load(&mut v_buf, p.v, base);
-        let full = base >= lo && base.saturating_add(keys_per_warp as u32) <= hi;
-        // Scores of this lane group's keys: partial dots over the lane's 8 columns, summed over
-        // the `lanes` lanes of the row (masked: −∞).
-        let mut score = [[0.0f32; R]; MAX_UNROLL];
-        each_key!(u < unroll(R) => {
-            let k = widen8::<T>(k_buf[u]);
-            let j = key(base, u);
-            each_row!(r < R => {
-                let Q8(q) = q_fragment(q_s, r * D + CHUNK * col, R);
-                let mut dot = 0.0f32;
-                for (&qe, &x) in q.iter().zip(&k) {
-                    dot += qe * x;
-                }
-                let mut off = 1;
-                while off < lanes {
-                    dot += shfl_xor(dot, off as u32);
-                    off <<= 1;
-                }
-                let allowed = j < ke && (full || {
-                    let (a, b) = range(r);
-                    a <= j && j < b
+    let mut step = k0;
+    while step < k1 {
+        // Scores: thread t takes key `step + t`, whole rows of K against every row of Q.
+        let j = step + t as u32;
+        let mut dots = [0.0f32; R];
+        if j < k1 {
+            let k_row = seq.k_offset(&s, j, hk);
+            let mut words = [[0u32; 4]; IN_FLIGHT];
+            let mut c0 = 0;
+            while c0 < D / 8 {
+                each_chunk!(c < in_flight(D, R) => {
+                    // SAFETY: key j < k_len is a key row of the sequence.
+                    words[c] = unsafe { load_chunk(p.k, k_row + 8 * (c0 + c)) };
                 });
-                score[u][r] = if allowed { dot } else { f32::NEG_INFINITY };
-            });
-        });
-        let next = base.saturating_add(stride);
-        if next < ke {
-            load(&mut k_buf, p.k, next);
+                each_chunk!(c < in_flight(D, R) => {
+                    let k = widen8::<T>(words[c]);
+                    for (r, dot) in dots.iter_mut().enumerate() {
+                        // SAFETY: inside the Q tile, 32-byte aligned (D % 8 == 0).
+                        let Q8(q) = unsafe { *(q_s.add(r * D + 8 * (c0 + c)) as *const Q8) };
+                        for (&qe, &x) in q.iter().zip(&k) {
+                            *dot += qe * x;
+                        }
+                    }
+                });
+                c0 += in_flight(D, R);
+            }
         }
-        // Online softmax of the group's keys, row by row.
-        each_row!(r < R => {
-            let mut mx = f32::NEG_INFINITY;
-            each_key!(u < unroll(R) => {
-                if score[u][r] != f32::NEG_INFINITY {
-                    mx = mx.max_nan(score[u][r]);
-                }
-            });
-            let m_new = m[r].max_nan(mx);
-            // Nothing allowed yet: nothing to rescale (and `−∞ − −∞` is never evaluated).
-            let alpha = if m_new == f32::NEG_INFINITY {
-                1.0
-            } else {
-                exp2(m[r] - m_new)
+        for (r, &dot) in dots.iter().enumerate() {
+            let allowed = j < k1 && j < key_end[r];
+            // SAFETY: inside the score tile.
+            unsafe {
+                *score.add(r * STEP_KEYS as usize + t) =
+                    if allowed { dot } else { f32::NEG_INFINITY }
             };
+        }
+        sync_threads();
+        // Online softmax, one warp per row: the step's maximum, weights, and the rescale of
+        // what the row held.
+        let mut r = warp;
+        while r < R {
+            let row = unsafe { score.add(r * STEP_KEYS as usize) };
+            let mut m = f32::NEG_INFINITY;
+            let mut x = [0.0f32; STEP_KEYS as usize / 32];
+            for (e, v) in x.iter_mut().enumerate() {
+                // SAFETY: inside the score tile.
+                *v = unsafe { *row.add(e * 32 + lane) };
+                if *v != f32::NEG_INFINITY {
+                    m = m.max_nan(*v);
+                }
+            }
+            // SAFETY: inside the statistics.
+            let m_old = unsafe { *row_max.add(r) };
+            let m_new = m_old.max_nan(warp_max_nan(m));
             let mut sum = 0.0;
-            each_key!(u < unroll(R) => {
-                let w = if score[u][r] == f32::NEG_INFINITY {
+            for (e, &v) in x.iter().enumerate() {
+                let w = if v == f32::NEG_INFINITY {
                     MASKED
                 } else {
-                    allowed_weight(exp2(score[u][r] - m_new))
+                    allowed_weight(exp2(v - m_new))
                 };
-                score[u][r] = w;
                 sum += w;
-            });
-            m[r] = m_new;
-            l[r] = alpha * l[r] + sum;
-            for x in acc[r].iter_mut() {
-                *x *= alpha;
+                // SAFETY: inside the score tile.
+                unsafe { *row.add(e * 32 + lane) = w };
             }
-        });
-        // Where every key of the iteration is allowed for every row, the keys past `ke` are the
-        // only masked ones and their V is zero-filled: plain products. Elsewhere a masked key's
-        // V (a causal or window edge, maybe non-finite) must not be read.
-        // (Two copies of the loop: one branch per iteration, not a select per product; from
-        // eight rows on the registers hold only one copy without spilling more.)
-        if full && R <= 4 {
-            each_key!(u < unroll(R) => {
-                let v = widen8::<T>(v_buf[u]);
-                each_row!(r < R => {
-                    for (x, &y) in acc[r].iter_mut().zip(&v) {
-                        *x += score[u][r] * y;
-                    }
-                });
-            });
-        } else {
-            each_key!(u < unroll(R) => {
-                let v = widen8::<T>(v_buf[u]);
-                each_row!(r < R => {
-                    for (x, &y) in acc[r].iter_mut().zip(&v) {
-                        *x += contribution(score[u][r], y);
-                    }
-                });
-            });
-        }
-        base = next;
-    }
-
-    // The warp's lane groups (same columns, other keys) merged by shuffles.
-    let mut off = lanes;
-    while off < 32 {
-        each_row!(r < R => {
-            let m_o = shfl_xor(m[r], off as u32);
-            let l_o = shfl_xor(l[r], off as u32);
-            let m_new = m[r].max_nan(m_o);
-            let (wa, wb) = (state_weight(m[r], m_new), state_weight(m_o, m_new));
-            for x in acc[r].iter_mut() {
-                let x_o = shfl_xor(*x, off as u32);
-                *x = wa * *x + wb * x_o;
-            }
-            (m[r], l[r]) = (m_new, wa * l[r] + wb * l_o);
-        });
-        off <<= 1;
-    }
-    // The warps' states into shared memory (after the Q tile), then merged per output element.
-    // SAFETY: the window holds `shared_floats(R, D)` f32.
-    let states = unsafe { q_s.add(R * D) };
-    let state = |w: usize| unsafe { states.add(w * R * (D + 2)) };
-    if sub == 0 {
-        let st = state(warp);
-        each_row!(r < R => {
-            for (e, &x) in acc[r].iter().enumerate() {
-                // SAFETY: inside this warp's state.
-                unsafe { *st.add(r * D + CHUNK * col + e) = x };
-            }
-            if col == 0 {
-                // SAFETY: as above.
+            let sum = warp_sum(sum);
+            if lane == 0 {
+                // Nothing allowed yet: nothing to rescale (and `−∞ − −∞` is never evaluated).
+                let alpha = if m_new == f32::NEG_INFINITY {
+                    1.0
+                } else {
+                    exp2(m_old - m_new)
+                };
+                // SAFETY: inside the statistics.
                 unsafe {
-                    *st.add(R * D + r) = m[r];
-                    *st.add(R * D + R + r) = l[r];
+                    *row_max.add(r) = m_new;
+                    *row_sum.add(r) = alpha * *row_sum.add(r) + sum;
+                    *rescale.add(r) = alpha;
                 }
             }
-        });
+            r += THREADS as usize / 32;
+        }
+        sync_threads();
+        // O += P·V: `lanes_per_key` lanes read one V row with 16-byte loads; key groups take
+        // every `key_groups`-th key of the step.
+        for (r, a) in acc.iter_mut().enumerate() {
+            // SAFETY: inside the statistics.
+            let alpha = unsafe { *rescale.add(r) };
+            for x in a.iter_mut() {
+                *x *= alpha;
+            }
+        }
+        // This thread's keys of the step: `key_group + g · key_groups`, `g < d/8`.
+        let key = |g: usize| key_group + g * key_groups;
+        let mut words = [[0u32; 4]; IN_FLIGHT];
+        let mut g0 = 0;
+        while g0 < D / 8 {
+            each_chunk!(g < in_flight(D, R) => {
+                let j = step + key(g0 + g) as u32;
+                if j < k1 {
+                    // SAFETY: key j < k_len is a key row of the sequence.
+                    words[g] = unsafe { load_chunk(p.v, seq.k_offset(&s, j, hk) + 8 * col) };
+                }
+            });
+            each_chunk!(g < in_flight(D, R) => {
+                if step + (key(g0 + g) as u32) < k1 {
+                    let v = widen8::<T>(words[g]);
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: inside the score tile.
+                        let w = unsafe { *score.add(r * STEP_KEYS as usize + key(g0 + g)) };
+                        for (x, &y) in a.iter_mut().zip(&v) {
+                            *x += contribution(w, y);
+                        }
+                    }
+                }
+            });
+            g0 += in_flight(D, R);
+        }
+        sync_threads();
+        step += STEP_KEYS;
+    }
+
+    // The key groups' sums, added one group at a time into the Q tile's place.
+    let o_s = q_s;
+    let mut i = t;
+    while i < R * D {
+        // SAFETY: inside the tile.
+        unsafe { *o_s.add(i) = 0.0 };
+        i += THREADS as usize;
     }
     sync_threads();
-    // Row r's merged maximum and sum over the warps.
-    let merged = |r: usize| {
-        let mut m_all = f32::NEG_INFINITY;
-        for w in 0..WARPS as usize {
-            // SAFETY: inside warp w's state.
-            m_all = m_all.max_nan(unsafe { *state(w).add(R * D + r) });
+    for g in 0..key_groups {
+        if g == key_group {
+            for (r, a) in acc.iter().enumerate() {
+                for (e, &x) in a.iter().enumerate() {
+                    // SAFETY: inside the tile.
+                    unsafe { *o_s.add(r * D + 8 * col + e) += x };
+                }
+            }
         }
-        let mut l_all = 0.0;
-        for w in 0..WARPS as usize {
-            // SAFETY: as above.
-            let (m_w, l_w) = unsafe { (*state(w).add(R * D + r), *state(w).add(R * D + R + r)) };
-            l_all += state_weight(m_w, m_all) * l_w;
-        }
-        (m_all, l_all)
-    };
+        sync_threads();
+    }
     // Partial O = u / ℓ (0 for a row with nothing allowed in this split), LSE = (m + log2 ℓ)·ln 2.
     let part = split as usize;
     let o_part = (p.o_part as *mut f32).wrapping_add(part * s.q_elems());
@@ -332,27 +292,29 @@ unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) 
     let mut i = t;
     while i < rows * D {
         let (r, c) = (i / D, i % D);
-        let (m_all, l_all) = merged(r);
-        let mut o = 0.0;
-        for w in 0..WARPS as usize {
-            // SAFETY: inside warp w's state.
-            let (m_w, x) = unsafe { (*state(w).add(R * D + r), *state(w).add(r * D + c)) };
-            o += state_weight(m_w, m_all) * x;
+        // SAFETY: inside the statistics and the tile; row r is a row of the sequence.
+        unsafe {
+            let l = *row_sum.add(r);
+            let o = if row_is_empty(l) {
+                0.0
+            } else {
+                *o_s.add(i) / l
+            };
+            *o_part.add(seq.q_offset(&s, local_row(r), head(r)) + c) = o;
         }
-        let o = if row_is_empty(l_all) { 0.0 } else { o / l_all };
-        // SAFETY: row r is a row of the sequence.
-        unsafe { *o_part.add(seq.q_offset(&s, local_row(r), head(r)) + c) = o };
         i += THREADS as usize;
     }
     if t < rows {
-        let (m_all, l_all) = merged(t);
-        let lse = if row_is_empty(l_all) {
-            f32::NEG_INFINITY
-        } else {
-            (m_all + log2(l_all)) * core::f32::consts::LN_2
-        };
         // SAFETY: as above.
-        unsafe { *lse_part.add(seq.row_index(&s, local_row(t), head(t))) = lse };
+        unsafe {
+            let l = *row_sum.add(t);
+            let lse = if row_is_empty(l) {
+                f32::NEG_INFINITY
+            } else {
+                (*row_max.add(t) + log2(l)) * core::f32::consts::LN_2
+            };
+            *lse_part.add(seq.row_index(&s, local_row(t), head(t))) = lse;
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! The merge kernel: one warp per output row. Every lane folds the parts' LSEs (a few broadcast loads per part), then owns the columns
 //! `lane, lane + 32, …` of O and sums the non-empty parts' rows weighted by `exp(LSE_p − LSE)`.
-//! Parts come from a table of addresses (the public merge); the split-KV combine's strided parts
-//! have their own kernel (`super::combine`).
+//! Two address modes: a table of part addresses (the public merge) and parts at a fixed stride
+//! (the split-KV combine's workspace).
 
 use crate::abi::params::MergeParams;
 use crate::abi::storage::{Bf16, F16, Storage};
@@ -15,6 +15,7 @@ trait PartAddress {
 }
 
 struct Table;
+struct Strided;
 
 impl PartAddress for Table {
     #[inline(always)]
@@ -24,6 +25,17 @@ impl PartAddress for Table {
     #[inline(always)]
     fn lse(p: &MergeParams, part: u32) -> u64 {
         p.table.lse[part as usize]
+    }
+}
+
+impl PartAddress for Strided {
+    #[inline(always)]
+    fn o(p: &MergeParams, part: u32) -> u64 {
+        p.o_base + part as u64 * p.o_part_stride
+    }
+    #[inline(always)]
+    fn lse(p: &MergeParams, part: u32) -> u64 {
+        p.lse_base + part as u64 * p.lse_part_stride
     }
 }
 
@@ -81,4 +93,7 @@ merge_entries! {
     flash_merge_f32_f32 => Table, f32, f32;
     flash_merge_f16_f16 => Table, F16, F16;
     flash_merge_bf16_bf16 => Table, Bf16, Bf16;
+    flash_merge_strided_f32_f32 => Strided, f32, f32;
+    flash_merge_strided_f32_f16 => Strided, f32, F16;
+    flash_merge_strided_f32_bf16 => Strided, f32, Bf16;
 }
