@@ -304,11 +304,22 @@ pub fn validate_shape(s: &AttentionShape) -> Result<()> {
         ("Q", [s.batch, s.n_q, s.heads_q]),
         ("K/V", [s.batch, s.n_k, s.heads_kv]),
     ] {
-        let rows = factors.iter().map(|&f| f as u64).product::<u64>();
-        if rows > MAX_TENSOR_ROWS {
-            return Err(invalid!(
-                "{name} has {rows} rows (batch x sequence x heads = {factors:?}); at most {MAX_TENSOR_ROWS} are supported"
-            ));
+        // Three u32 factors can pass u64::MAX: checked, so an overflow is a refusal, not a panic.
+        let rows = factors
+            .iter()
+            .try_fold(1u64, |acc, &f| acc.checked_mul(f as u64));
+        match rows {
+            Some(rows) if rows <= MAX_TENSOR_ROWS => {}
+            Some(rows) => {
+                return Err(invalid!(
+                    "{name} has {rows} rows (batch x sequence x heads = {factors:?}); at most {MAX_TENSOR_ROWS} are supported"
+                ));
+            }
+            None => {
+                return Err(invalid!(
+                    "{name} has more than 2^64 rows (batch x sequence x heads = {factors:?}); at most {MAX_TENSOR_ROWS} are supported"
+                ));
+            }
         }
     }
     // Rows fit in 31 bits, so only the head dimension can make the byte counts overflow.
