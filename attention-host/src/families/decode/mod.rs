@@ -4,6 +4,7 @@
 mod launch;
 mod plan;
 
+pub use attention_kernels::kernels::decode::DecodeConfig;
 pub(crate) use launch::launch_forward;
+pub use plan::choose_splits;
 pub(crate) use plan::plan;
-pub use plan::{DecodeConfig, choose_splits};

@@ -6,6 +6,7 @@
 //! and each K/V row is read once. Larger groups are prefill, for the tensor-core families.
 
 use attention_kernels::abi::grid::MAX_GRID_YZ;
+use attention_kernels::kernels::decode::DecodeConfig;
 use attention_kernels::kernels::decode::{
     HEAD_DIMS, MAX_ROW_TILE, STEP_KEYS, THREADS, row_tile, shared_bytes,
 };
@@ -15,18 +16,8 @@ use crate::family::{Direction, Family};
 use crate::flash_options::Schedule;
 use crate::instances;
 use crate::options::Lengths;
-use crate::plan::{DeviceCaps, Plan, Tiles, WORKSPACE_ALIGN};
+use crate::plan::types::{DeviceCaps, Plan, Tiles, WORKSPACE_ALIGN};
 use crate::problem::Problem;
-
-/// One decode launch: the row tile, and the keys split over `splits` blocks per (K/V head,
-/// sequence), `keys_per_split` each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DecodeConfig {
-    pub head_dim: u32,
-    pub row_tile: u32,
-    pub splits: u32,
-    pub keys_per_split: u32,
-}
 
 /// Blocks per SM the split count aims at: a decode block is small (4 warps, ≤ 17 KiB of shared
 /// memory), so several run per SM and hide each other's memory latency.

@@ -13,6 +13,16 @@
 #[cfg(target_arch = "nvptx64")]
 mod kernel;
 
+/// One decode launch: the row tile, and the keys split over `splits` blocks per (K/V head,
+/// sequence), `keys_per_split` each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeConfig {
+    pub head_dim: u32,
+    pub row_tile: u32,
+    pub splits: u32,
+    pub keys_per_split: u32,
+}
+
 /// Threads per block: four warps.
 pub const THREADS: u32 = 128;
 /// Keys per step: one per thread while scoring.
