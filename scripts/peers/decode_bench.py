@@ -7,32 +7,14 @@ import argparse, json, os, sys
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
-BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+from sdpa_bench import BACKENDS, median, timed
+
+PEERS = ("flash", "cudnn")
 # (B, N_q, N_k, H_q, H_kv), as ROWS in examples/decode_bench.rs.
 ROWS = [(1, 1, 32768, 32, 8), (1, 1, 131072, 32, 8), (8, 1, 8192, 32, 8), (64, 1, 4096, 32, 8),
         (1, 1, 131072, 32, 32), (1, 512, 32768, 32, 8)]
-
-
-def median(xs):
-    s = sorted(xs); n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
-def pipelined(fn, warmup, samples, calls):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(samples):
-        s = torch.cuda.Event(enable_timing=True); e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(calls):
-            fn()
-        e.record(); e.synchronize()
-        out.append(s.elapsed_time(e) / calls)
-    return out
 
 
 def main():
@@ -53,11 +35,11 @@ def main():
         k = torch.randn(B, nk, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
         v = torch.randn_like(k)
         kv_bytes = 2 * B * nk * hkv * d * 2
-        for name, backend in BACKENDS.items():
+        for name in PEERS:
             try:
-                with sdpa_kernel(backend):
-                    samples = pipelined(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hkv != hq),
-                                        args.warmup, args.samples, args.calls)
+                with sdpa_kernel(BACKENDS[name]):
+                    sdpa = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hkv != hq)
+                    samples, _ = timed(sdpa, args.warmup, args.samples, "pipelined", args.calls)
             except Exception as ex:  # a backend that refuses a row is recorded, not hidden
                 rows.append(dict(B=B, N_q=nq, N_k=nk, H_q=hq, H_kv=hkv, backend=name, error=str(ex).splitlines()[0][:200]))
                 print(rows[-1], flush=True)
