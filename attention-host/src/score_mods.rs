@@ -16,12 +16,12 @@ pub struct DeviceScoreMods {
 
 impl DeviceScoreMods {
     /// Uploads the slopes and sinks of `options` (validated against the call's shape);
-    /// `d_sinks`: where the backward writes the sink gradients (0 for none). On the queue's
-    /// stream for temporaries.
+    /// `d_sinks`: where the backward writes the sink gradients (the forward passes `None`; used
+    /// only when the call has sinks). On the queue's stream for temporaries.
     pub(crate) fn upload(
         queue: &Queue,
         options: &AttentionOptions,
-        d_sinks: u64,
+        d_sinks: Option<&DeviceF32>,
     ) -> Result<DeviceScoreMods> {
         let mut arrays = Vec::new();
         let mut upload = |values: &Option<Vec<f32>>| -> Result<u64> {
@@ -36,7 +36,10 @@ impl DeviceScoreMods {
             softcap: options.softcap.unwrap_or(0.0),
             alibi_slopes: upload(&options.alibi_slopes)?,
             sinks: upload(&options.sinks)?,
-            d_sinks,
+            d_sinks: match (&options.sinks, d_sinks) {
+                (Some(_), Some(d)) => d.device_ptr(),
+                _ => 0,
+            },
         };
         Ok(DeviceScoreMods {
             params,

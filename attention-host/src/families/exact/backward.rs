@@ -32,11 +32,7 @@ pub(crate) fn launch_backward(
     let deterministic = problem.options.deterministic;
     let dtype = problem.dtype;
     let layout = DeviceLayout::upload(queue, shape, &attention.lengths)?;
-    let d_sinks = match (&attention.sinks, &out.d_sinks) {
-        (Some(_), Some(d)) => d.device_ptr(),
-        _ => 0,
-    };
-    let mods = DeviceScoreMods::upload(queue, attention, d_sinks)?;
+    let mods = DeviceScoreMods::upload(queue, attention, out.d_sinks.as_ref())?;
     let dq_accum = if deterministic {
         0
     } else {
@@ -76,7 +72,7 @@ pub(crate) fn launch_backward(
         delta_cfg,
         &params,
     )?;
-    if d_sinks != 0 {
+    if mods.params.d_sinks != 0 {
         let sink_cfg = LaunchConfig {
             grid: (shape.heads_q, 1, 1),
             block: (32, 1, 1),

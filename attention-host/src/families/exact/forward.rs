@@ -31,7 +31,7 @@ pub(crate) fn launch_forward(
 ) -> Result<()> {
     let (shape, attention) = (&problem.shape, &problem.options.attention);
     let layout = DeviceLayout::upload(queue, shape, &attention.lengths)?;
-    let mods = DeviceScoreMods::upload(queue, attention, 0)?;
+    let mods = DeviceScoreMods::upload(queue, attention, None)?;
     let mut params = FlashForwardParams {
         q: q.device_ptr(),
         k: k.device_ptr(),

@@ -33,11 +33,7 @@ pub(crate) fn launch_backward(
     let scale = options.scale_for(shape.head_dim);
     let layout = DeviceLayout::upload(queue, shape, &options.lengths)?;
     let n_q_pad = n_q_pad(shape.n_q);
-    let d_sinks = match (&options.sinks, &out.d_sinks) {
-        (Some(_), Some(d)) => d.device_ptr(),
-        _ => 0,
-    };
-    let mods = DeviceScoreMods::upload(queue, options, d_sinks)?;
+    let mods = DeviceScoreMods::upload(queue, options, out.d_sinks.as_ref())?;
     let params = TensorCoreBackwardParams {
         q: inputs.q.device_ptr(),
         k: inputs.k.device_ptr(),
@@ -83,7 +79,7 @@ pub(crate) fn launch_backward(
         },
         &params,
     )?;
-    if d_sinks != 0 {
+    if mods.params.d_sinks != 0 {
         queue.launch(
             &instances::tensor_core_d_sink(),
             LaunchConfig {

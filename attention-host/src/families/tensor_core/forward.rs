@@ -27,7 +27,7 @@ pub(crate) fn launch_forward(
 ) -> Result<()> {
     let (shape, options) = (&problem.shape, &problem.options.attention);
     let layout = DeviceLayout::upload(queue, shape, &options.lengths)?;
-    let mods = DeviceScoreMods::upload(queue, options, 0)?;
+    let mods = DeviceScoreMods::upload(queue, options, None)?;
     let params = TensorCoreForwardParams {
         q: q.device_ptr(),
         k: k.device_ptr(),
