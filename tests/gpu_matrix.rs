@@ -9,7 +9,8 @@
 //! N_q ≠ N_k, one token, 4097) × dropout × GQA/MQA × lengths (full, per-item key lengths, packed).
 //! Outputs are NaN-poisoned before each launch, so an unwritten element fails. The backward gets
 //! O and LSE from the reference forward (O rounded to the dtype), so each pass is checked on its
-//! own.
+//! own; its reference takes `D = rowsum(dO ∘ O)` from that rounded O (in a row with one visible
+//! key `dP − D` cancels exactly, and the rounding of O alone would otherwise be measured).
 //!
 //! Bounds on ‖out − ref‖/‖ref‖ (LSE: worst absolute error, 2e-3):
 //! - f32 `2e-5` (≪ 1e-4): f32 accumulation over up to 4097 keys (≈ √N·2⁻²⁴ relative) plus the
@@ -31,7 +32,7 @@
 //! `FLASH_ATTN_MATRIX_MAX_HEAD_DIM=d` those whose head dim is at most `d` (racecheck of the exact
 //! kernels, whose every shared-memory access it checks).
 
-use flash_attn::reference::{backward_f32, forward_f32};
+use flash_attn::reference::{backward_from_output_f32, forward_f32};
 use flash_attn::{
     AttentionOptions, AttentionShape, DType, FlashOptions, Gpu, KernelChoice, Schedule,
 };
@@ -316,7 +317,9 @@ fn reference(
             d_sinks: None,
         }
     } else {
-        backward_f32(shape, &q, &k, &v, &d_o, options).unwrap()
+        // The kernels read O rounded to the dtype; the reference takes D from that same O.
+        let stored_o: Vec<f32> = f.o.iter().map(|&x| dt.round(x as f32)).collect();
+        backward_from_output_f32(shape, (&q, &k, &v), &stored_o, &d_o, options).unwrap()
     };
     let d = shape.head_dim as usize;
     let mut d_sink_scale = vec![0.0; shape.heads_q as usize];

@@ -26,16 +26,44 @@ pub fn backward(
     d_o: &[f64],
     options: &AttentionOptions,
 ) -> Result<Gradients> {
-    check(
-        shape,
-        options,
-        &[
-            ("q", q.len(), AttentionShape::q_elems),
-            ("k", k.len(), AttentionShape::kv_elems),
-            ("v", v.len(), AttentionShape::kv_elems),
-            ("d_o", d_o.len(), AttentionShape::q_elems),
-        ],
-    )?;
+    gradients(shape, (q, k, v), None, d_o, options)
+}
+
+/// [`backward`] with `D = rowsum(dO ∘ O)` taken from the given `o` (Q's layout) instead of the
+/// f64 forward: the stored output a kernel's backward reads, rounded to its dtype. Where a row's
+/// `dP` and `D` cancel (a row with one visible key has `dS = 0` exactly) the rounding of `O`
+/// alone moves `dQ` and `dK`; this is the reference for a backward given that `O`.
+pub fn backward_from_output(
+    shape: &AttentionShape,
+    (q, k, v): (&[f64], &[f64], &[f64]),
+    o: &[f64],
+    d_o: &[f64],
+    options: &AttentionOptions,
+) -> Result<Gradients> {
+    gradients(shape, (q, k, v), Some(o), d_o, options)
+}
+
+fn gradients(
+    shape: &AttentionShape,
+    (q, k, v): (&[f64], &[f64], &[f64]),
+    given_o: Option<&[f64]>,
+    d_o: &[f64],
+    options: &AttentionOptions,
+) -> Result<Gradients> {
+    let mut slices = vec![
+        (
+            "q",
+            q.len(),
+            AttentionShape::q_elems as fn(&AttentionShape) -> usize,
+        ),
+        ("k", k.len(), AttentionShape::kv_elems),
+        ("v", v.len(), AttentionShape::kv_elems),
+        ("d_o", d_o.len(), AttentionShape::q_elems),
+    ];
+    if let Some(o) = given_o {
+        slices.push(("o", o.len(), AttentionShape::q_elems));
+    }
+    check(shape, options, &slices)?;
     let problem = Problem::new(shape, q, k, options);
     let d = shape.head_dim as usize;
     let mut dq = vec![0.0; shape.q_elems()];
@@ -64,7 +92,10 @@ pub fn backward(
                 o[c] += p * z * v[kv + c];
             }
         }
-        let row_dot = dot(d_o_row, &o);
+        let row_dot = match given_o {
+            Some(given) => dot(d_o_row, &given[q_off..q_off + d]),
+            None => dot(d_o_row, &o),
+        };
         // ∂LSE/∂σ = P_sink, and O moves with every P_j = e^{s_j − LSE}: dσ = −P_sink · D.
         if let Some(d_sinks) = &mut d_sinks {
             d_sinks[row.head as usize] -= row.softmax.sink_prob * row_dot;

@@ -268,3 +268,39 @@ fn finite_differences_of_the_sink_logits() {
             .is_none()
     );
 }
+
+#[test]
+fn given_the_forwards_output_the_gradients_are_backwards() {
+    let s = shape(2, 5, 7, 4, 2, 8);
+    let x = inputs(&s, 11);
+    let options = AttentionOptions::new().causal(true).dropout(0.2, 5, 3);
+    let o = forward(&s, &x.q, &x.k, &x.v, &options).unwrap().o;
+    let want = backward(&s, &x.q, &x.k, &x.v, &x.d_o, &options).unwrap();
+    let got = backward_from_output(&s, (&x.q, &x.k, &x.v), &o, &x.d_o, &options).unwrap();
+    assert_relative_eq!(got.dq[..], want.dq[..], max_relative = 1e-12);
+    assert_relative_eq!(got.dk[..], want.dk[..], max_relative = 1e-12);
+    assert_eq!(got.dv, want.dv);
+    let short = backward_from_output(&s, (&x.q, &x.k, &x.v), &o[1..], &x.d_o, &options);
+    assert!(short.is_err());
+}
+
+/// A row that sees one key has `dS = P·(dP − D) = 0` exactly; an `O` off by `ε` in one element
+/// gives that row `dS = −dO_c·ε`, so `dQ = scale·dS·K` — the cancellation that a backward fed
+/// an `O` rounded to bf16 cannot avoid.
+#[test]
+fn a_one_key_row_moves_with_the_given_output() {
+    let s = shape(1, 1, 1, 1, 1, 4);
+    let x = inputs(&s, 3);
+    let options = AttentionOptions::new();
+    let exact = backward(&s, &x.q, &x.k, &x.v, &x.d_o, &options).unwrap();
+    assert!(exact.dq.iter().all(|&g| g.abs() < 1e-15), "{:?}", exact.dq);
+    let mut o = x.v.clone();
+    let eps = 1e-3;
+    o[2] += eps;
+    let got = backward_from_output(&s, (&x.q, &x.k, &x.v), &o, &x.d_o, &options).unwrap();
+    let scale = 1.0 / 2.0f64;
+    for c in 0..4 {
+        let want = scale * (-x.d_o[2] * eps) * x.k[c];
+        assert_relative_eq!(got.dq[c], want, max_relative = 1e-9);
+    }
+}
