@@ -40,11 +40,12 @@ memcheck|racecheck)
   # Sequences up to 333 (several tiles and tails per family) keep the sanitizers inside their
   # limits. Under racecheck the exact family runs its own domain's cases up to head dim 64 only
   # (its SIMT kernels make every shared-memory access a racecheck event), for RACECHECK_EXACT_S
-  # seconds (default 240); its non-finite cases run under memcheck.
+  # seconds (default 240); its non-finite cases run under memcheck. MEMCHECK_S and RACECHECK_S
+  # (default 50 and 80) bound every other run.
   for family in exact sm80 sm90; do
     for t in gpu_matrix gpu_non_finite; do
       [ -x .device-run/tests/$t ] || continue
-      limit=$([ $step = memcheck ] && echo 50 || echo 80); vars=(); filter=()
+      limit=$([ $step = memcheck ] && echo ${MEMCHECK_S:-50} || echo ${RACECHECK_S:-80}); vars=(); filter=()
       if [ $step = racecheck ] && [ $family = exact ]; then
         [ $t = gpu_matrix ] || continue
         limit=${RACECHECK_EXACT_S:-240}; vars=(FLASH_ATTN_MATRIX_MAX_HEAD_DIM=64); filter=(exact_domain)
