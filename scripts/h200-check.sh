@@ -5,6 +5,8 @@
 # log (the device tool returns at most eight files).
 #   tests     every test binary, GPU tests for real, with --show-output (each case's family shows)
 #   job       the main job on the fixture with every family side by side, plain and causal
+#             (JOB_S seconds each, default 300: the exact family alone takes about 100 s causal;
+#             JOB_KERNELS, default auto,sm90,sm80,exact, names the families)
 #   memcheck  compute-sanitizer memcheck over the GPU matrix and the non-finite tests, per family
 #   racecheck the same under racecheck (the exact family's matrix cases up to head dim 64: its
 #             SIMT kernels make every shared-memory access a racecheck event)
@@ -32,7 +34,7 @@ tests)
   grep -h "ran [0-9]* of\|SKIP" "$out"/test-*.log | tee -a "$out/summary.txt";;
 job)
   for causal in "" --causal; do
-    timeout 150 .device-run/flash-attn run $causal --kernel auto,sm90,sm80,exact > "$out/main-job$causal.log" 2>&1
+    timeout ${JOB_S:-300} .device-run/flash-attn run $causal --kernel ${JOB_KERNELS:-auto,sm90,sm80,exact} > "$out/main-job$causal.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1
     note "main job $causal: exit $rc"; grep -E "forward|backward" "$out/main-job$causal.log" | grep -v "^direction" | tee -a "$out/summary.txt"
   done;;
