@@ -15,6 +15,7 @@
 
 pub mod buffer;
 pub mod memory;
+pub mod peer;
 pub mod timing;
 
 use std::collections::HashMap;
