@@ -22,7 +22,7 @@ use std::thread;
 
 use flash_attn::cudarc::driver::result::ctx::get_current;
 use flash_attn::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
-use flash_attn::reference::{backward_from_output_f32, forward_f32};
+use flash_attn::reference::{Forward, Gradients, backward_from_output_f32, forward_f32};
 use flash_attn::{
     AttentionError, AttentionOptions, AttentionShape, BackwardViews, CopyPath, CopyRoute, DType,
     DeviceF32, DeviceTensor, Direction, FlashOptions, Gpu, GradientViews, PartShape, Strides,
@@ -177,19 +177,22 @@ fn forward_backward(
     )
 }
 
-/// Errors against the f64 reference, the backward's with `D` from the O the kernels read
-/// (`backward_from_output_f32`, as `tests/gpu_matrix.rs`).
-fn check(what: &str, shape: &AttentionShape, x: &Inputs, options: &FlashOptions, got: &Results) {
+/// The f64 reference of `x`: the forward, and the backward with `D` from `o`, the O the kernels
+/// read (`backward_from_output_f32`, as `tests/gpu_matrix.rs`).
+fn reference(
+    shape: &AttentionShape,
+    x: &Inputs,
+    options: &FlashOptions,
+    o: &[bf16],
+) -> (Forward, Gradients) {
     let (q, k, v, d_o) = (widen(&x.q), widen(&x.k), widen(&x.v), widen(&x.d_o));
     let f = forward_f32(shape, &q, &k, &v, &options.attention).unwrap();
-    let b = backward_from_output_f32(
-        shape,
-        (&q, &k, &v),
-        &widen(&got.0),
-        &d_o,
-        &options.attention,
-    )
-    .unwrap();
+    let b =
+        backward_from_output_f32(shape, (&q, &k, &v), &widen(o), &d_o, &options.attention).unwrap();
+    (f, b)
+}
+
+fn check(what: &str, got: &Results, (f, b): &(Forward, Gradients)) {
     let errors = [
         ("o", rel_err(&widen(&got.0), &f.o), BOUND),
         ("lse", lse_err(&got.1, &f.lse), LSE_BOUND),
@@ -265,16 +268,16 @@ fn two_devices_run_forward_and_backward_at_once_on_their_own_streams() {
                     .map(|_| forward_backward(gpu, &stream, shape, &x, &options, &workspaces))
                     .collect();
                 let what = format!("{test}: device {ordinal}");
-                check(&what, shape, &x, &options, &runs[0]);
-                // Later calls: O, LSE, dK and dV bit for bit (one block writes each), dQ (summed
-                // by atomics) against the same reference, as O is the same.
-                for (call, got) in runs.iter().enumerate().skip(1) {
+                let want = reference(shape, &x, &options, &runs[0].0);
+                // Every call against the same reference: O, LSE, dK and dV are the same bits in
+                // every call (one block writes each), so the backward read the same O.
+                for (call, got) in runs.iter().enumerate() {
                     let what = format!("{what}, call {call}");
                     assert_eq!(bits(&got.0), bits(&runs[0].0), "{what}: O");
                     assert_eq!(f32_bits(&got.1), f32_bits(&runs[0].1), "{what}: LSE");
                     assert_eq!(bits(&got.3), bits(&runs[0].3), "{what}: dK");
                     assert_eq!(bits(&got.4), bits(&runs[0].4), "{what}: dV");
-                    check(&what, shape, &x, &options, got);
+                    check(&what, got, &want);
                 }
             });
         }

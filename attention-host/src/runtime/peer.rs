@@ -2,12 +2,12 @@
 //! (the merge of `(O, LSE)` parts computed over disjoint key sets on different GPUs, the first
 //! step towards the ring of `docs/ring-attention.md`).
 //!
-//! The direct path is `cuMemcpyPeerAsync` with peer access enabled from the destination's context
-//! to the source's (NVLink or PCIe, no host memory). Where the devices cannot reach each other,
+//! The direct path is `cuMemcpyPeerAsync` with the destination device given access to the source's
+//! memory (NVLink or PCIe, no host memory). Where the devices cannot reach each other,
 //! the copy goes through host memory, and the caller is told which path ran.
 
-use cudarc::driver::CudaStream;
 use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::borrowed::{TensorMut, TensorRef, View};
 use crate::error::{AttentionError, CudaContext as _, Result, driver, invalid};
@@ -27,7 +27,8 @@ pub enum CopyRoute {
 /// The path a copy took.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyPath {
-    /// `cuMemcpyPeerAsync` on the destination stream, peer access enabled: asynchronous.
+    /// `cuMemcpyPeerAsync` on the destination stream, the destination device given access to the
+    /// source memory ([`copy_across_devices`]): asynchronous.
     Peer,
     /// Downloaded on the source stream (the call waits for it), uploaded on the destination
     /// stream from pageable memory, which the driver stages before the call returns.
@@ -64,8 +65,12 @@ pub fn can_access_peer(to: &CudaStream, from: &CudaStream) -> Result<bool> {
 /// queued on both streams before the call; work queued on either stream after it comes after the
 /// copy (the source may be overwritten, the destination read, in stream order). Returns the path
 /// that ran ([`CopyRoute::Auto`]: [`CopyPath::Peer`] when the destination device can access the
-/// source's, enabling that access for the pair of contexts, which the driver keeps until one of
-/// them is destroyed; else [`CopyPath::Staged`]).
+/// source's, else [`CopyPath::Staged`]).
+///
+/// The peer path leaves the destination device with access to the source memory: peer access
+/// from the destination's context to the source's, and, for stream-ordered memory, read-write
+/// access to the source's whole memory pool. The driver keeps both until the context or the pool
+/// goes.
 ///
 /// Refused before anything is queued: views of different dtypes or lengths, strided views, both
 /// streams on one device, a view whose memory is not on its stream's device, a stream under
@@ -210,12 +215,7 @@ fn peer_copy(
     bytes: usize,
 ) -> Result<()> {
     let (from, to) = (src_stream.context(), dst_stream.context());
-    make_current(to)?;
-    // SAFETY: two live contexts; access from the current (destination) context to the source's.
-    match unsafe { sys::cuCtxEnablePeerAccess(from.cu_ctx(), 0) } {
-        CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
-        other => driver(other, "enabling peer access between the devices")?,
-    }
+    grant_access(src, from, to)?;
     dst_stream
         .join(src_stream)
         .cuda("ordering the copy after the source stream")?;
@@ -239,6 +239,59 @@ fn peer_copy(
     src_stream
         .join(dst_stream)
         .cuda("ordering the source stream after the copy")
+}
+
+/// Gives `to`'s device direct access to the source memory at `src`. CUDA has two mechanisms:
+/// peer access between contexts covers ordinary allocations (`cuMemAlloc`), and a memory pool's
+/// own access list covers stream-ordered ones (cudarc's slices, this library's buffers), which
+/// peer access does not reach. Without either, `cuMemcpyPeerAsync` still copies, staged by the
+/// driver, so this decides the speed of the copy, not its result.
+fn grant_access(src: u64, from: &CudaContext, to: &CudaContext) -> Result<()> {
+    make_current(to)?;
+    // SAFETY: two live contexts; access from the current (destination) one to the source's.
+    match unsafe { sys::cuCtxEnablePeerAccess(from.cu_ctx(), 0) } {
+        CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+        other => driver(other, "enabling peer access between the devices")?,
+    }
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: an out-pointer of the attribute's type; `check` showed `src` is device memory.
+    let status = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut pool as *mut sys::CUmemoryPool).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+            src,
+        )
+    };
+    match status {
+        CUresult::CUDA_SUCCESS if !pool.is_null() => {}
+        // Device memory (`check` asked) that no pool holds: peer access above covers it.
+        CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_INVALID_VALUE => return Ok(()),
+        other => return driver(other, "asking which memory pool holds the source"),
+    }
+    let mut location = sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: to.cu_device(),
+    };
+    let mut flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    // SAFETY: a pool handle the driver returned, an out-pointer and a location.
+    driver(
+        unsafe { sys::cuMemPoolGetAccess(&mut flags, pool, &mut location) },
+        "reading the source pool's access list",
+    )?;
+    if flags == sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE {
+        return Ok(());
+    }
+    // The whole pool becomes readable and writable from the destination device (pools grant
+    // read-write or nothing), as PyTorch's allocator does for peer copies; it stays so.
+    let access = sys::CUmemAccessDesc {
+        location,
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: one valid descriptor for a device other than the pool's own.
+    driver(
+        unsafe { sys::cuMemPoolSetAccess(pool, &access, 1) },
+        "giving the destination device access to the source's memory pool",
+    )
 }
 
 /// Through host memory: the source downloaded on its stream and waited for, then uploaded on the
