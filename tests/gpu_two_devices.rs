@@ -249,21 +249,33 @@ fn two_devices_run_forward_and_backward_at_once_on_their_own_streams() {
         for (ordinal, (gpu, (shape, attention))) in gpus.iter().zip(&problems).enumerate() {
             let start = &start;
             s.spawn(move || {
-                let stream = gpu.context().new_stream().unwrap();
-                assert!(gpu.owns_stream(&stream));
                 let options = FlashOptions::new(attention.clone());
                 let x = inputs(seed.wrapping_add(ordinal as u64 * 0x9e37_79b9), shape);
-                let plans = [Direction::Forward, Direction::Backward]
-                    .map(|d| flash_attn::plan(gpu, shape, DType::Bf16, &options, d).unwrap());
-                say(&format!(
-                    "{test}: device {ordinal} runs {} and {}",
-                    plans[0].entry, plans[1].entry
-                ));
-                let workspaces = plans
-                    .each_ref()
-                    .map(|p| Workspace::on_stream(gpu, p, &stream).unwrap());
+                // Setup errors wait for the barrier too, so a failing thread cannot leave the
+                // other waiting for ever.
+                let setup = || -> Result<_, String> {
+                    let stream = gpu.context().new_stream().map_err(|e| e.to_string())?;
+                    let plans = [Direction::Forward, Direction::Backward].map(|d| {
+                        flash_attn::plan(gpu, shape, DType::Bf16, &options, d)
+                            .map_err(|e| e.to_string())
+                    });
+                    let [f, b] = plans;
+                    let plans = [f?, b?];
+                    say(&format!(
+                        "{test}: device {ordinal} runs {} and {}",
+                        plans[0].entry, plans[1].entry
+                    ));
+                    let [f, b] = plans
+                        .each_ref()
+                        .map(|p| Workspace::on_stream(gpu, p, &stream).map_err(|e| e.to_string()));
+                    Ok((stream, [f?, b?]))
+                };
+                let ready = setup();
                 // Both threads queue their calls together, so the two devices' work overlaps.
                 start.wait();
+                let (stream, workspaces) =
+                    ready.unwrap_or_else(|e| panic!("{test}: device {ordinal}: {e}"));
+                assert!(gpu.owns_stream(&stream));
                 let runs: Vec<Results> = (0..CALLS)
                     .map(|_| forward_backward(gpu, &stream, shape, &x, &options, &workspaces))
                     .collect();

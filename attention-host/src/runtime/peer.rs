@@ -148,6 +148,7 @@ fn check(
         ));
     }
     for (name, stream) in [("source", src_stream), ("destination", dst_stream)] {
+        make_current(stream.context())?;
         if capturing(stream.cu_stream())? {
             return Err(invalid!(
                 "the {name} stream is being captured into a CUDA graph: copy across devices outside the capture"
@@ -169,7 +170,8 @@ fn check(
                 .ptr
                 .checked_add(bytes as u64 - 1)
                 .ok_or_else(|| invalid!("the {name} runs past the address space"))?;
-            // The first and the last byte: a view that runs off its allocation fails the query.
+            // The first and the last byte: a view that runs past the memory the driver knows of
+            // fails the query (one that runs into a neighbouring allocation cannot be told).
             for at in [view.ptr, last] {
                 let got = device_of(at, stream)?;
                 if got != want {
