@@ -12,8 +12,11 @@
 //! - refusals: the library's device-0 buffers with a device-1 `Gpu`, copies of mismatched views,
 //!   memory on the wrong device, a merge on another context's stream.
 //!
-//! It prints the devices' names and which copy path ran. With fewer than two devices each test
-//! prints `SKIP <test>: ...` and returns.
+//! - `merge_on` against `merge_into` bit for bit, and its refusals, on one device (the one test
+//!   here that runs with a single device).
+//!
+//! It prints the devices' names and which copy path ran. With fewer than two devices each
+//! two-device test prints `SKIP <test>: ...` and returns.
 
 use std::io::Write;
 use std::ops::Range;
@@ -30,7 +33,7 @@ use flash_attn::{
     merge, merge_on,
 };
 use flash_attn_testkit::inputs::uniform;
-use flash_attn_testkit::testing::{fresh_seed, lse_err, rel_err, skip};
+use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip, lse_err, rel_err, skip};
 use half::bf16;
 
 /// bf16 bounds of `tests/gpu_matrix.rs` and `tests/gpu_stream_api.rs`: ‖out − ref‖/‖ref‖ and the
@@ -683,5 +686,120 @@ fn owned_buffers_copies_and_merges_refuse_the_wrong_device() {
         "merge of a short LSE part",
         merged,
         "memory holds 3 elements",
+    );
+}
+
+/// `merge_on`, which the two-device tests build on, on one device: the same bits as `merge_into`
+/// on the library's buffers, with empty rows; and its refusals. Runs wherever one device answers.
+#[test]
+fn merge_on_matches_merge_into_on_one_device() {
+    let test = "merge_on_matches_merge_into_on_one_device";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let stream = gpu.context().new_stream().unwrap();
+    let part = PartShape {
+        batch: 2,
+        n_q: 5,
+        heads: 4,
+        head_dim: 64,
+    };
+    let (o_len, rows) = (part.o_elems().unwrap(), part.lse_elems().unwrap());
+    let seed = fresh_seed(test);
+    // Three parts; in part p every row r with (r + p) % 3 == 0 is empty (LSE −∞, O NaN so a read
+    // shows), so some rows are empty in one part, none in all.
+    let parts: Vec<(Vec<bf16>, Vec<f32>)> = (0..3u64)
+        .map(|p| {
+            let mut o = bf16_values(seed.wrapping_add(p), o_len);
+            let mut lse: Vec<f32> = uniform(seed.wrapping_add(p) ^ 7, rows)
+                .into_iter()
+                .map(|x| 4.0 * x)
+                .collect();
+            for (r, l) in lse.iter_mut().enumerate() {
+                if (r + p as usize).is_multiple_of(3) {
+                    *l = f32::NEG_INFINITY;
+                    // LSE row (b·heads + h)·n_q + i is O row (b·n_q + i)·heads + h.
+                    let (n_q, heads) = (part.n_q as usize, part.heads as usize);
+                    let (bh, i) = (r / n_q, r % n_q);
+                    let row = ((bh / heads) * n_q + i) * heads + bh % heads;
+                    o[row * 64..(row + 1) * 64].fill(bf16::NAN);
+                }
+            }
+            (o, lse)
+        })
+        .collect();
+    // The library's buffers.
+    let owned: Vec<(DeviceTensor, DeviceF32)> = parts
+        .iter()
+        .map(|(o, l)| {
+            (
+                DeviceTensor::from_bf16(o).unwrap(),
+                DeviceF32::from_slice(l).unwrap(),
+            )
+        })
+        .collect();
+    let (o_ref, lse_ref) = (
+        DeviceTensor::poisoned(DType::Bf16, o_len).unwrap(),
+        DeviceF32::poisoned(rows).unwrap(),
+    );
+    let o_parts: Vec<&DeviceTensor> = owned.iter().map(|p| &p.0).collect();
+    let lse_parts: Vec<&DeviceF32> = owned.iter().map(|p| &p.1).collect();
+    flash_attn::merge_into(&gpu, &part, &o_parts, &lse_parts, &o_ref, &lse_ref).unwrap();
+    let (o_ref, lse_ref) = (o_ref.to_bf16().unwrap(), lse_ref.to_vec().unwrap());
+    assert!(
+        o_ref.iter().all(|v| !v.is_nan()),
+        "no row is empty everywhere"
+    );
+    // The caller's slices.
+    let slices: Vec<(CudaSlice<bf16>, CudaSlice<f32>)> = parts
+        .iter()
+        .map(|(o, l)| (stream.clone_htod(o).unwrap(), stream.clone_htod(l).unwrap()))
+        .collect();
+    let mut o = poisoned(&stream, bf16::NAN, o_len);
+    let mut lse = poisoned(&stream, f32::NAN, rows);
+    {
+        let o_views: Vec<TensorRef> = slices
+            .iter()
+            .map(|p| TensorRef::new(&p.0, &stream))
+            .collect();
+        let lse_views: Vec<TensorRef> = slices
+            .iter()
+            .map(|p| TensorRef::new(&p.1, &stream))
+            .collect();
+        let (o_refs, lse_refs): (Vec<&TensorRef>, Vec<&TensorRef>) =
+            (o_views.iter().collect(), lse_views.iter().collect());
+        let call = |o: &mut TensorMut, lse: &mut TensorMut| {
+            merge_on(&gpu, &stream, &part, &o_refs, &lse_refs, o, lse)
+        };
+        call(
+            &mut TensorMut::new(&mut o, &stream),
+            &mut TensorMut::new(&mut lse, &stream),
+        )
+        .unwrap();
+        // Refused: an output over a part, an output with strides.
+        let (part0, lse0) = (slices[0].0.device_ptr(&stream).0, lse.device_ptr(&stream).0);
+        // SAFETY: views of live slices; the calls are refused before anything is queued.
+        let (mut over, mut lse_w) = unsafe {
+            (
+                TensorMut::from_raw(part0, o_len, DType::Bf16),
+                TensorMut::from_raw(lse0, rows, DType::F32),
+            )
+        };
+        let e = call(&mut over, &mut lse_w).unwrap_err().to_string();
+        assert!(e.contains("overlap"), "{e}");
+        let mut spare = poisoned(&stream, bf16::NAN, o_len);
+        let strides = Strides::bnhd(part.n_q, part.heads, part.head_dim);
+        let e = call(
+            &mut TensorMut::new(&mut spare, &stream).strided(strides),
+            &mut lse_w,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("has strides"), "{e}");
+    }
+    assert_eq!(bits(&stream.clone_dtoh(&o).unwrap()), bits(&o_ref));
+    assert_eq!(
+        f32_bits(&stream.clone_dtoh(&lse).unwrap()),
+        f32_bits(&lse_ref)
     );
 }
