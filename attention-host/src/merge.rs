@@ -91,7 +91,8 @@ pub struct Merged {
 /// f32, f16 or bf16), computed over disjoint key sets of the same query rows; waits for the
 /// result. A part with `LSE = −∞` on a row contributes nothing there; a row empty in every part is
 /// `O = 0`, `LSE = −∞`; a NaN LSE makes its row NaN. More parts merge in stages (the merge is
-/// associative).
+/// associative). The library's buffers live on device 0: a `Gpu` of another context is refused
+/// (it runs [`merge_on`]).
 pub fn merge(
     gpu: &Gpu,
     shape: &PartShape,
