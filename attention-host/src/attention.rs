@@ -250,8 +250,9 @@ fn prepare_backward(
 }
 
 /// The library's own buffers live in device 0's primary context: a `Gpu` of another context
-/// ([`Gpu::on_device`], [`Gpu::for_context`]) runs the entry points of [`crate::stream_api`].
-fn check_owned_context(gpu: &Gpu) -> Result<()> {
+/// ([`Gpu::on_device`], [`Gpu::for_context`]) runs the entry points of [`crate::stream_api`]
+/// (and [`crate::merge::merge_on`]).
+pub(crate) fn check_owned_context(gpu: &Gpu) -> Result<()> {
     let context = gpu.context();
     if context.ordinal() != 0 || !context.is_primary() {
         return Err(invalid!(

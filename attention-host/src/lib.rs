@@ -47,7 +47,7 @@ pub use error::{AttentionError, Result};
 pub use family::{Direction, Family, KernelChoice};
 pub use flash_options::{FlashOptions, Schedule};
 pub use kv_cache::KvCache;
-pub use merge::{Merged, PartShape, merge, merge_into};
+pub use merge::{Merged, PartShape, merge, merge_into, merge_on};
 pub use options::{
     AttentionOptions, CheckedElems, Dropout, Lengths, Window, alibi_slopes, key_range,
 };
@@ -55,6 +55,7 @@ pub use plan::{DeviceCaps, Plan, Tiles};
 pub use problem::Problem;
 pub use runtime::buffer::{DeviceF32, DeviceTensor};
 pub use runtime::memory;
+pub use runtime::peer::{CopyPath, CopyRoute, can_access_peer, copy_across_devices};
 pub use runtime::timing;
 pub use runtime::{Gpu, KernelParams, LaunchConfig};
 pub use stream_api::{BackwardViews, GradientViews, backward_on, forward_on};

@@ -2,17 +2,24 @@
 //! attention over a shared prefix, attention spread over devices, split-KV decode) combined into
 //! the `(O, LSE)` of the union, exactly (`attention_kernels::attn::merge`, the forward's empty-row
 //! and non-finite policy). [`crate::reference::merge`] is its f64 reference.
+//!
+//! [`merge`] and [`merge_into`] take the library's buffers (device 0); [`merge_on`] takes the
+//! caller's memory and stream on any device, as [`crate::stream_api`] does.
 
 use attention_kernels::abi::params::{MERGE_MAX_PARTS, MergeParams, MergeParts};
 use attention_kernels::abi::shape::AttentionShape;
 use attention_kernels::kernels::merge::MERGE_WARPS;
+use cudarc::driver::CudaStream;
 
+use crate::attention::check_owned_context;
+use crate::borrowed::{Dims, Named, TensorMut, TensorRef, check_aliasing};
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
 use crate::instances;
 use crate::options::checked_elems;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
-use crate::runtime::{Gpu, LaunchConfig};
+use crate::runtime::{Gpu, LaunchConfig, Queue};
+use crate::stream_api::check_stream;
 
 /// The shape of one part: O `[batch, n_q, heads, head_dim]`, LSE f32 `[batch, heads, n_q]`
 /// (what [`crate::forward`] writes, with `heads = heads_q`).
@@ -84,19 +91,28 @@ pub struct Merged {
 /// f32, f16 or bf16), computed over disjoint key sets of the same query rows; waits for the
 /// result. A part with `LSE = −∞` on a row contributes nothing there; a row empty in every part is
 /// `O = 0`, `LSE = −∞`; a NaN LSE makes its row NaN. More parts merge in stages (the merge is
-/// associative).
+/// associative). The library's buffers live on device 0: a `Gpu` of another context is refused
+/// (it runs [`merge_on`]).
 pub fn merge(
     gpu: &Gpu,
     shape: &PartShape,
     o_parts: &[&DeviceTensor],
     lse_parts: &[&DeviceF32],
 ) -> Result<Merged> {
+    check_owned_context(gpu)?;
     let dtype = check_parts(shape, o_parts, lse_parts)?;
     let out = Merged {
         o: DeviceTensor::uninitialized(dtype, shape.o_elems()?)?,
         lse: DeviceF32::uninitialized(shape.lse_elems()?)?,
     };
-    launch(gpu, shape, o_parts, lse_parts, &out.o, &out.lse)?;
+    launch(
+        &Queue::own(gpu),
+        shape,
+        dtype,
+        &pointers(o_parts, lse_parts),
+        (out.o.device_ptr(), out.lse.device_ptr()),
+        o_parts.len(),
+    )?;
     gpu.synchronize()?;
     Ok(out)
 }
@@ -111,6 +127,7 @@ pub fn merge_into(
     o: &DeviceTensor,
     lse: &DeviceF32,
 ) -> Result<()> {
+    check_owned_context(gpu)?;
     let dtype = check_parts(shape, o_parts, lse_parts)?;
     if o.dtype() != dtype || o.len() != shape.o_elems()? {
         return Err(invalid!(
@@ -134,7 +151,112 @@ pub fn merge_into(
             "the merge's outputs must not be one of its parts (rows are read while written)"
         ));
     }
-    launch(gpu, shape, o_parts, lse_parts, o, lse)
+    launch(
+        &Queue::own(gpu),
+        shape,
+        dtype,
+        &pointers(o_parts, lse_parts),
+        (o.device_ptr(), lse.device_ptr()),
+        o_parts.len(),
+    )
+}
+
+/// As [`merge_into`] on memory and a stream the caller owns, on any device: the parts and the
+/// outputs as contiguous views (O `[batch, n_q, heads, head_dim]` in one dtype, LSE f32
+/// `[batch, heads, n_q]`) in `gpu`'s context, the kernel queued on `stream` (a stream of that
+/// context); nothing waits. Parts brought from another device first
+/// ([`crate::runtime::peer::copy_across_devices`]) merge here like local ones.
+///
+/// Refused before launching: what [`merge_into`] refuses, strided views, a view shorter than
+/// its part, an LSE that is not f32, outputs overlapping a part or each other.
+pub fn merge_on(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    shape: &PartShape,
+    o_parts: &[&TensorRef],
+    lse_parts: &[&TensorRef],
+    o: &mut TensorMut,
+    lse: &mut TensorMut,
+) -> Result<()> {
+    check_stream(gpu, stream)?;
+    check_counts(shape, o_parts.len(), lse_parts.len())?;
+    let dtype = o_parts[0].view.dtype;
+    let dims_o = Dims {
+        batch: shape.batch as usize,
+        seq: shape.n_q as usize,
+        heads: shape.heads as usize,
+        head_dim: shape.head_dim as usize,
+    };
+    let dims_lse = Dims {
+        batch: 1,
+        seq: 1,
+        heads: 1,
+        head_dim: shape.lse_elems()?,
+    };
+    let parts: Vec<Named> = o_parts
+        .iter()
+        .map(|p| ("an O part", &p.view, dims_o))
+        .chain(lse_parts.iter().map(|p| ("an LSE part", &p.view, dims_lse)))
+        .collect();
+    let outputs: [Named; 2] = [("o", &o.view, dims_o), ("lse", &lse.view, dims_lse)];
+    let o_count = o_parts.len();
+    let checks = parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p, i < o_count, false));
+    let checks = checks.chain([(&outputs[0], true, true), (&outputs[1], false, true)]);
+    for (&(name, view, dims), is_o, output) in checks {
+        if view.strides.is_some() {
+            return Err(invalid!(
+                "the merge reads and writes contiguous views: {name} has strides"
+            ));
+        }
+        view.check(name, &dims, if is_o { dtype } else { DType::F32 }, output)?;
+    }
+    check_aliasing(&parts, &outputs)?;
+    launch(
+        &Queue::caller(gpu, stream),
+        shape,
+        dtype,
+        &MergeParts {
+            o: table(o_parts.iter().map(|p| p.view.ptr)),
+            lse: table(lse_parts.iter().map(|p| p.view.ptr)),
+        },
+        (o.view.ptr, lse.view.ptr),
+        o_parts.len(),
+    )
+}
+
+/// Part addresses as the kernel's table takes them (unused slots 0).
+fn table(ptrs: impl Iterator<Item = u64>) -> [u64; MERGE_MAX_PARTS] {
+    let mut t = [0; MERGE_MAX_PARTS];
+    for (slot, p) in t.iter_mut().zip(ptrs) {
+        *slot = p;
+    }
+    t
+}
+
+fn pointers(o_parts: &[&DeviceTensor], lse_parts: &[&DeviceF32]) -> MergeParts {
+    MergeParts {
+        o: table(o_parts.iter().map(|p| p.device_ptr())),
+        lse: table(lse_parts.iter().map(|p| p.device_ptr())),
+    }
+}
+
+/// The shape is valid and there are as many O as LSE parts, 1 to [`MERGE_MAX_PARTS`].
+fn check_counts(shape: &PartShape, o_parts: usize, lse_parts: usize) -> Result<()> {
+    shape.validate()?;
+    if o_parts != lse_parts {
+        return Err(invalid!(
+            "{o_parts} O parts but {lse_parts} LSE parts: each part is one (O, LSE) pair"
+        ));
+    }
+    if o_parts == 0 || o_parts > MERGE_MAX_PARTS {
+        return Err(invalid!(
+            "merge takes 1 to {MERGE_MAX_PARTS} parts, got {o_parts} (merge more in stages)"
+        ));
+    }
+    Ok(())
 }
 
 /// The parts' common dtype, once every part is checked against `shape`.
@@ -143,20 +265,7 @@ fn check_parts(
     o_parts: &[&DeviceTensor],
     lse_parts: &[&DeviceF32],
 ) -> Result<DType> {
-    shape.validate()?;
-    if o_parts.len() != lse_parts.len() {
-        return Err(invalid!(
-            "{} O parts but {} LSE parts: each part is one (O, LSE) pair",
-            o_parts.len(),
-            lse_parts.len()
-        ));
-    }
-    if o_parts.is_empty() || o_parts.len() > MERGE_MAX_PARTS {
-        return Err(invalid!(
-            "merge takes 1 to {MERGE_MAX_PARTS} parts, got {} (merge more in stages)",
-            o_parts.len()
-        ));
-    }
+    check_counts(shape, o_parts.len(), lse_parts.len())?;
     let dtype = o_parts[0].dtype();
     let (o_elems, lse_elems) = (shape.o_elems()?, shape.lse_elems()?);
     for (p, (o, lse)) in o_parts.iter().zip(lse_parts).enumerate() {
@@ -183,37 +292,29 @@ fn check_parts(
 }
 
 fn launch(
-    gpu: &Gpu,
+    queue: &Queue,
     shape: &PartShape,
-    o_parts: &[&DeviceTensor],
-    lse_parts: &[&DeviceF32],
-    o: &DeviceTensor,
-    lse: &DeviceF32,
+    dtype: DType,
+    table: &MergeParts,
+    (o, lse): (u64, u64),
+    parts: usize,
 ) -> Result<()> {
-    let mut table = MergeParts {
-        o: [0; MERGE_MAX_PARTS],
-        lse: [0; MERGE_MAX_PARTS],
-    };
-    for (p, (part_o, part_lse)) in o_parts.iter().zip(lse_parts).enumerate() {
-        table.o[p] = part_o.device_ptr();
-        table.lse[p] = part_lse.device_ptr();
-    }
     let params = MergeParams {
-        table,
+        table: *table,
         o_base: 0,
         lse_base: 0,
         o_part_stride: 0,
         lse_part_stride: 0,
-        o: o.device_ptr(),
-        lse: lse.device_ptr(),
-        parts: o_parts.len() as u32,
+        o,
+        lse,
+        parts: parts as u32,
         batch: shape.batch,
         n_q: shape.n_q,
         heads: shape.heads,
         head_dim: shape.head_dim,
     };
-    gpu.launch(
-        &instances::merge(o.dtype(), o.dtype(), false),
+    queue.launch(
+        &instances::merge(dtype, dtype, false),
         shape.launch_config()?,
         &params,
     )

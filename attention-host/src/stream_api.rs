@@ -251,7 +251,7 @@ pub fn backward_on(
     Ok(plan)
 }
 
-fn check_stream(gpu: &Gpu, stream: &CudaStream) -> Result<()> {
+pub(crate) fn check_stream(gpu: &Gpu, stream: &CudaStream) -> Result<()> {
     if !gpu.owns_stream(stream) {
         return Err(invalid!(
             "the stream belongs to another context than the Gpu's: make the Gpu with Gpu::for_context(stream.context().clone(), ..)"

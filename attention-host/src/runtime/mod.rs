@@ -12,9 +12,13 @@
 //! another. The context (device 0's primary context unless chosen: the one cudarc, candle and cust
 //! share) is retained by the `Gpu` and by every buffer of this library ([`buffer`]), so it lives
 //! as long as the last of them: a buffer may outlive the `Gpu` it was used with.
+//!
+//! Several devices: one `Gpu` per device ([`Gpu::on_device`]); [`peer`] copies buffers between
+//! them.
 
 pub mod buffer;
 pub mod memory;
+pub mod peer;
 pub mod timing;
 
 use std::collections::HashMap;
