@@ -9,7 +9,9 @@
 # `headdims`: the head-dim table of issue 10 (d = 32, 80, 96, 160, 192, 256 at N = 4096, causal
 # and not; `flash-attn bench --shapes headdims`) against the same SDPA peers, its ratio table in
 # $out/headdim-table.md.
-# usage: bench-h200.sh [all|speed|memory|decode|headdims] [flash-attn bench options, e.g. --pass forward]
+# `window`: the window cost of issue 10 (`flash-attn bench --shapes window`: N = 16384 full and
+# with a window, beside the same rows at 2048 and 1024 keys; ours only, forward and backward).
+# usage: bench-h200.sh [all|speed|memory|decode|headdims|window] [flash-attn bench options, e.g. --pass forward]
 set -uo pipefail
 what=${1:-all}; shift || true
 out=${OUT:-reports/bench}
@@ -26,6 +28,10 @@ if [ "$what" = headdims ]; then
   $fa bench --kernel auto --shapes headdims --out "$out" "$@"
   OUT="$out" python3 scripts/peers/sdpa_bench.py --backends flash cudnn --shapes headdims
   python3 scripts/peers/ratio_table.py "$out/sdpa.json" "$out"/bench-auto-*.json | tee "$out/headdim-table.md"
+  exit
+fi
+if [ "$what" = window ]; then
+  $fa bench --kernel auto --shapes window --out "$out" "$@" | tee "$out/window-table.txt"
   exit
 fi
 if [ "$what" != memory ]; then

@@ -63,6 +63,29 @@ pub fn anchor_cases() -> Vec<(AttentionShape, bool)> {
     cases
 }
 
+/// The rows of the window-cost check (issue 10: blocks outside a local window are skipped, so a
+/// window costs what its keys cost), H = 16, d = 128, non-causal, each with its window: at
+/// B = 1, N = 16384 the full square, the window (1024, 1024) (2049 keys per row) and the
+/// sliding window (1024, 0) (1025 keys per row); beside them the same 16384 rows as B = 8 ×
+/// N = 2048 and B = 16 × N = 1024 without a window (2048 and 1024 keys per row).
+pub fn window_cases() -> Vec<(AttentionShape, Option<(u32, u32)>)> {
+    let shape = |batch: u32, n: u32| AttentionShape {
+        batch,
+        n_q: n,
+        n_k: n,
+        heads_q: 16,
+        heads_kv: 16,
+        head_dim: 128,
+    };
+    vec![
+        (shape(1, 16384), None),
+        (shape(1, 16384), Some((1024, 1024))),
+        (shape(8, 2048), None),
+        (shape(1, 16384), Some((1024, 0))),
+        (shape(16, 1024), None),
+    ]
+}
+
 /// The head dims of the head-dim speed table (issue 10): d ∈ {32, 80, 96, 160, 192, 256} at
 /// N = 4096, causal and not, with the anchors' work per case: `B = 16384/N = 4` (16K tokens)
 /// and `H = 2048/d` rounded to the nearest head (H·d within 1.6% of 2048).
@@ -134,6 +157,8 @@ pub struct CaseRecord<'a> {
     pub block_sizes: Value,
     pub shape: AttentionShape,
     pub causal: bool,
+    /// The local window (left, right), if any.
+    pub window: Option<(u32, u32)>,
     pub dtype: DType,
     pub flops: f64,
     pub warmup: usize,
@@ -166,6 +191,7 @@ impl CaseRecord<'_> {
             "block_sizes": self.block_sizes,
             "shape": {"B": s.batch, "N_q": s.n_q, "N_k": s.n_k, "H_q": s.heads_q, "H_kv": s.heads_kv, "d": s.head_dim},
             "causal": self.causal,
+            "window": self.window,
             "dtype": self.dtype.name(),
             "flops": self.flops,
             "warmup": self.warmup,

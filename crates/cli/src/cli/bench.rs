@@ -11,7 +11,7 @@ use flash_attn::{
 };
 use flash_attn_testkit::bench::{
     CaseRecord, anchor_cases, backward_flops, environment, forward_flops, headdim_cases,
-    running_fixture,
+    running_fixture, window_cases, windowed_forward_flops,
 };
 use flash_attn_testkit::inputs::uniform;
 use flash_attn_testkit::sampled_rows::check_rows;
@@ -81,6 +81,42 @@ enum Shapes {
     /// The head-dim table: d = 32, 80, 96, 160, 192, 256 at N = 4096, B = 4, H = 2048/d
     /// rounded, causal and not.
     Headdims,
+    /// The window cost: H = 16, d = 128, N = 16384 full, with the window (1024, 1024) and with
+    /// (1024, 0), beside B = 8 × N = 2048 and B = 16 × N = 1024 full (the same rows, 2048 and
+    /// 1024 keys each).
+    Window,
+}
+
+/// One case: a shape and its mask (causal, local window).
+struct Case {
+    shape: AttentionShape,
+    causal: bool,
+    window: Option<(u32, u32)>,
+}
+
+impl Case {
+    fn options(&self) -> AttentionOptions {
+        let a = AttentionOptions::new().causal(self.causal);
+        match self.window {
+            Some((left, right)) => a.window(left, right),
+            None => a,
+        }
+    }
+
+    /// FLOPs as the anchors count them, or over the pairs the window allows.
+    fn forward_flops(&self) -> f64 {
+        match self.window {
+            Some(_) => windowed_forward_flops(&self.shape, &self.options()),
+            None => forward_flops(&self.shape, self.causal),
+        }
+    }
+
+    fn backward_flops(&self) -> f64 {
+        match self.window {
+            Some(_) => 2.5 * windowed_forward_flops(&self.shape, &self.options()),
+            None => backward_flops(&self.shape, self.causal),
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -125,19 +161,35 @@ pub struct BenchArgs {
 
 pub fn run(args: &BenchArgs) -> CliResult {
     let gpu = flash_attn::gpu()?;
-    let cases: Vec<(AttentionShape, bool)> = match args.shapes {
-        Shapes::Anchors => anchor_cases(),
-        Shapes::Fixture => vec![(running_fixture(), false), (running_fixture(), true)],
-        Shapes::Headdims => headdim_cases(),
+    let plain = |(shape, causal)| Case {
+        shape,
+        causal,
+        window: None,
+    };
+    let cases: Vec<Case> = match args.shapes {
+        Shapes::Anchors => anchor_cases().into_iter().map(plain).collect(),
+        Shapes::Fixture => vec![
+            plain((running_fixture(), false)),
+            plain((running_fixture(), true)),
+        ],
+        Shapes::Headdims => headdim_cases().into_iter().map(plain).collect(),
+        Shapes::Window => window_cases()
+            .into_iter()
+            .map(|(shape, window)| Case {
+                shape,
+                causal: false,
+                window,
+            })
+            .collect(),
     }
     .into_iter()
-    .filter(|(_, c)| args.causal.is_none_or(|want| want == *c))
+    .filter(|c| args.causal.is_none_or(|want| want == c.causal))
     .collect();
     let env = environment(&gpu);
     println!("{}", serde_json::to_string(&env)?);
     println!(
-        "{:<10} {:<8} {:>3} {:>3} {:>6} {:>4} {:>6} {:>10} {:>9} {:>10}",
-        "kernel", "pass", "B", "H", "N", "d", "causal", "median ms", "TFLOP/s", "rel err"
+        "{:<10} {:<8} {:>3} {:>3} {:>6} {:>4} {:>6} {:>11} {:>10} {:>9} {:>10}",
+        "kernel", "pass", "B", "H", "N", "d", "causal", "window", "median ms", "TFLOP/s", "rel err"
     );
     let mut records = Vec::new();
     let passes: Vec<Pass> = match (args.pass, args.kernel) {
@@ -145,31 +197,34 @@ pub fn run(args: &BenchArgs) -> CliResult {
         (None, Kernel::Materialized) => vec![Pass::Forward],
         (None, _) => vec![Pass::Forward, Pass::Backward],
     };
-    for (shape, causal) in cases {
+    for case in cases {
+        let shape = case.shape;
         for &pass in &passes {
             let record = match (args.kernel, pass) {
-                (Kernel::Materialized, Pass::Forward) => {
-                    bench_materialized(&gpu, &shape, causal, args)?
-                }
+                (Kernel::Materialized, Pass::Forward) => bench_materialized(&gpu, &case, args)?,
                 (Kernel::Materialized, Pass::Backward) => {
                     return Err("the materialized baseline has no backward".into());
                 }
                 (Kernel::Planned(choice), Pass::Forward) => {
-                    bench_forward(&gpu, &shape, causal, choice, args)?
+                    bench_forward(&gpu, &case, choice, args)?
                 }
                 (Kernel::Planned(choice), Pass::Backward) => {
-                    bench_backward(&gpu, &shape, causal, choice, args)?
+                    bench_backward(&gpu, &case, choice, args)?
                 }
             };
+            let window = case
+                .window
+                .map_or("-".to_string(), |(l, r)| format!("{l},{r}"));
             println!(
-                "{:<10} {:<8} {:>3} {:>3} {:>6} {:>4} {:>6} {:>10.3} {:>9.1} {:>10.2e}",
+                "{:<10} {:<8} {:>3} {:>3} {:>6} {:>4} {:>6} {:>11} {:>10.3} {:>9.1} {:>10.2e}",
                 record.kernel,
                 record.pass,
                 shape.batch,
                 shape.heads_q,
                 shape.n_q,
                 shape.head_dim,
-                causal,
+                case.causal,
+                window,
                 record.median_ms(),
                 record.tflops(),
                 record.error["relative"].as_f64().unwrap_or(f64::NAN)
@@ -254,11 +309,10 @@ fn forward_error(
 
 fn bench_materialized<'a>(
     gpu: &Gpu,
-    shape: &AttentionShape,
-    causal: bool,
+    case: &Case,
     args: &BenchArgs,
 ) -> flash_attn::Result<CaseRecord<'a>> {
-    let options = AttentionOptions::new().causal(causal);
+    let (shape, options) = (&case.shape, case.options());
     let (host, dev) = inputs(shape, args.dtype)?;
     memory::reset_peak();
     let workspace = MaterializedWorkspace::new(shape, args.dtype)?;
@@ -273,9 +327,10 @@ fn bench_materialized<'a>(
         schedule: "three stages",
         block_sizes: json!({"tile": 16}),
         shape: *shape,
-        causal,
+        causal: case.causal,
+        window: case.window,
         dtype: args.dtype,
-        flops: forward_flops(shape, causal),
+        flops: case.forward_flops(),
         warmup: args.warmup,
         timing: args.timing.name(),
         calls_per_sample,
@@ -300,12 +355,12 @@ fn plan_record(plan: &Plan) -> serde_json::Value {
 
 fn bench_forward<'a>(
     gpu: &Gpu,
-    shape: &AttentionShape,
-    causal: bool,
+    case: &Case,
     choice: KernelChoice,
     args: &BenchArgs,
 ) -> flash_attn::Result<CaseRecord<'a>> {
-    let options = FlashOptions::new(AttentionOptions::new().causal(causal)).kernel(choice);
+    let shape = &case.shape;
+    let options = FlashOptions::new(case.options()).kernel(choice);
     let (host, dev) = inputs(shape, args.dtype)?;
     memory::reset_peak();
     // The call a user makes: validation, plan, outputs from the pool, launch.
@@ -325,9 +380,10 @@ fn bench_forward<'a>(
         schedule: "row-owned",
         block_sizes: plan_record(&plan),
         shape: *shape,
-        causal,
+        causal: case.causal,
+        window: case.window,
         dtype: args.dtype,
-        flops: forward_flops(shape, causal),
+        flops: case.forward_flops(),
         warmup: args.warmup,
         timing: args.timing.name(),
         calls_per_sample,
@@ -339,12 +395,12 @@ fn bench_forward<'a>(
 
 fn bench_backward<'a>(
     gpu: &Gpu,
-    shape: &AttentionShape,
-    causal: bool,
+    case: &Case,
     choice: KernelChoice,
     args: &BenchArgs,
 ) -> flash_attn::Result<CaseRecord<'a>> {
-    let options = FlashOptions::new(AttentionOptions::new().causal(causal))
+    let shape = &case.shape;
+    let options = FlashOptions::new(case.options())
         .kernel(choice)
         .deterministic(args.deterministic);
     let (_, dev) = inputs(shape, args.dtype)?;
@@ -386,9 +442,10 @@ fn bench_backward<'a>(
         },
         block_sizes: plan_record(&plan),
         shape: *shape,
-        causal,
+        causal: case.causal,
+        window: case.window,
         dtype: args.dtype,
-        flops: backward_flops(shape, causal),
+        flops: case.backward_flops(),
         warmup: args.warmup,
         timing: args.timing.name(),
         calls_per_sample,
