@@ -8,6 +8,7 @@
 //! buffer dropped early is freed only after the work that reads it. Reading a result back
 //! (`to_f32`, `to_vec`) or [`Gpu::synchronize`] waits, and reports a fault of the queued kernels.
 
+use attention_kernels::abi::layout::KeyPages;
 use attention_kernels::abi::shape::AttentionShape;
 
 use crate::dtype::DType;
@@ -251,7 +252,7 @@ fn prepare_backward(
 
 /// The library's own buffers live in device 0's primary context: a `Gpu` of another context
 /// ([`Gpu::on_device`], [`Gpu::for_context`]) runs the entry points of [`crate::stream_api`].
-fn check_owned_context(gpu: &Gpu) -> Result<()> {
+pub(crate) fn check_owned_context(gpu: &Gpu) -> Result<()> {
     let context = gpu.context();
     if context.ordinal() != 0 || !context.is_primary() {
         return Err(invalid!(
@@ -303,7 +304,16 @@ pub(crate) fn launch_forward(
             )
         }
         Tiles::Decode(_) => crate::families::decode::launch_forward(
-            queue, problem, plan, q, k, v, o, lse, workspace,
+            queue,
+            problem,
+            plan,
+            q,
+            k,
+            v,
+            o,
+            lse,
+            workspace,
+            KeyPages::CONTIGUOUS,
         ),
         Tiles::Sm80Backward(_) | Tiles::Sm90Backward(_) => {
             unreachable!("plan::select gave a backward plan for a forward")
