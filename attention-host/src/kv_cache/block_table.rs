@@ -107,7 +107,7 @@ impl BlockTable {
         let sequences = self.entries.len() / self.width.max(1) as usize;
         if pages.len() != sequences {
             return Err(invalid!(
-                "{} page counts for {sequences} sequences",
+                "{} entries for a cache of {sequences} sequences",
                 pages.len()
             ));
         }
@@ -214,6 +214,6 @@ mod tests {
             "{m}"
         );
         let m = t.reserve(&[1]).unwrap_err().to_string();
-        assert!(m.contains("1 page counts for 2 sequences"), "{m}");
+        assert!(m.contains("1 entries for a cache of 2 sequences"), "{m}");
     }
 }

@@ -134,7 +134,7 @@ impl PagedKvCache {
     }
 
     /// The rows sequence `b` may hold: its pages before its first unassigned slot.
-    pub fn room(&self, b: usize) -> u32 {
+    fn room(&self, b: usize) -> u32 {
         self.table.held(b) * self.layout.page_size
     }
 
