@@ -1,16 +1,25 @@
 //! Decode speed on the rows (bf16, d = 128): one query row per sequence against a long
-//! key cache, plus a chunked prefill (N_q = 512 against 32,768 keys). Pipelined timing: after
-//! warm-up, each sample is `--calls` back-to-back `forward_into` calls between two CUDA events
-//! (per-call time = sample / calls), so launch gaps overlap as in a serving loop. Prints the
-//! median per-call time and the K/V bytes read per second; writes every raw sample to
-//! `<out>/decode-bench.json`. The PyTorch side: `scripts/peers/decode_bench.py` (same rows, same
-//! timing); `scripts/bench-h200.sh decode` runs both.
+//! key cache, plus a chunked prefill (N_q = 512 against 32,768 keys); then the KV caches: one
+//! decode step over a full contiguous `KvCache` and over `PagedKvCache`s of the same rows (page
+//! sizes 16 and 256, pages in shuffled order), the paged/contiguous ratio printed. Pipelined
+//! timing: after warm-up, each sample is `--calls` back-to-back calls (`forward_into`, the
+//! caches' `attend_into`) between two CUDA events (per-call time = sample / calls), so launch
+//! gaps overlap as in a serving loop. Prints the median per-call time and the K/V bytes read per
+//! second; writes every raw sample to `<out>/decode-bench.json`. The PyTorch side:
+//! `scripts/peers/decode_bench.py` (same rows, same timing); `scripts/bench-h200.sh decode` runs
+//! both.
 //!
 //! `cargo run --release --example decode_bench -- [--calls 50] [--samples 30] [--warmup 5]
-//! [--kernel auto|decode|sm90|…] [--out reports/bench]`
+//! [--kernel auto|decode|sm90|…] [--out reports/bench] [--caches-only]`
 
 use flash_attn::timing::{median, time_calls};
-use flash_attn::{AttentionShape, DType, DeviceF32, DeviceTensor, FlashOptions, KernelChoice};
+use flash_attn::{
+    AttentionShape, DType, DeviceF32, DeviceTensor, FlashOptions, Gpu, KernelChoice, KvCache,
+    PagedKvCache, PagedLayout, Plan,
+};
+use flash_attn_testkit::args::{arg, flag};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
 
 /// (batch, n_q, n_k, heads_q, heads_kv).
 const ROWS: [(u32, u32, u32, u32, u32); 6] = [
@@ -21,32 +30,69 @@ const ROWS: [(u32, u32, u32, u32, u32); 6] = [
     (1, 1, 131072, 32, 32),
     (1, 512, 32768, 32, 8),
 ];
+/// The caches' rows: (batch, n_k) full sequences, one query row, H = 32/8.
+const CACHE_ROWS: [(u32, u32); 2] = [(1, 32768), (8, 8192)];
+const PAGE_SIZES: [u32; 2] = [16, 256];
 
-fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name}: cannot parse {v:?}"))
-        })
-        .unwrap_or(default)
+struct Timing {
+    calls: usize,
+    samples: usize,
+    warmup: usize,
 }
 
-fn main() -> flash_attn::Result<()> {
-    let (calls, samples, warmup) = (
-        arg("--calls", 50usize),
-        arg("--samples", 30usize),
-        arg("--warmup", 5usize),
-    );
-    assert!(samples >= 20, "--samples must be at least 20");
-    let kernel: KernelChoice = arg("--kernel", "auto".to_owned())
-        .parse()
-        .expect("--kernel");
-    let out_dir = arg("--out", "reports/bench".to_owned());
-    let gpu = flash_attn::gpu()?;
-    let options = FlashOptions::default().kernel(kernel);
+impl Timing {
+    /// Median per-call ms and every sample's per-call ms of `call`.
+    fn run(
+        &self,
+        gpu: &Gpu,
+        mut call: impl FnMut() -> flash_attn::Result<Plan>,
+    ) -> flash_attn::Result<(f32, Vec<f32>)> {
+        let raw = time_calls(gpu, self.warmup, self.samples, || {
+            for _ in 0..self.calls {
+                call()?;
+            }
+            Ok(())
+        })?;
+        let per_call: Vec<f32> = raw.iter().map(|ms| ms / self.calls as f32).collect();
+        Ok((median(&per_call), per_call))
+    }
+
+    /// Prints the row and returns its JSON record.
+    fn record(
+        &self,
+        s: &AttentionShape,
+        kernel: &str,
+        plan: &Plan,
+        timed: (f32, Vec<f32>),
+    ) -> String {
+        let (ms, per_call) = timed;
+        let kv_bytes = 2 * s.kv_elems() as u64 * 2;
+        let tb_s = kv_bytes as f64 / (ms as f64 * 1e-3) / 1e12;
+        let AttentionShape {
+            batch,
+            n_q,
+            n_k,
+            heads_q,
+            heads_kv,
+            ..
+        } = *s;
+        println!(
+            "B={batch} N_q={n_q} N_k={n_k} H_q/H_kv={heads_q}/{heads_kv} {kernel}: {ms:.4} ms per call, K/V {tb_s:.2} TB/s ({} grid {:?})",
+            plan.entry, plan.grid
+        );
+        format!(
+            "{{\"B\":{batch},\"N_q\":{n_q},\"N_k\":{n_k},\"H_q\":{heads_q},\"H_kv\":{heads_kv},\"d\":128,\"dtype\":\"bf16\",\"kernel\":\"{kernel}\",\"entry\":\"{}\",\"grid\":[{},{},{}],\"calls_per_sample\":{},\"warmup\":{},\"median_ms\":{ms},\"kv_bytes\":{kv_bytes},\"kv_tb_per_s\":{tb_s},\"samples_ms_per_call\":{:?}}}",
+            plan.entry, plan.grid.0, plan.grid.1, plan.grid.2, self.calls, self.warmup, per_call
+        )
+    }
+}
+
+fn fill(n: usize, seed: u64) -> flash_attn::Result<DeviceTensor> {
+    DeviceTensor::from_f32(DType::Bf16, &flash_attn_testkit::inputs::uniform(seed, n))
+}
+
+/// The decode rows through `forward_into`.
+fn tensor_rows(gpu: &Gpu, t: &Timing, options: &FlashOptions) -> flash_attn::Result<Vec<String>> {
     let mut records = vec![];
     for (batch, n_q, n_k, heads_q, heads_kv) in ROWS {
         let s = AttentionShape {
@@ -57,10 +103,6 @@ fn main() -> flash_attn::Result<()> {
             heads_kv,
             head_dim: 128,
         };
-        let fill = |n: usize, seed: u64| {
-            let x = flash_attn_testkit::inputs::uniform(seed, n);
-            DeviceTensor::from_f32(DType::Bf16, &x)
-        };
         let (q, k, v) = (
             fill(s.q_elems(), 1)?,
             fill(s.kv_elems(), 2)?,
@@ -69,31 +111,91 @@ fn main() -> flash_attn::Result<()> {
         let o = DeviceTensor::poisoned(DType::Bf16, s.q_elems())?;
         let lse = DeviceF32::poisoned(s.row_elems())?;
         let plan = flash_attn::plan(
-            &gpu,
+            gpu,
             &s,
             DType::Bf16,
-            &options,
+            options,
             flash_attn::Direction::Forward,
         )?;
-        let raw = time_calls(&gpu, warmup, samples, || {
-            for _ in 0..calls {
-                flash_attn::forward_into(&gpu, &s, &q, &k, &v, &o, &lse, &options)?;
-            }
-            Ok(())
+        let timed = t.run(gpu, || {
+            flash_attn::forward_into(gpu, &s, &q, &k, &v, &o, &lse, options)
         })?;
-        let per_call: Vec<f32> = raw.iter().map(|ms| ms / calls as f32).collect();
-        let ms = median(&per_call);
-        let kv_bytes = 2 * s.kv_elems() as u64 * 2;
-        let tb_s = kv_bytes as f64 / (ms as f64 * 1e-3) / 1e12;
-        println!(
-            "B={batch} N_q={n_q} N_k={n_k} H_q/H_kv={heads_q}/{heads_kv}: {ms:.4} ms per call, K/V {tb_s:.2} TB/s ({} grid {:?})",
-            plan.entry, plan.grid
-        );
-        records.push(format!(
-            "{{\"B\":{batch},\"N_q\":{n_q},\"N_k\":{n_k},\"H_q\":{heads_q},\"H_kv\":{heads_kv},\"d\":128,\"dtype\":\"bf16\",\"kernel\":\"{}\",\"entry\":\"{}\",\"grid\":[{},{},{}],\"calls_per_sample\":{calls},\"warmup\":{warmup},\"median_ms\":{ms},\"kv_bytes\":{kv_bytes},\"kv_tb_per_s\":{tb_s},\"samples_ms_per_call\":{:?}}}",
-            plan.family, plan.entry, plan.grid.0, plan.grid.1, plan.grid.2, per_call
-        ));
+        records.push(t.record(&s, plan.family.name(), &plan, timed));
     }
+    Ok(records)
+}
+
+/// One decode step over full caches of `CACHE_ROWS`: contiguous, then paged with each page size.
+fn cache_rows(gpu: &Gpu, t: &Timing) -> flash_attn::Result<Vec<String>> {
+    let (heads_q, heads_kv, d) = (32, 8, 128);
+    let mut records = vec![];
+    for (batch, n_k) in CACHE_ROWS {
+        let new = |seed| fill((batch * n_k * heads_kv * d) as usize, seed);
+        let (k, v) = (new(2)?, new(3)?);
+        let full = vec![n_k; batch as usize];
+        let mut contiguous = KvCache::new(DType::Bf16, batch, n_k, heads_kv, d)?;
+        contiguous.append(gpu, &k, &v, n_k, &full)?;
+        let s = contiguous.shape(1, heads_q);
+        let q = fill(s.q_elems(), 1)?;
+        let o = DeviceTensor::poisoned(DType::Bf16, s.q_elems())?;
+        let lse = DeviceF32::poisoned(s.row_elems())?;
+        let options = FlashOptions::default();
+        let attend = || contiguous.attend_into(gpu, &q, 1, heads_q, &o, &lse, &options);
+        let plan = attend()?;
+        let timed = t.run(gpu, attend)?;
+        let base = timed.0;
+        records.push(t.record(&s, "decode contiguous cache", &plan, timed));
+        for page_size in PAGE_SIZES {
+            let width = n_k / page_size;
+            let layout = PagedLayout {
+                sequences: batch,
+                pages_per_sequence: width,
+                pages: batch * width,
+                page_size,
+                heads_kv,
+                head_dim: d,
+            };
+            let mut paged = PagedKvCache::new(DType::Bf16, layout)?;
+            let mut table: Vec<u32> = (0..layout.pages).collect();
+            table.shuffle(&mut rand::rngs::StdRng::seed_from_u64(page_size as u64));
+            paged.set_block_table(&table)?;
+            paged.append(gpu, &k, &v, n_k, &full)?;
+            let attend = || paged.attend_into(gpu, &q, 1, heads_q, &o, &lse, &options);
+            let plan = attend()?;
+            let timed = t.run(gpu, attend)?;
+            let ratio = timed.0 / base;
+            let kernel = format!("decode paged cache, page {page_size}");
+            records.push(t.record(&s, &kernel, &plan, timed));
+            println!(
+                "  paged (page {page_size}) / contiguous: {ratio:.3} ({} 1.10)",
+                if ratio <= 1.10 { "within" } else { "PAST" }
+            );
+        }
+    }
+    Ok(records)
+}
+
+fn main() -> flash_attn::Result<()> {
+    let t = Timing {
+        calls: arg("--calls", 50usize),
+        samples: arg("--samples", 30usize),
+        warmup: arg("--warmup", 5usize),
+    };
+    assert!(t.samples >= 20, "--samples must be at least 20");
+    let kernel: KernelChoice = arg("--kernel", "auto".to_owned())
+        .parse()
+        .expect("--kernel");
+    let out_dir = arg("--out", "reports/bench".to_owned());
+    let gpu = flash_attn::gpu()?;
+    let mut records = vec![];
+    if !flag("--caches-only") {
+        records.extend(tensor_rows(
+            &gpu,
+            &t,
+            &FlashOptions::default().kernel(kernel),
+        )?);
+    }
+    records.extend(cache_rows(&gpu, &t)?);
     std::fs::create_dir_all(&out_dir).expect("create the output folder");
     let path = format!("{out_dir}/decode-bench.json");
     let json = format!(

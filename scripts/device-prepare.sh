@@ -14,8 +14,8 @@ scripts/regen-ptx.sh --check
 rm -rf .device-run && mkdir -p .device-run/tests
 cargo build --release --bins --quiet
 cp target/release/flash-attn .device-run/
-cargo build --release --example decode_bench --quiet
-cp target/release/examples/decode_bench .device-run/
+cargo build --release --example decode_bench --example generate --quiet
+cp target/release/examples/decode_bench target/release/examples/generate .device-run/
 # The large-tensor check (B=1, N=2^20, H=32/8, d=128; about 57 GiB of device memory): an example.
 cargo build --release --example large_tensors --quiet
 cp target/release/examples/large_tensors .device-run/
@@ -30,7 +30,8 @@ for line in sys.stdin:
         print("prepared", name)
 '
 # Symbols are not needed there and the carried folder is limited in size.
-strip .device-run/flash-attn .device-run/decode_bench .device-run/large_tensors .device-run/tests/*
+strip .device-run/flash-attn .device-run/decode_bench .device-run/generate .device-run/large_tensors \
+  .device-run/tests/*
 cp scripts/device-run.sh scripts/device-sanitize.sh scripts/bench-h200.sh scripts/h200-check.sh .device-run/
 # The GPU machine gets no .git: record which commit (and whether the tree was clean) was built.
 echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!reports' || echo ' +uncommitted changes')" > .device-run/COMMIT

@@ -151,7 +151,7 @@ fn kv_cache_appends_and_attends_like_the_reference() {
         let e = cache
             .append(&gpu, &big, &big, 400, &[400, 400, 400])
             .unwrap_err();
-        assert!(e.to_string().contains("pass the capacity 600"), "{e}");
+        assert!(e.to_string().contains("pass the capacity: 600"), "{e}");
         assert_eq!(cache.lengths(), &before[..]);
         let e = cache
             .attend(

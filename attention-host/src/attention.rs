@@ -8,6 +8,7 @@
 //! buffer dropped early is freed only after the work that reads it. Reading a result back
 //! (`to_f32`, `to_vec`) or [`Gpu::synchronize`] waits, and reports a fault of the queued kernels.
 
+use attention_kernels::abi::layout::KeyPages;
 use attention_kernels::abi::shape::AttentionShape;
 
 use crate::dtype::DType;
@@ -304,7 +305,16 @@ pub(crate) fn launch_forward(
             )
         }
         Tiles::Decode(_) => crate::families::decode::launch_forward(
-            queue, problem, plan, q, k, v, o, lse, workspace,
+            queue,
+            problem,
+            plan,
+            q,
+            k,
+            v,
+            o,
+            lse,
+            workspace,
+            KeyPages::CONTIGUOUS,
         ),
         Tiles::Sm80Backward(_) | Tiles::Sm90Backward(_) => {
             unreachable!("plan::select gave a backward plan for a forward")

@@ -46,7 +46,7 @@ pub use dtype::DType;
 pub use error::{AttentionError, Result};
 pub use family::{Direction, Family, KernelChoice};
 pub use flash_options::{FlashOptions, Schedule};
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, PagedKvCache, PagedLayout};
 pub use merge::{Merged, PartShape, merge, merge_into, merge_on};
 pub use options::{
     AttentionOptions, CheckedElems, Dropout, Lengths, Window, alibi_slopes, key_range,

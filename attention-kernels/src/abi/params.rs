@@ -5,7 +5,7 @@
 //! V, dK, dV with `n_k`, `heads_kv`); LSE and D are f32 `[batch, heads_q, n_q]`; pointers travel
 //! as `u64` device addresses.
 
-use super::layout::{BlockSizes, SequenceLayout};
+use super::layout::{BlockSizes, KeyPages, SequenceLayout};
 use super::philox::DropoutRng;
 use super::shape::AttentionShape;
 use crate::attn::score_mod::Window;
@@ -241,8 +241,8 @@ pub struct MergeParams {
     pub head_dim: u32,
 }
 
-/// The split-KV decode (`kernels::decode`): Q, K, V f16 or bf16 `[batch, seq, heads, head_dim]`;
-/// split `p` writes its partial O (f32, O's layout) at `o_part + p · q_elems` and its partial LSE
+/// The split-KV decode (`kernels::decode`): Q, K, V f16 or bf16 `[batch, seq, heads, head_dim]`
+/// (K and V a page pool when `pages` is paged); split `p` writes its partial O (f32, O's layout) at `o_part + p · q_elems` and its partial LSE
 /// (f32, natural log, LSE's layout) at `lse_part + p · row_elems` (elements), which
 /// [`MergeParams`]' strided combine merges.
 #[repr(C)]
@@ -255,6 +255,8 @@ pub struct DecodeParams {
     pub lse_part: u64,
     /// Full or per-item key lengths (the host refuses packed sequences for this family).
     pub layout: SequenceLayout,
+    /// Where each sequence's key rows are: contiguous, or pages of a paged cache.
+    pub pages: KeyPages,
     pub shape: AttentionShape,
     /// Keys of one split (a multiple of the kernel's step); split `p` owns keys
     /// `p · keys_per_split .. (p + 1) · keys_per_split` of its sequence.
@@ -265,10 +267,11 @@ pub struct DecodeParams {
     pub causal: u32,
 }
 
-/// Appending new K/V rows to a contiguous cache (`kernels::cache`): `new_k`, `new_v` are
-/// `[batch, n_new, heads_kv, head_dim]`; item `b`'s first `new_lengths[b]` rows go to cache rows
-/// `cache_lengths[b] ..` of `cache_k`, `cache_v` (`[batch, capacity, heads_kv, head_dim]`), the
-/// same dtype. Both length arrays are device `u32 [batch]`. Rows are copied as 16-byte chunks.
+/// Appending new K/V rows to a cache (`kernels::cache`): `new_k`, `new_v` are `[batch, n_new,
+/// heads_kv, head_dim]`; item `b`'s first `new_lengths[b]` rows become its key rows
+/// `cache_lengths[b] ..` in `cache_k`, `cache_v` (the same dtype): rows of `[batch, capacity,
+/// heads_kv, head_dim]` when `pages` is contiguous, of the page pool when it is paged. Both length
+/// arrays are device `u32 [batch]`. Rows are copied as 16-byte chunks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CacheAppendParams {
@@ -278,7 +281,9 @@ pub struct CacheAppendParams {
     pub new_v: u64,
     pub cache_lengths: u64,
     pub new_lengths: u64,
+    pub pages: KeyPages,
     pub batch: u32,
+    /// Rows per item of the contiguous layout (unused when paged).
     pub capacity: u32,
     pub n_new: u32,
     /// 16-byte chunks of one row of all K/V heads (`heads_kv · head_dim · element size / 16`).

@@ -1,6 +1,7 @@
 //! Launcher of the decode family: the split kernel writes partial `(O, LSE)` per split into the
 //! workspace, then the strided merge (`kernels::merge`) combines them into O and LSE.
 
+use attention_kernels::abi::layout::KeyPages;
 use attention_kernels::abi::params::{DecodeParams, MERGE_MAX_PARTS, MergeParams, MergeParts};
 
 use crate::dtype::DType;
@@ -14,8 +15,9 @@ use crate::runtime::Queue;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 use crate::tensors::Workspace;
 
-/// Launches `plan` (a decode plan) without waiting. The caller validated the tensors and the
-/// workspace against `problem` and `plan`.
+/// Launches `plan` (a decode plan) without waiting, with K and V laid out as `pages` says
+/// (contiguous `[batch, n_k, heads_kv, head_dim]`, or a paged cache's pool and block table). The
+/// caller validated the tensors, the pages and the workspace against `problem` and `plan`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_forward(
     queue: &Queue,
@@ -27,6 +29,7 @@ pub(crate) fn launch_forward(
     o: &DeviceTensor,
     lse: &DeviceF32,
     workspace: &Workspace,
+    pages: KeyPages,
 ) -> Result<()> {
     let (shape, options) = (&problem.shape, &problem.options.attention);
     let layout = DeviceLayout::upload(queue, shape, &options.lengths)?;
@@ -41,6 +44,7 @@ pub(crate) fn launch_forward(
         o_part,
         lse_part,
         layout: layout.params,
+        pages,
         shape: *shape,
         keys_per_split: plan.block_keys,
         scale_log2: options.scale_for(shape.head_dim) * std::f32::consts::LOG2_E,

@@ -1,4 +1,5 @@
-//! The append kernel: one thread per 16-byte chunk of a new row, for K and V.
+//! The append kernel: one thread per 16-byte chunk of a new row, for K and V, written where
+//! `KeyPages` puts the row (contiguous or paged).
 
 use crate::abi::params::CacheAppendParams;
 use crate::arch::{block_dim_x, block_x, thread_x};
@@ -28,9 +29,15 @@ unsafe fn append(p: &CacheAppendParams) {
         return;
     }
     let src = (row * chunks + c) as usize;
-    let dst = ((b * p.capacity as u64 + start as u64 + i) * chunks + c) as usize;
-    // SAFETY: the host checked `start + count <= capacity` for every item and the tensors'
-    // sizes; the tensors are 16-byte aligned allocations with rows of whole chunks.
+    // SAFETY: the host checked every item's `start + count` against its rows (the capacity, or
+    // the pages its table slots hold).
+    let to = unsafe {
+        p.pages
+            .row(b as u32, b * p.capacity as u64, start + i as u32)
+    };
+    let dst = (to * chunks + c) as usize;
+    // SAFETY: as above, and the tensors' sizes; the tensors are 16-byte aligned allocations with
+    // rows of whole chunks.
     unsafe {
         *(p.cache_k as *mut Chunk).add(dst) = *(p.new_k as *const Chunk).add(src);
         *(p.cache_v as *mut Chunk).add(dst) = *(p.new_v as *const Chunk).add(src);

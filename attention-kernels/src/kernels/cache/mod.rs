@@ -1,5 +1,5 @@
-//! The KV cache's append: new K/V rows copied into a preallocated contiguous cache at
-//! per-sequence positions. The launch shape is shared with the host; the kernel exists only in
+//! The KV cache's append: new K/V rows copied into a preallocated cache (contiguous or paged,
+//! `abi::layout::KeyPages`) at per-sequence positions. The launch shape is shared with the host; the kernel exists only in
 //! the device build.
 
 #[cfg(target_arch = "nvptx64")]

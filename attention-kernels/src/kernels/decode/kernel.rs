@@ -98,12 +98,18 @@ unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) 
     let local_row = |r: usize| r as u32 % seq.q_len;
 
     let q_s = shared_base() as *mut f32;
-    // SAFETY: the window holds R·(D + STEP_KEYS + 3) f32 (super::shared_bytes).
+    // SAFETY: the window holds R·(D + STEP_KEYS + 3) f32 and STEP_KEYS u32
+    // (super::shared_bytes).
     let (score, stats) = unsafe {
         let score = q_s.add(R * D);
         (score, score.add(R * STEP_KEYS as usize))
     };
     let (row_max, row_sum, rescale) = unsafe { (stats, stats.add(R), stats.add(2 * R)) };
+    // The K/V tensor row of each key of the step, translated once (while scoring) for `P·V`.
+    let key_rows = unsafe { stats.add(3 * R) } as *mut u32;
+    // Tensor rows fit u32: below 2^31 (host-checked, contiguous and paged).
+    let first_row = seq.batch as u64 * s.n_k as u64 + seq.k_start as u64;
+    let row_offset = |row: u32| (row as usize * s.heads_kv as usize + hk as usize) * D;
 
     let mut i = t;
     while i < R * D {
@@ -150,7 +156,12 @@ unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) 
         let j = step + t as u32;
         let mut dots = [0.0f32; R];
         if j < k1 {
-            let k_row = seq.k_offset(&s, j, hk);
+            // SAFETY: key j < k_len is inside the sequence's rows (host-checked against its
+            // pages when paged).
+            let row = unsafe { p.pages.row(seq.batch, first_row, j) } as u32;
+            // SAFETY: inside the step's rows.
+            unsafe { *key_rows.add(t) = row };
+            let k_row = row_offset(row);
             let mut words = [[0u32; 4]; IN_FLIGHT];
             let mut c0 = 0;
             while c0 < D / 8 {
@@ -243,8 +254,12 @@ unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) 
             each_chunk!(g < in_flight(D, R) => {
                 let j = step + key(g0 + g) as u32;
                 if j < k1 {
-                    // SAFETY: key j < k_len is a key row of the sequence.
-                    words[g] = unsafe { load_chunk(p.v, seq.k_offset(&s, j, hk) + 8 * col) };
+                    // SAFETY: key j < k_len is a key row of the sequence, its row translated
+                    // while scoring.
+                    words[g] = unsafe {
+                        let row = *key_rows.add(key(g0 + g));
+                        load_chunk(p.v, row_offset(row) + 8 * col)
+                    };
                 }
             });
             each_chunk!(g < in_flight(D, R) => {

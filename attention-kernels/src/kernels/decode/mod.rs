@@ -4,6 +4,11 @@
 //! its key range, reading each K and V row once; `kernels::merge`'s strided combine then merges
 //! the splits. The split count fills the machine when batch × K/V heads alone would not.
 //!
+//! K and V are either contiguous or the page pool of a paged cache: each key's tensor row comes
+//! from `abi::layout::KeyPages` (the identity, or a block-table lookup), translated once per
+//! step while scoring and kept in shared memory for `P·V`, so both layouts run the same code and
+//! the same arithmetic in the same order.
+//!
 //! SIMT, not tensor cores: per key the block does `4·R·d` flops (`S = QKᵀ` and `PV` for `R`
 //! rows) on `4·d` bytes of K and V, i.e. `R` flops per byte. The H200's f32 FMA rate (~67
 //! TFLOP/s) over its HBM bandwidth (~4.8 TB/s) is ~14 flops per byte, so up to `R = 8` the f32
@@ -40,7 +45,8 @@ pub fn row_tile(rows: u32) -> Option<u32> {
 }
 
 /// Dynamic shared memory of one block: Q (later the output accumulator) `R × d` f32, the step's
-/// scores `R × STEP_KEYS` f32, and per row `m`, `ℓ` and the step's rescale factor.
+/// scores `R × STEP_KEYS` f32, per row `m`, `ℓ` and the step's rescale factor, and the tensor row
+/// of each of the step's keys (`u32`, translated through the block table when paged).
 pub const fn shared_bytes(row_tile: u32, head_dim: u32) -> u32 {
-    4 * row_tile * (head_dim + STEP_KEYS + 3)
+    4 * row_tile * (head_dim + STEP_KEYS + 3) + 4 * STEP_KEYS
 }

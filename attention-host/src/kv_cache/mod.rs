@@ -1,0 +1,176 @@
+//! KV caches for decoding: the contiguous [`KvCache`] and the paged [`PagedKvCache`]. Both keep
+//! each sequence's length on the host (every append is checked before launch) and upload it with
+//! each call; attention of new queries over a cache is a forward with the sequences' lengths as
+//! key lengths (causal is bottom-right aligned to each sequence's own length, so the new rows see
+//! the cache and themselves). One append kernel and one decode kernel serve both: the paged
+//! cache's rows are found through its block table, the contiguous layout is the identity
+//! (`attention_kernels::abi::layout::KeyPages`).
+
+mod append;
+mod block_table;
+mod paged;
+
+pub use paged::{PagedKvCache, PagedLayout};
+
+use attention_kernels::abi::layout::KeyPages;
+use attention_kernels::abi::shape::AttentionShape;
+
+use crate::attention::{ForwardOutput, forward, forward_into};
+use crate::dtype::DType;
+use crate::error::{Result, invalid};
+use crate::flash_options::FlashOptions;
+use crate::options::{Lengths, checked_elems};
+use crate::plan::Plan;
+use crate::runtime::Gpu;
+use crate::runtime::buffer::{DeviceF32, DeviceTensor};
+use append::{Destination, check_geometry, grown_lengths, launch_append};
+
+/// A contiguous cache: K and V caches of `batch` sequences of at most `capacity` rows each
+/// (`[batch, capacity, heads_kv, head_dim]`).
+pub struct KvCache {
+    k: DeviceTensor,
+    v: DeviceTensor,
+    batch: u32,
+    capacity: u32,
+    heads_kv: u32,
+    head_dim: u32,
+    lengths: Vec<u32>,
+}
+
+impl KvCache {
+    /// An empty cache. Its rows start NaN: rows past a sequence's length are masked keys, which
+    /// never contribute whatever they hold (and a kernel that read one would show it).
+    pub fn new(
+        dtype: DType,
+        batch: u32,
+        capacity: u32,
+        heads_kv: u32,
+        head_dim: u32,
+    ) -> Result<KvCache> {
+        check_geometry(
+            dtype,
+            &[
+                ("batch", batch),
+                ("capacity", capacity),
+                ("heads_kv", heads_kv),
+                ("head_dim", head_dim),
+            ],
+            [heads_kv, head_dim],
+        )?;
+        let elems = checked_elems("the cache", &[batch, capacity, heads_kv, head_dim])?;
+        Ok(KvCache {
+            k: DeviceTensor::poisoned(dtype, elems)?,
+            v: DeviceTensor::poisoned(dtype, elems)?,
+            batch,
+            capacity,
+            heads_kv,
+            head_dim,
+            lengths: vec![0; batch as usize],
+        })
+    }
+
+    /// Rows each sequence holds.
+    pub fn lengths(&self) -> &[u32] {
+        &self.lengths
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// The cache's K and V (`[batch, capacity, heads_kv, head_dim]`).
+    pub fn tensors(&self) -> (&DeviceTensor, &DeviceTensor) {
+        (&self.k, &self.v)
+    }
+
+    /// Appends the first `new_lengths[b]` rows of item `b` of `k_new`, `v_new` (`[batch, n_new,
+    /// heads_kv, head_dim]`, the cache's dtype) after the sequence's rows; refused before launch
+    /// when a sequence would pass the capacity. Does not wait.
+    pub fn append(
+        &mut self,
+        gpu: &Gpu,
+        k_new: &DeviceTensor,
+        v_new: &DeviceTensor,
+        n_new: u32,
+        new_lengths: &[u32],
+    ) -> Result<()> {
+        let capacity = self.capacity;
+        let after = grown_lengths(
+            &self.lengths,
+            new_lengths,
+            n_new,
+            |_| capacity,
+            "the capacity",
+        )?;
+        let to = Destination {
+            k: &self.k,
+            v: &self.v,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+            capacity,
+            pages: KeyPages::CONTIGUOUS,
+        };
+        launch_append(gpu, &to, k_new, v_new, n_new, &self.lengths, new_lengths)?;
+        self.lengths = after;
+        Ok(())
+    }
+
+    /// O and LSE of `q` (`[batch, n_q, heads_q, head_dim]`) over each sequence's cached rows (the
+    /// new rows appended first), with `options` (which must not set lengths: the cache's are
+    /// used). Causal aligns the `n_q` rows to the end of each sequence. Returns once the kernels
+    /// are queued (reading the output waits).
+    pub fn attend(
+        &self,
+        gpu: &Gpu,
+        q: &DeviceTensor,
+        n_q: u32,
+        heads_q: u32,
+        options: &FlashOptions,
+    ) -> Result<ForwardOutput> {
+        let shape = self.shape(n_q, heads_q);
+        let options = with_cache_lengths(options, &self.lengths)?;
+        forward(gpu, &shape, q, &self.k, &self.v, &options)
+    }
+
+    /// As [`Self::attend`], into `o` (`q`'s layout and dtype) and `lse` (f32 `[batch, heads_q,
+    /// n_q]`) the caller owns. Returns the plan it ran.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_into(
+        &self,
+        gpu: &Gpu,
+        q: &DeviceTensor,
+        n_q: u32,
+        heads_q: u32,
+        o: &DeviceTensor,
+        lse: &DeviceF32,
+        options: &FlashOptions,
+    ) -> Result<Plan> {
+        let shape = self.shape(n_q, heads_q);
+        let options = with_cache_lengths(options, &self.lengths)?;
+        forward_into(gpu, &shape, q, &self.k, &self.v, o, lse, &options)
+    }
+
+    /// The shape of attention of `n_q` rows of `heads_q` heads over the cache.
+    pub fn shape(&self, n_q: u32, heads_q: u32) -> AttentionShape {
+        AttentionShape {
+            batch: self.batch,
+            n_q,
+            n_k: self.capacity,
+            heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+        }
+    }
+}
+
+/// `options` with the cache's `lengths` as key lengths; refused when they set lengths themselves.
+fn with_cache_lengths(options: &FlashOptions, lengths: &[u32]) -> Result<FlashOptions> {
+    if options.attention.lengths != Lengths::Full {
+        return Err(invalid!(
+            "attention over the cache uses the cache's lengths; options must not set lengths"
+        ));
+    }
+    let mut options = options.clone();
+    options.attention.lengths = Lengths::KeyLengths(lengths.to_vec());
+    Ok(options)
+}
