@@ -3,7 +3,9 @@
 # `rebuild-ptx` feature's child build) and records what it came from in ptx/kernel-sources.sha256:
 # the SHA-256 of every kernel source, of the build script and toolchain file that decide the flags
 # and the compiler, and of the two modules (tests/ptx_shipped.rs checks the record). Run it after
-# changing the kernels, and commit ptx/.
+# changing the kernels, and commit ptx/. Where ptxas is found, it also assembles the sm_90a module
+# and fails (writing nothing) on any "Potential Performance Loss" note: ptxas serializing a kernel's
+# wgmma products (C7520 made the d = 192 forward 5–6× slower) shows nowhere else on a CPU machine.
 #   scripts/regen-ptx.sh           write ptx/ (files whose bytes do not change are left alone)
 #   scripts/regen-ptx.sh --check   rebuild and compare byte for byte; fails when ptx/ is stale
 set -euo pipefail
@@ -44,6 +46,29 @@ cp "$out_dir/attention_kernels.ptx" "$out_dir/attention_kernels_sm90a.ptx" "$tmp
     sha256sum $(sources)
     (cd "$tmp" && sha256sum ptx/attention_kernels.ptx ptx/attention_kernels_sm90a.ptx)
 } > "$tmp/ptx/kernel-sources.sha256"
+
+# ptxas as crates/cli finds it: $PTXAS, PATH, the nvidia-cuda-nvcc-cu12 wheel (scripts/setup.sh),
+# /usr/local/cuda.
+ptxas=${PTXAS:-$(command -v ptxas || true)}
+if [ -z "$ptxas" ]; then
+    for p in "$(python3 -c 'import nvidia.cuda_nvcc, os; print(os.path.join(list(nvidia.cuda_nvcc.__path__)[0], "bin", "ptxas"))' 2>/dev/null)" \
+        /usr/local/cuda/bin/ptxas; do
+        if [ -x "$p" ]; then ptxas=$p; break; fi
+    done
+fi
+if [ -n "$ptxas" ]; then
+    notes=$("$ptxas" -arch=sm_90a -o /dev/null "$tmp/ptx/attention_kernels_sm90a.ptx" 2>&1) || {
+        echo "$notes" >&2
+        exit 1
+    }
+    if grep 'Potential Performance Loss' <<<"$notes" >&2; then
+        echo "regen-ptx: ptxas serializes the kernels above ($out_dir/attention_kernels_sm90a.ptx); ptx/ left alone" >&2
+        exit 1
+    fi
+    echo "regen-ptx: ptxas ($ptxas) assembles the sm_90a module with no performance-loss note"
+else
+    echo "regen-ptx: SKIP the ptxas check of the sm_90a module: no ptxas (\$PTXAS, PATH, scripts/setup.sh's wheel, /usr/local/cuda)" >&2
+fi
 
 stale=""
 for f in attention_kernels.ptx attention_kernels_sm90a.ptx kernel-sources.sha256; do

@@ -1,5 +1,6 @@
 //! Every entry point of the table of compiled instances (`flash_attn::instances`) is in the module
-//! the host loads for its family, and the kernels keep their register arrays out of local memory.
+//! the host loads for its family, the kernels keep their register arrays out of local memory, and
+//! the `wgmma` products stay in the kernels' own bodies.
 
 use attention_kernels::kernels::{sm80, sm90};
 use flash_attn::Family;
@@ -75,4 +76,32 @@ fn tensor_core_backward_kernels_use_no_local_memory() {
             );
         }
     }
+}
+
+/// Every `wgmma.mma_async` of the sm_90a module is in a kernel's body. LLVM may outline a closure
+/// that issues products into a `.func` (it did at d = 192); the accumulators then go to local
+/// memory around the call, and ptxas serializes every product of the kernel (its note C7520) —
+/// 5–6× slower. `scripts/regen-ptx.sh` also runs ptxas on the module and fails on such notes.
+#[test]
+fn wgmma_products_are_not_outlined() {
+    let Some(hopper) = flash_attn::PTX_SM90A else {
+        eprintln!("SKIP wgmma_products_are_not_outlined: this build has no sm_90a module");
+        return;
+    };
+    // The definition a line is in: the last top-level header before it (`.visible .entry` for a
+    // kernel; `.func` also starts the prototypes at the top, which hold no instructions).
+    let mut in_kernel = false;
+    let mut function = "";
+    let mut products = 0;
+    for line in hopper.lines() {
+        if let Some(rest) = line.strip_prefix(".visible .entry ") {
+            (in_kernel, function) = (true, rest);
+        } else if line.starts_with(".func ") || line.starts_with(".visible .func ") {
+            (in_kernel, function) = (false, line);
+        } else if line.contains("wgmma.mma_async") {
+            assert!(in_kernel, "a wgmma product outside a kernel, in {function}");
+            products += 1;
+        }
+    }
+    assert!(products > 0, "the sm_90a module has no wgmma products");
 }

@@ -94,6 +94,57 @@ fn apply_dropout<const NK: usize>(
     }
 }
 
+/// `sc = Q·Kᵀ` of the warpgroup's 64 rows from `row0` of `q` against the keys of `k`, issued as
+/// one committed group. A function rather than a closure so that it is always inlined: LLVM
+/// outlined the closure at d = 192, and the accumulators, passed to the call through local
+/// memory, made ptxas serialize every `wgmma` of the kernel (C7520).
+///
+/// # Safety
+/// Q rows `row0 .. row0 + 64` and all of K are filled and published to the async proxy; all 128
+/// threads of the warpgroup call it.
+#[inline(always)]
+unsafe fn scores<T: Wgmma, const KD: usize, const NK: usize>(
+    sc: &mut [FragC; NK],
+    q: PanelTile,
+    row0: u32,
+    k: PanelTile,
+) where
+    [FragC; NK]: Accumulator,
+{
+    for kk in 0..KD as u32 {
+        let (a, b) = (q.k_major(row0, kk), k.k_major(0, kk));
+        // SAFETY: forwarded to the caller.
+        unsafe { sc.mma_ss::<T>(desc(a), desc(b), kk > 0) };
+    }
+    wgmma::commit();
+}
+
+/// `o += P·V` with P from registers (`pf`, the keys of `v`), issued as one committed group. A
+/// function for the reason `scores` is.
+///
+/// # Safety
+/// `v` is filled and published to the async proxy; all 128 threads of the warpgroup call it.
+#[inline(always)]
+unsafe fn accumulate<T: Wgmma, const ND: usize, const NP: usize>(
+    o: &mut [FragC; ND],
+    pf: &[FragA; NP],
+    v: PanelTile,
+) where
+    [FragC; ND]: Accumulator,
+{
+    for (kk, pa) in pf.iter().enumerate() {
+        // SAFETY: forwarded to the caller (keys 16 kk .. 16 kk + 16 of `v`).
+        unsafe { o.mma_rs_trans_b::<T>(pa, desc(v.mn_major(16 * kk as u32, 0))) };
+    }
+    wgmma::commit();
+}
+
+/// The descriptor of a `PanelTile` operand (`k_major`, `mn_major`).
+#[inline(always)]
+fn desc((start, lbo, sbo): (u32, u32, u32)) -> Desc {
+    Desc::swizzle_128(start, lbo, sbo)
+}
+
 #[inline(always)]
 unsafe fn forward<
     T: Wgmma + Exponent,
@@ -178,7 +229,6 @@ unsafe fn forward<
         |block: u32| unsafe { k_tile(block).fill_async(k_rows, block * bc, bc, tid, threads) };
     let fill_v =
         |block: u32| unsafe { v_tile(block).fill_async(v_rows, block * bc, bc, tid, threads) };
-    let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
     // The window and the score modifiers: general instances only (the host routes every call
     // that has one there), so the others compile without them.
@@ -237,28 +287,6 @@ unsafe fn forward<
         wgmma::fence_proxy_async();
         sync_threads_or(bad)
     };
-    let scores = |block: u32, sc: &mut [FragC; NK]| {
-        for kk in 0..KD as u32 {
-            // SAFETY: Q rows of this group and K_j are filled (barrier before).
-            unsafe {
-                sc.mma_ss::<T>(
-                    desc(q_tile.k_major(group_row, kk)),
-                    desc(k_tile(block).k_major(0, kk)),
-                    kk > 0,
-                )
-            };
-        }
-        wgmma::commit();
-    };
-    let accumulate = |block: u32, pf: &[FragA; NP], o: &mut [FragC; ND]| {
-        for (kk, pa) in pf.iter().enumerate() {
-            let v = v_tile(block).mn_major(16 * kk as u32, 0);
-            // SAFETY: keys 16 kk .. 16 kk + 16 of V_j are filled (barrier before).
-            unsafe { o.mma_rs_trans_b::<T>(pa, desc(v)) };
-        }
-        wgmma::commit();
-    };
-
     let mut poisoned = false;
 
     if n_blocks > first_block {
@@ -269,7 +297,8 @@ unsafe fn forward<
         fill_v(first_block);
         let mut sc = [FragC::default(); NK];
         wgmma::fence();
-        scores(first_block, &mut sc);
+        // SAFETY: the group's Q rows and K_first are published (barrier above).
+        unsafe { scores::<T, KD, NK>(&mut sc, q_tile, group_row, k_tile(first_block)) };
         wgmma::wait::<0>();
         sc.pin();
         // O is still zero: its factor changes nothing.
@@ -288,8 +317,11 @@ unsafe fn forward<
             fill_v(block);
             let mut sc = [FragC::default(); NK];
             wgmma::fence();
-            scores(block, &mut sc);
-            accumulate(block - 1, &pf, &mut o);
+            // SAFETY: K_block and V_{block−1} are published (barrier above).
+            unsafe {
+                scores::<T, KD, NK>(&mut sc, q_tile, group_row, k_tile(block));
+                accumulate::<T, ND, NP>(&mut o, &pf, v_tile(block - 1));
+            }
             wgmma::wait::<1>();
             sc.pin();
             let k0 = block * bc;
@@ -304,7 +336,8 @@ unsafe fn forward<
         }
         poisoned |= step_barrier(Some(n_blocks - 1));
         wgmma::fence();
-        accumulate(n_blocks - 1, &pf, &mut o);
+        // SAFETY: V_{n_blocks−1} is published (barrier above).
+        unsafe { accumulate::<T, ND, NP>(&mut o, &pf, v_tile(n_blocks - 1)) };
         wgmma::wait::<0>();
         o.pin();
     }
