@@ -43,8 +43,9 @@ memcheck|racecheck)
   # limits. Under racecheck the exact family runs its own domain's cases up to head dim 64 only
   # (its SIMT kernels make every shared-memory access a racecheck event), for RACECHECK_EXACT_S
   # seconds (default 240); its non-finite cases run under memcheck. MEMCHECK_S and RACECHECK_S
-  # (default 50 and 80) bound every other run.
-  for family in exact sm80 sm90; do
+  # (default 50 and 80) bound every other run; SANITIZE_FAMILIES (default "exact sm80 sm90")
+  # names the families.
+  for family in ${SANITIZE_FAMILIES:-exact sm80 sm90}; do
     for t in gpu_matrix gpu_non_finite; do
       [ -x .device-run/tests/$t ] || continue
       limit=$([ $step = memcheck ] && echo ${MEMCHECK_S:-50} || echo ${RACECHECK_S:-80}); vars=(); filter=()
