@@ -49,10 +49,11 @@ pub fn sm80_forward(dtype: DType, cfg: &TcConfig, general: bool) -> String {
     )
 }
 
-/// The `mma.sync` forward `cfg` that takes the window and score modifiers besides every option
-/// of the general one (compiled for the defaults only).
-pub fn sm80_forward_mods(dtype: DType, cfg: &TcConfig) -> String {
-    sm80_forward(dtype, cfg, true).replacen("_general_", "_mods_", 1)
+/// The `mma.sync` forward `cfg` that takes the window and score modifiers, and with `general`
+/// length masks and dropout too (compiled for the defaults only).
+pub fn sm80_forward_mods(dtype: DType, cfg: &TcConfig, general: bool) -> String {
+    let mods = if general { "_general_mods_" } else { "_mods_" };
+    sm80_forward(dtype, cfg, false).replacen("_forward_", &format!("_forward{mods}"), 1)
 }
 
 /// The `wgmma` forward `cfg`; `general` names the instance that takes length masks and dropout
@@ -92,10 +93,11 @@ pub fn sm80_backward(
     )
 }
 
-/// The `mma.sync` backward main kernel `cfg` with the window and score modifiers, as
-/// [`sm80_forward_mods`].
-pub fn sm80_backward_mods(dtype: DType, cfg: &TcBackwardConfig) -> String {
-    sm80_backward(dtype, cfg, true, false).replacen("_general_", "_mods_", 1)
+/// The `mma.sync` backward main kernel `cfg` with the window and score modifiers, `general` as
+/// for [`sm80_forward_mods`].
+pub fn sm80_backward_mods(dtype: DType, cfg: &TcBackwardConfig, general: bool) -> String {
+    let mods = if general { "_general_mods_" } else { "_mods_" };
+    sm80_backward(dtype, cfg, false, false).replacen("_backward_", &format!("_backward{mods}"), 1)
 }
 
 /// The `wgmma` backward main kernel `cfg`; `general` as for [`sm90_forward`]; `deterministic`
@@ -202,7 +204,8 @@ pub fn entry_points() -> Vec<Entry> {
             push(Family::Sm80, sm80_forward(dtype, &cfg, false));
             if sm80::forward::config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm80, sm80_forward(dtype, &cfg, true));
-                push(Family::Sm80, sm80_forward_mods(dtype, &cfg));
+                push(Family::Sm80, sm80_forward_mods(dtype, &cfg, false));
+                push(Family::Sm80, sm80_forward_mods(dtype, &cfg, true));
             }
         }
         for &cfg in sm80::backward::VARIANTS {
@@ -210,7 +213,8 @@ pub fn entry_points() -> Vec<Entry> {
             if sm80::backward::config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm80, sm80_backward(dtype, &cfg, true, false));
                 push(Family::Sm80, sm80_backward(dtype, &cfg, false, true));
-                push(Family::Sm80, sm80_backward_mods(dtype, &cfg));
+                push(Family::Sm80, sm80_backward_mods(dtype, &cfg, false));
+                push(Family::Sm80, sm80_backward_mods(dtype, &cfg, true));
             }
         }
         for d in [64, 128] {

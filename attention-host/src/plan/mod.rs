@@ -215,6 +215,8 @@ fn plan_tiles(
     tiles: Tiles,
 ) -> std::result::Result<Plan, String> {
     let (s, dtype, general) = (&problem.shape, problem.dtype, problem.needs_general());
+    // The `mma.sync` instances take lengths and dropout apart from the modifiers.
+    let lengths_or_dropout = problem.needs_lengths_or_dropout();
     let mods = problem.options.attention.has_score_mods();
     let (entry, block_rows, block_keys, threads, shared_bytes) = match tiles {
         Tiles::Exact(b) => {
@@ -251,9 +253,9 @@ fn plan_tiles(
         }
         Tiles::Sm80Forward(c) => {
             let entry = if mods {
-                instances::sm80_forward_mods(dtype, &c)
+                instances::sm80_forward_mods(dtype, &c, lengths_or_dropout)
             } else {
-                instances::sm80_forward(dtype, &c, general)
+                instances::sm80_forward(dtype, &c, lengths_or_dropout)
             };
             (
                 entry,
@@ -293,9 +295,9 @@ fn plan_tiles(
                 return Err(format!("{c:?} has no deterministic instance"));
             }
             let entry = if mods {
-                instances::sm80_backward_mods(dtype, &c)
+                instances::sm80_backward_mods(dtype, &c, lengths_or_dropout)
             } else {
-                instances::sm80_backward(dtype, &c, general, deterministic)
+                instances::sm80_backward(dtype, &c, lengths_or_dropout, deterministic)
             };
             (
                 entry,
@@ -676,7 +678,7 @@ mod tests {
     }
 
     /// Windows and score modifiers run on the tensor-core families' `mods` instances (both
-    /// directions), with length masks too.
+    /// directions), with length masks too (`mma.sync`: its `general_mods` ones).
     #[test]
     fn score_modifiers_route_to_the_mods_instances() {
         let (h, a) = (h200(), a100());
@@ -714,7 +716,7 @@ mod tests {
                     FlashOptions::new(lengths),
                     direction,
                 );
-                assert_eq!(p.unwrap().entry, want);
+                assert_eq!(p.unwrap().entry, want.replace("_mods_", "_general_mods_"));
             }
         }
     }

@@ -20,8 +20,9 @@
 //! past the sequence's keys visits no Q block) and dropout gives `dV += (P∘Z)ᵀ·dO` and
 //! `dS = P ∘ (dP∘Z − D)` with the exact kernels' Philox draws. The `Pᵀ` tile keeps P (dS needs it
 //! where Z = 0): dV's operands drop elements from it as they are loaded, and dV is multiplied by
-//! `1/(1 − p)` once at the end. The `MODS` instances (general ones too) add the local window,
-//! softcap and ALiBi. The others take the sequence from the kernel parameters.
+//! `1/(1 − p)` once at the end. The `MODS` instances add the local window, softcap and ALiBi;
+//! the two flags are independent. Instances without `GENERAL` take the sequence from the kernel
+//! parameters.
 
 use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
@@ -90,7 +91,7 @@ unsafe fn backward<
         assert!(ND == 2 * KD && NQ == 2 * NQP && KD >= 4 && NQ == 8 && WARPS.is_multiple_of(4));
         // dQ: 16 rows per warp, the block's 64 rows over 4 warps, columns over WARPS / 4.
         assert!((ND / (WARPS / 4)).is_multiple_of(DQ) && DQ.is_multiple_of(2));
-        assert!((GENERAL || !MODS) && !(DETERMINISTIC && GENERAL));
+        assert!(!(DETERMINISTIC && (GENERAL || MODS)));
     };
     let (d, bc, br) = (16 * KD as u32, 16 * WARPS as u32, 8 * NQ as u32);
     let threads = 32 * WARPS as u32;
@@ -594,10 +595,10 @@ unsafe fn backward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_tc_backward_<dtype>_d<d>_w<warps>` as
-/// the host formats it, `flash_tc_backward_general_…` (lengths and dropout),
-/// `flash_tc_backward_mods_…` (those and the score modifiers) and `flash_tc_backward_det_…` with
-/// bitwise reproducible dQ (scale and causal only) for the default tiles; the test checks that
-/// every `VARIANTS` entry exists.
+/// the host formats it, and for the default tiles `flash_tc_backward_general_…` (lengths and
+/// dropout), `flash_tc_backward_mods_…` (the window and score modifiers),
+/// `flash_tc_backward_general_mods_…` (both) and `flash_tc_backward_det_…` with bitwise
+/// reproducible dQ (scale and causal only); the test checks that every `VARIANTS` entry exists.
 macro_rules! entry_points {
     ($($name:ident => $t:ty, $cfg:expr, $general:literal, $mods:literal, $det:literal;)*) => {$(
         #[unsafe(no_mangle)]
@@ -627,16 +628,20 @@ entry_points! {
     flash_tc_backward_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, false, false;
     flash_tc_backward_general_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, false, false;
     flash_tc_backward_general_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, false, false;
-    flash_tc_backward_mods_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, true, false;
-    flash_tc_backward_mods_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, true, false;
+    flash_tc_backward_mods_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, true, false;
+    flash_tc_backward_mods_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, true, false;
+    flash_tc_backward_general_mods_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, true, false;
+    flash_tc_backward_general_mods_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, true, false;
     flash_tc_backward_det_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, false, true;
     flash_tc_backward_det_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, false, true;
     flash_tc_backward_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false, false;
     flash_tc_backward_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false, false;
     flash_tc_backward_general_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, false, false;
     flash_tc_backward_general_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, false, false;
-    flash_tc_backward_mods_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, true, false;
-    flash_tc_backward_mods_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, true, false;
+    flash_tc_backward_mods_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, true, false;
+    flash_tc_backward_mods_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, true, false;
+    flash_tc_backward_general_mods_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, true, false;
+    flash_tc_backward_general_mods_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, true, false;
     flash_tc_backward_det_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false, true;
     flash_tc_backward_det_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false, true;
 }

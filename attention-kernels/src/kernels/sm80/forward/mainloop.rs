@@ -11,11 +11,11 @@
 //! The `GENERAL` instances take key lengths, packed sequences and dropout, as the `wgmma`
 //! forward's do: the sequence is located from the layout (`grid.z` is the sequence,
 //! `attn::sequence`), and P is multiplied by the exact kernels' Philox draws after ℓ has summed
-//! the undropped P (`attn::dropout`). The `MODS` instances (general ones too) add the local
-//! window (blocks outside every row's window are skipped), softcap, ALiBi and sink logits
-//! (`attn::row_keys`, `attn::score_mod`). The others serve full-length batches without dropout
-//! with the sequence taken from the kernel parameters; kept apart so that they pay nothing for
-//! the options.
+//! the undropped P (`attn::dropout`). The `MODS` instances add the local window (blocks outside
+//! every row's window are skipped), softcap, ALiBi and sink logits (`attn::row_keys`,
+//! `attn::score_mod`). Instances without `GENERAL` serve full-length batches without dropout with
+//! the sequence taken from the kernel parameters. The two flags are independent (four instance
+//! sets), so that no call pays registers for an option it does not use.
 
 use crate::abi::params::TensorCoreForwardParams;
 use crate::abi::storage::{Bf16, F16};
@@ -49,7 +49,6 @@ unsafe fn forward<
     p: &TensorCoreForwardParams,
 ) {
     const { assert!(ND == 2 * KD && NK == 2 * NP && NP > 0 && KD >= 4 && WARPS > 0) };
-    const { assert!(GENERAL || !MODS) };
     let (d, bc, br) = (16 * KD as u32, 8 * NK as u32, 16 * WARPS as u32);
     let threads = 32 * WARPS as u32;
     let s = p.shape;
@@ -318,9 +317,10 @@ unsafe fn forward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_tc_forward_<dtype>_d<d>_w<warps>_k<keys>`
-/// as the host formats it, `flash_tc_forward_general_…` (lengths and dropout) and
-/// `flash_tc_forward_mods_…` (those and the score modifiers) for the defaults;
-/// `tests/ptx_entries.rs` checks that every `VARIANTS` entry exists.
+/// as the host formats it, and for the defaults `flash_tc_forward_general_…` (lengths and
+/// dropout), `flash_tc_forward_mods_…` (the window and score modifiers) and
+/// `flash_tc_forward_general_mods_…` (both); `tests/ptx_entries.rs` checks that every `VARIANTS`
+/// entry exists.
 macro_rules! entry_points {
     ($($name:ident => $t:ty, $cfg:expr, $general:literal, $mods:literal;)*) => {$(
         #[unsafe(no_mangle)]
@@ -348,26 +348,34 @@ entry_points! {
     flash_tc_forward_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, false, false;
     flash_tc_forward_general_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true, false;
     flash_tc_forward_general_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true, false;
-    flash_tc_forward_mods_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true, true;
-    flash_tc_forward_mods_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true, true;
+    flash_tc_forward_mods_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, false, true;
+    flash_tc_forward_mods_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, false, true;
+    flash_tc_forward_general_mods_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true, true;
+    flash_tc_forward_general_mods_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true, true;
     flash_tc_forward_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, false, false;
     flash_tc_forward_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, false, false;
     flash_tc_forward_general_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true, false;
     flash_tc_forward_general_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true, false;
-    flash_tc_forward_mods_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true, true;
-    flash_tc_forward_mods_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true, true;
+    flash_tc_forward_mods_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, false, true;
+    flash_tc_forward_mods_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, false, true;
+    flash_tc_forward_general_mods_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true, true;
+    flash_tc_forward_general_mods_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true, true;
     flash_tc_forward_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false, false;
     flash_tc_forward_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false, false;
     flash_tc_forward_general_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true, false;
     flash_tc_forward_general_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true, false;
-    flash_tc_forward_mods_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true, true;
-    flash_tc_forward_mods_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true, true;
+    flash_tc_forward_mods_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false, true;
+    flash_tc_forward_mods_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false, true;
+    flash_tc_forward_general_mods_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true, true;
+    flash_tc_forward_general_mods_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true, true;
     flash_tc_forward_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false, false;
     flash_tc_forward_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false, false;
     flash_tc_forward_general_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true, false;
     flash_tc_forward_general_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true, false;
-    flash_tc_forward_mods_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true, true;
-    flash_tc_forward_mods_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true, true;
+    flash_tc_forward_mods_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false, true;
+    flash_tc_forward_mods_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false, true;
+    flash_tc_forward_general_mods_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true, true;
+    flash_tc_forward_general_mods_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
