@@ -35,6 +35,26 @@ use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16};
 use crate::tile::mma::{FragA, FragC, MmaElem};
 
+/// Whether `row` (below `n_q` of `lens = (n_q, n_k)`, or past it: then true) scores `key`
+/// other than `−∞` after the score modifiers (`mask::scored_out`): whether the key is in the
+/// row's support.
+///
+/// # Safety
+/// A row below `n_q` is a row of `q`, `key` a row of `k`.
+#[inline(always)]
+unsafe fn in_support<T: Exponent>(
+    (q, k): (Operand, Operand),
+    (row, key): (u32, u32),
+    (n_q, n_k): (u32, u32),
+    head_dim: u32,
+    score_mod: ScoreMod<f32>,
+    p: &TensorCoreForwardParams,
+) -> bool {
+    let score = |raw| score_mod.apply_log2(raw, p.scale_log2, distance(row, key, n_q, n_k));
+    // SAFETY: forwarded to the caller.
+    row >= n_q || !unsafe { scored_out::<T>(q, k, (row, key), head_dim, score) }
+}
+
 #[inline(always)]
 unsafe fn forward<
     T: MmaElem + Exponent,
@@ -82,12 +102,16 @@ unsafe fn forward<
     let (row_bytes, real_chunks) = (s.head_dim as u64 * 2, s.head_dim / 8);
     let q_stride = s.heads_q as u64 * row_bytes;
     let kv_stride = s.heads_kv as u64 * row_bytes;
-    let q_off = ((seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * s.heads_q as u64
-        + h as u64)
-        * row_bytes;
+    // Byte offset of (the sequence's row 0, head h) in Q and O.
+    let q_off_of = |seq: &Sequence| {
+        ((seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * s.heads_q as u64 + h as u64)
+            * row_bytes
+    };
+    let q_off = q_off_of(&seq);
     let kv_off = ((seq.batch as u64 * s.n_k as u64 + seq.k_start as u64) * s.heads_kv as u64
         + s.kv_head(h) as u64)
         * row_bytes;
+    let o_dst = p.o + q_off;
     let q_rows = GlobalRows {
         base: p.q + q_off,
         stride: q_stride,
@@ -126,10 +150,8 @@ unsafe fn forward<
     let windowed = !window.is_none();
     let last_row = (q0 + br).min(seq.q_len) - 1;
     // Blocks before the first row's window start and past the last row's end are skipped.
-    let (first_block, n_blocks) = {
-        let (first, end) = seq.block_key_range(q0, last_row, causal, window, bc);
-        (first / bc, end.div_ceil(bc))
-    };
+    let first_block = seq.key_range(q0, causal, window).0 / bc;
+    let n_blocks = seq.key_range(last_row, causal, window).1.div_ceil(bc);
     let warp_row = 16 * warp;
     let (row_lo, row_hi) = (q0 + warp_row + lane / 4, q0 + warp_row + lane / 4 + 8);
     let score_mod = if MODS {
@@ -256,21 +278,19 @@ unsafe fn forward<
                 tiles: real_chunks,
             },
         );
-        let (n_q, n_k) = (seq.q_len, seq.k_len);
-        let in_support = |r: usize, key: u32| {
-            let score =
-                |raw| score_mod.apply_log2(raw, p.scale_log2, distance(rows[r], key, n_q, n_k));
-            // SAFETY: a row below the sequence's length is a row of Q; an allowed key of K.
-            rows[r] >= n_q
-                || !unsafe { scored_out::<T>(q_op, k_op, (rows[r], key), s.head_dim, score) }
-        };
         let span = (from, n_blocks * bc);
-        // SAFETY (both): allowed keys are below the sequence's key length, rows of V. Without
-        // dropout no closure environment is passed (it would take stack in the other instances).
+        let support = |r: usize, key: u32, lens: (u32, u32)| {
+            // SAFETY: a row below the sequence's length is a row of Q; an allowed key of K.
+            unsafe { in_support::<T>((q_op, k_op), (rows[r], key), lens, s.head_dim, score_mod, p) }
+        };
+        // SAFETY (both): allowed keys are below the sequence's key length, rows of V. The others
+        // pass the shape's own lengths and no dropout, so that no closure environment takes
+        // stack for them.
         let poison = if GENERAL {
+            let in_support = |r, key| support(r, key, (seq.q_len, seq.k_len));
             unsafe { non_finite_part::<T, ND>(span, starts, ends, v, lane, dropped, in_support) }
         } else {
-            let kept = |_, _| false;
+            let (kept, in_support) = (|_, _| false, |r, key| support(r, key, (s.n_q, s.n_k)));
             unsafe { non_finite_part::<T, ND>(span, starts, ends, v, lane, kept, in_support) }
         };
         poison.apply(&mut o);
@@ -284,11 +304,14 @@ unsafe fn forward<
     unsafe { stage_fragments::<T, ND>(q_tile, warp_row, &o, 1.0, lane) };
     sync_warp();
     let t = lane % 4;
-    // The sequence again: read anew rather than kept in registers across the loop.
-    let seq = locate();
-    let o_dst = p.o
-        + ((seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * s.heads_q as u64 + h as u64)
-            * row_bytes;
+    // The general instances' sequence again: read anew rather than kept in registers across the
+    // loop.
+    let (seq, o_dst) = if GENERAL {
+        let seq = locate();
+        (seq, p.o + q_off_of(&seq))
+    } else {
+        (seq, o_dst)
+    };
     let chunks = q_tile.chunks();
     for i in 0..(16 * ND as u32 / 32) {
         let idx = 32 * i + lane;
