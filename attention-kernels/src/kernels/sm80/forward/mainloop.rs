@@ -284,8 +284,8 @@ unsafe fn forward<
             unsafe { in_support::<T>((q_op, k_op), (rows[r], key), lens, s.head_dim, score_mod, p) }
         };
         // SAFETY (both): allowed keys are below the sequence's key length, rows of V. The others
-        // pass the shape's own lengths and no dropout, so that no closure environment takes
-        // stack for them.
+        // pass the shape's lengths themselves (copies would take stack in the closures'
+        // environment) and drop nothing.
         let poison = if GENERAL {
             let in_support = |r, key| support(r, key, (seq.q_len, seq.k_len));
             unsafe { non_finite_part::<T, ND>(span, starts, ends, v, lane, dropped, in_support) }
