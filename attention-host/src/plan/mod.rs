@@ -195,7 +195,7 @@ fn admits(
         Family::Sm80 if device.compute_capability.0 < 8 => {
             Err("needs compute capability 8.0 or newer".into())
         }
-        Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction, family),
+        Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction),
     }
 }
 
@@ -343,11 +343,7 @@ fn plan_tiles(
 }
 
 /// What both tensor-core families refuse whatever the device.
-fn tensor_core_admits(
-    problem: &Problem,
-    direction: Direction,
-    family: Family,
-) -> std::result::Result<(), String> {
+fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::Result<(), String> {
     let o = &problem.options;
     if problem.dtype == DType::F32 {
         return Err("takes f16 or bf16, not f32".into());
