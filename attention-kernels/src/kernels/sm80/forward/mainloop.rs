@@ -43,14 +43,13 @@ use crate::tile::mma::{FragA, FragC, MmaElem};
 /// A row below `n_q` is a row of `q`, `key` a row of `k`.
 #[inline(always)]
 unsafe fn in_support<T: Exponent>(
-    (q, k): (Operand, Operand),
+    (score_mod, scale_log2): (ScoreMod<f32>, f32),
     (row, key): (u32, u32),
     (n_q, n_k): (u32, u32),
+    (q, k): (Operand, Operand),
     head_dim: u32,
-    score_mod: ScoreMod<f32>,
-    p: &TensorCoreForwardParams,
 ) -> bool {
-    let score = |raw| score_mod.apply_log2(raw, p.scale_log2, distance(row, key, n_q, n_k));
+    let score = |raw| score_mod.apply_log2(raw, scale_log2, distance(row, key, n_q, n_k));
     // SAFETY: forwarded to the caller.
     row >= n_q || !unsafe { scored_out::<T>(q, k, (row, key), head_dim, score) }
 }
@@ -279,18 +278,27 @@ unsafe fn forward<
             },
         );
         let span = (from, n_blocks * bc);
-        let support = |r: usize, key: u32, lens: (u32, u32)| {
-            // SAFETY: a row below the sequence's length is a row of Q; an allowed key of K.
-            unsafe { in_support::<T>((q_op, k_op), (rows[r], key), lens, s.head_dim, score_mod, p) }
-        };
-        // SAFETY (both): allowed keys are below the sequence's key length, rows of V. The others
-        // pass the shape's lengths themselves (copies would take stack in the closures'
-        // environment) and drop nothing.
+        // SAFETY (all): a row below the sequence's length is a row of Q, an allowed key a row of
+        // K and of V. The others pass the shape's lengths themselves (copies would take stack in
+        // the closure's environment) and drop nothing.
         let poison = if GENERAL {
-            let in_support = |r, key| support(r, key, (seq.q_len, seq.k_len));
+            let lens = (seq.q_len, seq.k_len);
+            let in_support = |r: usize, key: u32| unsafe {
+                let scores = (score_mod, p.scale_log2);
+                in_support::<T>(scores, (rows[r], key), lens, (q_op, k_op), s.head_dim)
+            };
             unsafe { non_finite_part::<T, ND>(span, starts, ends, v, lane, dropped, in_support) }
         } else {
-            let (kept, in_support) = (|_, _| false, |r, key| support(r, key, (s.n_q, s.n_k)));
+            let in_support = |r: usize, key: u32| unsafe {
+                in_support::<T>(
+                    (score_mod, p.scale_log2),
+                    (rows[r], key),
+                    (s.n_q, s.n_k),
+                    (q_op, k_op),
+                    s.head_dim,
+                )
+            };
+            let kept = |_, _| false;
             unsafe { non_finite_part::<T, ND>(span, starts, ends, v, lane, kept, in_support) }
         };
         poison.apply(&mut o);
