@@ -34,7 +34,8 @@
 
 use flash_attn::reference::{backward_from_output_f32, forward_f32};
 use flash_attn::{
-    AttentionOptions, AttentionShape, DType, FlashOptions, Gpu, KernelChoice, Schedule,
+    AttentionOptions, AttentionShape, DType, DeviceCaps, Direction, Family, FlashOptions, Gpu,
+    KernelChoice, Problem, Schedule,
 };
 use flash_attn_testkit::family_run::{HostCase, run_case, run_forward};
 use flash_attn_testkit::testing::{
@@ -122,7 +123,8 @@ fn exact_cases() -> Vec<Case> {
         .collect()
 }
 
-/// The tensor-core domain (every family admits these but for the options `mma.sync` lacks).
+/// The tensor-core domain: both tensor-core families admit every case
+/// (`tensor_core_lists_run_on_both_tensor_core_families`).
 fn tensor_core_cases() -> Vec<Case> {
     let heads = [(2, 2), (4, 2), (3, 1)];
     (0..36)
@@ -161,7 +163,8 @@ fn head_dim_cases(dims: &[u32]) -> Vec<Case> {
         .map(|i| {
             let (n_q, n_k) = sizes[i % sizes.len()];
             let long = n_q.max(n_k) >= 1000;
-            // The first pass has full lengths and no dropout (what `mma.sync` admits).
+            // The first pass has full lengths and no dropout (the default instances), the
+            // second lengths and dropout (the general instances).
             let first_pass = i < dims.len();
             Case {
                 dtype: [DType::Bf16, DType::F16][i % 2],
@@ -522,7 +525,7 @@ fn tensor_core_domain_on_every_family() {
     run_matrix("tensor_core_domain_on_every_family", list, false);
 }
 
-/// `list` covers every head dim of `dims` in both dtypes, with a case `mma.sync` admits.
+/// `list` covers every head dim of `dims` in both dtypes, with a case on the default instances.
 fn assert_head_dims_covered(list: &[Case], dims: &[u32]) {
     for &d in dims {
         for dtype in [DType::Bf16, DType::F16] {
@@ -534,7 +537,7 @@ fn assert_head_dims_covered(list: &[Case], dims: &[u32]) {
         assert!(
             list.iter()
                 .any(|c| c.head_dim == d && c.lengths == LengthMode::Full && !c.dropout),
-            "d={d} has no case the mma.sync family admits"
+            "d={d} has no case without lengths or dropout"
         );
     }
 }
@@ -553,4 +556,37 @@ fn tensor_core_forward_head_dims_on_every_family() {
     let list = head_dim_cases(&FORWARD_HEAD_DIMS);
     assert_head_dims_covered(&list, &FORWARD_HEAD_DIMS);
     run_matrix("tensor_core_forward_head_dims_on_every_family", list, true);
+}
+
+/// Every case of the tensor-core lists (the half-precision, row-owned ones of the modifiers'
+/// list) is planned on both tensor-core families of an H200, in every direction its test runs:
+/// their GPU tests run each, none is left out as refused. Needs no device.
+#[test]
+fn tensor_core_lists_run_on_both_tensor_core_families() {
+    let h200 = DeviceCaps::for_arch("sm_90", true).unwrap();
+    let both = [Direction::Forward, Direction::Backward];
+    let half = |c: &Case| c.dtype != DType::F32 && c.schedule == Schedule::RowOwned;
+    let lists = [
+        (tensor_core_cases(), &both[..]),
+        (head_dim_cases(&TENSOR_CORE_HEAD_DIMS), &both[..]),
+        (head_dim_cases(&FORWARD_HEAD_DIMS), &both[..1]),
+        (
+            score_mod_cases().into_iter().filter(half).collect(),
+            &both[..],
+        ),
+    ];
+    let mut rng = StdRng::seed_from_u64(1);
+    for (list, directions) in lists {
+        for case in &list {
+            let (shape, options) = case.shape_and_options(&mut rng);
+            for family in [Family::Sm80, Family::Sm90] {
+                let forced = options.clone().kernel(KernelChoice::Only(family));
+                let problem = Problem::new(&shape, case.dtype, &forced).unwrap();
+                for &direction in directions {
+                    let plan = flash_attn::plan::select(&h200, &problem, direction);
+                    assert!(plan.is_ok(), "{family} {direction:?} {case:?}: {plan:?}");
+                }
+            }
+        }
+    }
 }

@@ -37,18 +37,23 @@ pub fn exact_d_sink() -> String {
     "flash_backward_d_sink".to_owned()
 }
 
-/// The `mma.sync` forward `cfg`.
-pub fn sm80_forward(dtype: DType, cfg: &TcConfig) -> String {
+/// The `mma.sync` forward `cfg`; `general` names the instance that takes length masks and
+/// dropout (compiled for the defaults only).
+pub fn sm80_forward(dtype: DType, cfg: &TcConfig, general: bool) -> String {
     format!(
-        "flash_tc_forward_{dtype}_d{}_w{}_k{}",
-        cfg.head_dim, cfg.warps, cfg.block_keys
+        "flash_tc_forward_{}{dtype}_d{}_w{}_k{}",
+        if general { "general_" } else { "" },
+        cfg.head_dim,
+        cfg.warps,
+        cfg.block_keys
     )
 }
 
-/// The `mma.sync` forward `cfg` with the window and score modifiers (compiled for the defaults
-/// only).
-pub fn sm80_forward_mods(dtype: DType, cfg: &TcConfig) -> String {
-    sm80_forward(dtype, cfg).replacen("_forward_", "_forward_mods_", 1)
+/// The `mma.sync` forward `cfg` that takes the window and score modifiers, and with `general`
+/// length masks and dropout too (compiled for the defaults only).
+pub fn sm80_forward_mods(dtype: DType, cfg: &TcConfig, general: bool) -> String {
+    let mods = if general { "_general_mods_" } else { "_mods_" };
+    sm80_forward(dtype, cfg, false).replacen("_forward_", &format!("_forward{mods}"), 1)
 }
 
 /// The `wgmma` forward `cfg`; `general` names the instance that takes length masks and dropout
@@ -69,20 +74,30 @@ pub fn sm90_forward_mods(dtype: DType, cfg: &WgConfig) -> String {
     sm90_forward(dtype, cfg, true).replacen("_general_", "_mods_", 1)
 }
 
-/// The `mma.sync` backward main kernel `cfg`.
-pub fn sm80_backward(dtype: DType, cfg: &TcBackwardConfig, deterministic: bool) -> String {
+/// The `mma.sync` backward main kernel `cfg`; `general` as for [`sm80_forward`];
+/// `deterministic` adds dQ in key order (scale and causal only: never with `general`).
+pub fn sm80_backward(
+    dtype: DType,
+    cfg: &TcBackwardConfig,
+    general: bool,
+    deterministic: bool,
+) -> String {
+    let kind = match (general, deterministic) {
+        (true, _) => "general_",
+        (false, true) => "det_",
+        (false, false) => "",
+    };
     format!(
-        "flash_tc_backward_{}{dtype}_d{}_w{}",
-        if deterministic { "det_" } else { "" },
-        cfg.head_dim,
-        cfg.warps
+        "flash_tc_backward_{kind}{dtype}_d{}_w{}",
+        cfg.head_dim, cfg.warps
     )
 }
 
-/// The `mma.sync` backward main kernel `cfg` with the window and score modifiers (compiled for
-/// the defaults only).
-pub fn sm80_backward_mods(dtype: DType, cfg: &TcBackwardConfig) -> String {
-    sm80_backward(dtype, cfg, false).replacen("_backward_", "_backward_mods_", 1)
+/// The `mma.sync` backward main kernel `cfg` with the window and score modifiers, `general` as
+/// for [`sm80_forward_mods`].
+pub fn sm80_backward_mods(dtype: DType, cfg: &TcBackwardConfig, general: bool) -> String {
+    let mods = if general { "_general_mods_" } else { "_mods_" };
+    sm80_backward(dtype, cfg, false, false).replacen("_backward_", &format!("_backward{mods}"), 1)
 }
 
 /// The `wgmma` backward main kernel `cfg`; `general` as for [`sm90_forward`]; `deterministic`
@@ -186,16 +201,20 @@ pub fn entry_points() -> Vec<Entry> {
             }
         }
         for &cfg in sm80::forward::VARIANTS {
-            push(Family::Sm80, sm80_forward(dtype, &cfg));
+            push(Family::Sm80, sm80_forward(dtype, &cfg, false));
             if sm80::forward::config(cfg.head_dim) == Some(cfg) {
-                push(Family::Sm80, sm80_forward_mods(dtype, &cfg));
+                push(Family::Sm80, sm80_forward(dtype, &cfg, true));
+                push(Family::Sm80, sm80_forward_mods(dtype, &cfg, false));
+                push(Family::Sm80, sm80_forward_mods(dtype, &cfg, true));
             }
         }
         for &cfg in sm80::backward::VARIANTS {
-            push(Family::Sm80, sm80_backward(dtype, &cfg, false));
+            push(Family::Sm80, sm80_backward(dtype, &cfg, false, false));
             if sm80::backward::config(cfg.head_dim) == Some(cfg) {
-                push(Family::Sm80, sm80_backward(dtype, &cfg, true));
-                push(Family::Sm80, sm80_backward_mods(dtype, &cfg));
+                push(Family::Sm80, sm80_backward(dtype, &cfg, true, false));
+                push(Family::Sm80, sm80_backward(dtype, &cfg, false, true));
+                push(Family::Sm80, sm80_backward_mods(dtype, &cfg, false));
+                push(Family::Sm80, sm80_backward_mods(dtype, &cfg, true));
             }
         }
         for d in [64, 128] {

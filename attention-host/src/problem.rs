@@ -78,13 +78,14 @@ impl Problem {
 
     /// Whether the call masks by lengths, drops out, or has a local window or score modifiers:
     /// what the tensor-core families run on instances other than their defaults (`wgmma`: the
-    /// general ones, or their `mods` ones for the window and score modifiers; `mma.sync`: its
-    /// `mods` ones).
+    /// general ones, or their `mods` ones for the window and score modifiers; `mma.sync`: see
+    /// [`Problem::needs_lengths_or_dropout`]).
     pub fn needs_general(&self) -> bool {
         self.needs_lengths_or_dropout() || self.options.attention.has_score_mods()
     }
 
-    /// Whether the call masks by lengths or drops out: what the `mma.sync` kernels cannot run.
+    /// Whether the call masks by lengths or drops out: what the `mma.sync` family runs on its
+    /// general instances (`general_mods` with the window or score modifiers too).
     pub fn needs_lengths_or_dropout(&self) -> bool {
         let a = &self.options.attention;
         a.dropout.is_some() || a.lengths != Lengths::Full

@@ -195,12 +195,7 @@ fn admits(
         Family::Sm80 if device.compute_capability.0 < 8 => {
             Err("needs compute capability 8.0 or newer".into())
         }
-        Family::Sm80 if problem.needs_lengths_or_dropout() => Err(
-            "takes no key lengths, packed sequences or dropout (scale, causal, local window, \
-             softcap, ALiBi and sink logits only)"
-                .into(),
-        ),
-        Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction, family),
+        Family::Sm80 | Family::Sm90 => tensor_core_admits(problem, direction),
     }
 }
 
@@ -220,6 +215,8 @@ fn plan_tiles(
     tiles: Tiles,
 ) -> std::result::Result<Plan, String> {
     let (s, dtype, general) = (&problem.shape, problem.dtype, problem.needs_general());
+    // The `mma.sync` instances take lengths and dropout apart from the modifiers.
+    let lengths_or_dropout = problem.needs_lengths_or_dropout();
     let mods = problem.options.attention.has_score_mods();
     let (entry, block_rows, block_keys, threads, shared_bytes) = match tiles {
         Tiles::Exact(b) => {
@@ -256,9 +253,9 @@ fn plan_tiles(
         }
         Tiles::Sm80Forward(c) => {
             let entry = if mods {
-                instances::sm80_forward_mods(dtype, &c)
+                instances::sm80_forward_mods(dtype, &c, lengths_or_dropout)
             } else {
-                instances::sm80_forward(dtype, &c)
+                instances::sm80_forward(dtype, &c, lengths_or_dropout)
             };
             (
                 entry,
@@ -294,20 +291,13 @@ fn plan_tiles(
         }
         Tiles::Sm80Backward(c) => {
             let deterministic = problem.options.deterministic;
-            if deterministic && (mods || sm80::backward::config(c.head_dim) != Some(c)) {
-                return Err(format!(
-                    "{c:?} has no deterministic instance{}",
-                    if mods {
-                        " with the window or score modifiers"
-                    } else {
-                        ""
-                    }
-                ));
+            if deterministic && sm80::backward::config(c.head_dim) != Some(c) {
+                return Err(format!("{c:?} has no deterministic instance"));
             }
             let entry = if mods {
-                instances::sm80_backward_mods(dtype, &c)
+                instances::sm80_backward_mods(dtype, &c, lengths_or_dropout)
             } else {
-                instances::sm80_backward(dtype, &c, deterministic)
+                instances::sm80_backward(dtype, &c, lengths_or_dropout, deterministic)
             };
             (
                 entry,
@@ -353,11 +343,7 @@ fn plan_tiles(
 }
 
 /// What both tensor-core families refuse whatever the device.
-fn tensor_core_admits(
-    problem: &Problem,
-    direction: Direction,
-    family: Family,
-) -> std::result::Result<(), String> {
+fn tensor_core_admits(problem: &Problem, direction: Direction) -> std::result::Result<(), String> {
     let o = &problem.options;
     if problem.dtype == DType::F32 {
         return Err("takes f16 or bf16, not f32".into());
@@ -370,11 +356,7 @@ fn tensor_core_admits(
     if o.block_sizes.is_some() {
         return Err("has fixed tiles; explicit (B_r, B_c) are the exact kernels'".into());
     }
-    if direction == Direction::Backward
-        && o.deterministic
-        && family == Family::Sm90
-        && problem.needs_general()
-    {
+    if direction == Direction::Backward && o.deterministic && problem.needs_general() {
         return Err(
             "has no deterministic instance with key lengths, packed sequences, dropout, the \
              window or score modifiers"
@@ -550,7 +532,7 @@ mod tests {
             assert_eq!(family(&h, shape(128), DType::Bf16, plain()), Family::Sm90);
             assert_eq!(family(&h, shape(64), DType::F16, masked()), Family::Sm90);
             assert_eq!(family(&a, shape(64), DType::Bf16, plain()), Family::Sm80);
-            assert_eq!(family(&a, shape(64), DType::Bf16, masked()), Family::Exact);
+            assert_eq!(family(&a, shape(64), DType::Bf16, masked()), Family::Sm80);
             assert_eq!(family(&h, shape(96), DType::Bf16, plain()), Family::Sm90);
             let wide = match direction {
                 Direction::Forward => Family::Sm90,
@@ -572,10 +554,12 @@ mod tests {
         assert_eq!(p.entry, "flash_tc_backward_det_bf16_d128_w4");
         // With dropout only the exact family has a deterministic backward.
         let dropout = FlashOptions::new(AttentionOptions::new().dropout(0.1, 1, 2));
-        let p = backward(&h, dropout.deterministic(true)).unwrap();
-        assert_eq!(p.family, Family::Exact);
-        let reason = format!("{:?}", p.not_chosen);
-        assert!(reason.contains("no deterministic instance"), "{reason}");
+        for dev in [&h, &a] {
+            let p = backward(dev, dropout.clone().deterministic(true)).unwrap();
+            assert_eq!(p.family, Family::Exact);
+            let reason = format!("{:?}", p.not_chosen);
+            assert!(reason.contains("no deterministic instance"), "{reason}");
+        }
     }
 
     /// Every multiple of 8 from 32 to 256 (forward) or 128 (backward) runs on the next compiled
@@ -657,13 +641,21 @@ mod tests {
         let e = refusal(&h, shape(64), DType::F32, only(Family::Sm90));
         assert!(e.contains("not f32"), "{e}");
         let dropout = FlashOptions::new(AttentionOptions::new().dropout(0.1, 1, 0));
-        let e = refusal(
-            &h,
+        let e = select_on(
+            &a,
             shape(64),
             DType::F16,
-            dropout.kernel(KernelChoice::Only(Family::Sm80)),
+            dropout
+                .deterministic(true)
+                .kernel(KernelChoice::Only(Family::Sm80)),
+            Direction::Backward,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("sm80") && e.contains("no deterministic instance") && e.contains("dropout"),
+            "{e}"
         );
-        assert!(e.contains("dropout"), "{e}");
         let p = select_on(
             &h,
             shape(64),
@@ -682,7 +674,7 @@ mod tests {
     }
 
     /// Windows and score modifiers run on the tensor-core families' `mods` instances (both
-    /// directions), and on the exact kernels with length masks or dropout off Hopper.
+    /// directions), with length masks too (`mma.sync`: its `general_mods` ones).
     #[test]
     fn score_modifiers_route_to_the_mods_instances() {
         let (h, a) = (h200(), a100());
@@ -720,7 +712,55 @@ mod tests {
                     FlashOptions::new(lengths),
                     direction,
                 );
-                assert_eq!(p.unwrap().family, Family::Exact);
+                assert_eq!(p.unwrap().entry, want.replace("_mods_", "_general_mods_"));
+            }
+        }
+    }
+
+    /// Key lengths, packed sequences and dropout run on both tensor-core families' general
+    /// instances, in both directions; the grid covers the widest packed sequence.
+    #[test]
+    fn lengths_and_dropout_route_to_the_general_instances() {
+        let (h, a) = (h200(), a100());
+        let packed = AttentionShape {
+            batch: 1,
+            ..shape(64)
+        };
+        let general = [
+            (shape(64), AttentionOptions::new().key_lengths(vec![0, 70])),
+            (
+                packed,
+                AttentionOptions::new().packed(vec![0, 30, 100], vec![0, 60, 70]),
+            ),
+            (
+                shape(64),
+                AttentionOptions::new().dropout(0.2, 7, 3).causal(true),
+            ),
+        ];
+        for (s, options) in general {
+            let o = || FlashOptions::new(options.clone());
+            let problem = Problem::new(&s, DType::F16, &o()).unwrap();
+            for direction in [Direction::Forward, Direction::Backward] {
+                let wide = AttentionShape { head_dim: 128, ..s };
+                let p = select_on(&h, wide, DType::F16, o(), direction).unwrap();
+                assert_eq!(p.family, Family::Sm90);
+                assert!(p.entry.contains("_general_"), "{}", p.entry);
+                let (want, grid) = match direction {
+                    Direction::Forward => (
+                        "flash_tc_forward_general_f16_d64_w4_k64",
+                        (problem.max_q_len.div_ceil(64), 4, problem.sequences),
+                    ),
+                    Direction::Backward => (
+                        "flash_tc_backward_general_f16_d64_w4",
+                        (problem.max_k_rows.div_ceil(64), 2, problem.sequences),
+                    ),
+                };
+                let only = o().kernel(KernelChoice::Only(Family::Sm80));
+                for (dev, o) in [(&a, o()), (&h, only)] {
+                    let p = select_on(dev, s, DType::F16, o, direction).unwrap();
+                    assert_eq!((p.family, p.entry.as_str()), (Family::Sm80, want));
+                    assert_eq!(p.grid, grid, "{options:?} {direction:?}");
+                }
             }
         }
     }

@@ -66,9 +66,8 @@ impl Sequence {
         }
     }
 
-    /// Batch item `b` of a call without length masks: every row sees all `n_k` keys (the `wgmma`
-    /// kernels' instances without length masks).
-    #[cfg(flash_attn_sm90a)]
+    /// Batch item `b` of a call without length masks: every row sees all `n_k` keys (the
+    /// tensor-core instances without length masks).
     #[inline(always)]
     pub fn full(shape: &AttentionShape, b: u32) -> Sequence {
         Sequence {

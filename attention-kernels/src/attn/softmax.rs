@@ -37,22 +37,9 @@ impl RowState {
         }
     }
 
-    /// Folds one block of scaled, masked scores `s` (`NK` n-tiles) into the state, rescales the
-    /// output accumulators `o`, and returns `P = 2^(s − m)` as `NP = NK / 2` A fragments.
-    #[inline(always)]
-    pub fn update<T: MmaElem, const NK: usize, const NP: usize, const ND: usize>(
-        &mut self,
-        s: &mut [FragC; NK],
-        o: &mut [FragC; ND],
-    ) -> [FragA; NP] {
-        let alpha = self.fold(s);
-        rescale(o, alpha);
-        pack::<T, NK, NP>(s)
-    }
-
     /// Folds one block of scaled, masked scores `s` into the state and turns them into
     /// `P = 2^(s − m)` in place; returns the factors `α` by which the output accumulated so far
-    /// must be rescaled (rows g and g + 8), for callers that rescale it later.
+    /// must be rescaled (rows g and g + 8, [`rescale`]).
     #[inline(always)]
     pub fn fold<const NK: usize>(&mut self, s: &mut [FragC; NK]) -> [f32; 2] {
         let mut m_new = self.m;

@@ -32,11 +32,11 @@
 //! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
 
 use crate::abi::params::TensorCoreBackwardParams;
-use crate::abi::philox::DropoutRng;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{block_x, exp2, log2, opaque, shared_window, shfl_xor, sync_threads, thread_x};
 use crate::attn::backward::{dq_adds_before, dq_semaphore, first_q_block, needs_mask};
+use crate::attn::dropout::transposed_keep_bits;
 use crate::attn::grid::{head_and_sequence, head_here};
 use crate::attn::mask::hidden;
 use crate::attn::mask::{
@@ -53,30 +53,6 @@ use crate::tile::mem_backward::{
 use crate::tile::mma::{FragA, FragC, each_fragment};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
-
-/// The dropout keep bits of the lane's `Pᵀ` elements: bit `4j + e` for element `e` of fragment
-/// `j` (key `keys[e / 2]`, query `q0 + 8j + 2t + e % 2`). Gathered in a loop that touches no
-/// register array, so its ten Philox rounds per element need not unroll.
-#[inline(always)]
-fn keep_bits<const NQ: usize>(
-    rng: &DropoutRng,
-    (seq, head): (u32, u32),
-    q0: u32,
-    t: u32,
-    keys: [u32; 2],
-) -> u32 {
-    let key = rng.key();
-    let mut keep = 0u32;
-    let mut i = 0;
-    while i < 4 * NQ as u32 {
-        let (j, e) = (i / 4, i % 4);
-        let query = q0 + 8 * j + 2 * t + e % 2;
-        let k = if e < 2 { keys[0] } else { keys[1] };
-        keep |= (rng.keep_with_key(key, seq, head, query, k) as u32) << i;
-        i += 1;
-    }
-    keep
-}
 
 /// Query columns of `Sᵀ` per Q block: 8 fragments of 8.
 const NQ: usize = 8;
@@ -435,7 +411,7 @@ unsafe fn backward<
         // Dropout: bit 4j + e of `keep` for element e of fragment j.
         let dropping = GENERAL && p.dropout.enabled();
         let keep = if dropping {
-            keep_bits::<NQ>(&p.dropout, (seq.index, h), q0, t, [key_lo, key_hi])
+            transposed_keep_bits::<NQ>(&p.dropout, (seq.index, h), q0, t, [key_lo, key_hi])
         } else {
             0
         };

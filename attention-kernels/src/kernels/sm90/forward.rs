@@ -24,12 +24,11 @@
 //! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
 
 use crate::abi::params::TensorCoreForwardParams;
-use crate::abi::philox::DropoutRng;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{
     block_x, grid_dim_x, opaque, shared_window, sync_threads, sync_threads_or, thread_x,
 };
-use crate::attn::dropout::dropout_multiplier;
+use crate::attn::dropout::{apply_dropout, dropout_multiplier};
 use crate::attn::grid::head_and_sequence;
 use crate::attn::mask::{
     Exponent, Operand, Poison, non_finite_part, sanitize_own_chunks, scored_out,
@@ -61,37 +60,6 @@ fn mask_and_fold<const NK: usize>(
 ) -> [f32; 2] {
     keys.prepare(sc, scale_log2, k0, t);
     state.fold(sc)
-}
-
-/// Multiplies P (`sc`, scores of keys `k0 ..` after the fold) by the dropout multipliers of the
-/// lane's rows `rows` (g and g + 8 of its warp's 16). ℓ has already summed the undropped P; only
-/// the product with V sees Z. The keep bits are gathered first (bit `2j + c`: column
-/// `k0 + 8j + 2t + c`) in a loop that touches no register array, so its ten Philox rounds per
-/// pair need not unroll; the loop that applies them must, and is small.
-#[inline(always)]
-fn apply_dropout<const NK: usize>(
-    sc: &mut [FragC; NK],
-    rng: &DropoutRng,
-    (seq, head): (u32, u32),
-    rows: [u32; 2],
-    k0: u32,
-    t: u32,
-) {
-    let key = rng.key();
-    let mut keep = [0u32; 2];
-    let mut j = 0;
-    while j < NK as u32 {
-        let col = k0 + 8 * j + 2 * t;
-        keep[0] |= rng.pair_keep_bits(key, seq, head, rows[0], col) << (2 * j);
-        keep[1] |= rng.pair_keep_bits(key, seq, head, rows[1], col) << (2 * j);
-        j += 1;
-    }
-    for (j, f) in sc.iter_mut().enumerate() {
-        for e in 0..4 {
-            let kept = (keep[e / 2] >> (2 * j + e % 2)) & 1 != 0;
-            f.0[e] *= if kept { rng.keep_scale } else { 0.0 };
-        }
-    }
 }
 
 /// `sc = Q·Kᵀ` of the warpgroup's 64 rows from `row0` of `q` against the keys of `k`, issued as

@@ -13,19 +13,31 @@
 //! dQ (all columns with 4 warps, half of them with 8) and adds them into the f32 accumulator with
 //! `red.global.add`: one atomic per dQ element per visited K/V block, so 128-key blocks (8 warps)
 //! send half as many as 64-key ones.
+//!
+//! The `GENERAL` instances take key lengths, packed sequences and dropout, as the `wgmma`
+//! backward's do: the sequence is located from the layout (`grid.z` is the sequence; rows past a
+//! packed sequence's end are masked, since their statistics belong to the next one; a K/V block
+//! past the sequence's keys visits no Q block) and dropout gives `dV += (P∘Z)ᵀ·dO` and
+//! `dS = P ∘ (dP∘Z − D)` with the exact kernels' Philox draws. The `Pᵀ` tile keeps P (dS needs it
+//! where Z = 0): dV's operands drop elements from it as they are loaded, and dV is multiplied by
+//! `1/(1 − p)` once at the end. The `MODS` instances add the local window, softcap and ALiBi;
+//! the two flags are independent. Instances without `GENERAL` take the sequence from the kernel
+//! parameters.
 
 use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x};
 use crate::attn::backward::{Pair, dq_adds_before, dq_semaphore};
+use crate::attn::dropout::{drop_operand, transposed_keep_bits};
 use crate::attn::grid::{head_and_sequence, head_here};
 use crate::attn::mask::hidden;
 use crate::attn::mask::{Exponent, MASKED, sanitize_own_chunks, sanitize_pair};
 use crate::attn::score_mod::{ScoreMod, Window, key_range, rows_seeing_keys};
+use crate::attn::sequence::Sequence;
 use crate::kernels::sm80::backward::TcBackwardConfig;
 use crate::tile::SwizzledTile;
-use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy16, wait_all};
+use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{
     load_shared_f32x2, load_shared_u32, red_add_f32, release_store, wait_equal_acquire,
@@ -69,6 +81,7 @@ unsafe fn backward<
     const NQP: usize,
     const WARPS: usize,
     const DQ: usize,
+    const GENERAL: bool,
     const MODS: bool,
     const DETERMINISTIC: bool,
 >(
@@ -78,18 +91,29 @@ unsafe fn backward<
         assert!(ND == 2 * KD && NQ == 2 * NQP && KD >= 4 && NQ == 8 && WARPS.is_multiple_of(4));
         // dQ: 16 rows per warp, the block's 64 rows over 4 warps, columns over WARPS / 4.
         assert!((ND / (WARPS / 4)).is_multiple_of(DQ) && DQ.is_multiple_of(2));
+        assert!(!(DETERMINISTIC && (GENERAL || MODS)));
     };
     let (d, bc, br) = (16 * KD as u32, 16 * WARPS as u32, 8 * NQ as u32);
     let threads = 32 * WARPS as u32;
     let s = p.shape;
     let (tid, warp, lane) = (thread_x(), thread_x() / 32, thread_x() % 32);
     let causal = p.causal != 0;
-    // Without length masks (all this family runs) sequence b is batch item b.
-    let Some((hk, b)) = head_and_sequence(s.heads_kv, p.layout.sequences) else {
+    let Some((hk, sq)) = head_and_sequence(s.heads_kv, p.layout.sequences) else {
         return;
     };
     let kv_block = block_x();
+    let seq = if GENERAL {
+        // SAFETY: `sq` is below the sequence count of a validated layout.
+        unsafe { Sequence::locate(&p.layout, &s, sq) }
+    } else {
+        Sequence::full(&s, sq)
+    };
     let k0 = kv_block * bc;
+    if GENERAL && k0 >= seq.k_rows {
+        // The grid covers the longest sequence; this one is shorter. The whole block leaves.
+        return;
+    }
+    let (n_q, n_k) = (seq.q_len, seq.k_len);
     let group = s.heads_q / s.heads_kv;
 
     // Rows in memory hold the real head dim `dr`; the tiles hold `d`, zeros past it.
@@ -97,9 +121,15 @@ unsafe fn backward<
     let row_bytes = dr as u64 * 2;
     let q_stride = s.heads_q as u64 * row_bytes;
     let kv_stride = s.heads_kv as u64 * row_bytes;
-    let kv_off = (b as u64 * s.n_k as u64 * s.heads_kv as u64 + hk as u64) * row_bytes;
-    // Element index of (b, row 0, head 0) in Q-shaped tensors.
-    let q_batch = b as u64 * s.n_q as u64 * s.heads_q as u64 * dr as u64;
+    let kv_off = ((seq.batch as u64 * s.n_k as u64 + seq.k_start as u64) * s.heads_kv as u64
+        + hk as u64)
+        * row_bytes;
+    // Element index of (the sequence's row 0, head 0) in Q-shaped tensors.
+    let q_batch =
+        (seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * s.heads_q as u64 * dr as u64;
+    // Row of (the sequence's row 0, head h) in the padded statistics.
+    let stats_row =
+        |h: u32| (seq.batch * s.heads_q + h) as u64 * p.n_q_pad as u64 + seq.q_start as u64;
 
     let smem = shared_window();
     let (kv_bytes, q_bytes) = (bc * d * 2, br * d * 2);
@@ -123,17 +153,19 @@ unsafe fn backward<
     // blocks of rows whose window reaches it.
     let window = if MODS { p.mods.window } else { Window::NONE };
     let windowed = !window.is_none();
-    let keys_of = |row: u32| key_range(row, s.n_q, s.n_k, causal, window);
+    let keys_of = |row: u32| key_range(row, n_q, n_k, causal, window);
     let (first_block, end_block) = if windowed {
-        let (first, end) = rows_seeing_keys(k0, (k0 + bc).min(s.n_k), s.n_q, s.n_k, causal, window);
+        let (first, end) = rows_seeing_keys(k0, (k0 + bc).min(n_k), n_q, n_k, causal, window);
         (first / br, end.div_ceil(br))
     } else {
-        (
-            cfg.first_q_block(k0, s.n_q, s.n_k, causal),
-            s.n_q.div_ceil(br),
-        )
+        (cfg.first_q_block(k0, n_q, n_k, causal), n_q.div_ceil(br))
     };
-    let per_head = end_block.saturating_sub(first_block);
+    // Keys past the sequence's key length are seen by no row: their gradients are zeros.
+    let per_head = if GENERAL && k0 >= n_k {
+        0
+    } else {
+        end_block.saturating_sub(first_block)
+    };
     let iters = per_head * group;
     // The K/V head recomputed at each use: no register for it across the loop.
     let head_of = |i: u32| head_here(s.heads_kv) * group + i / per_head;
@@ -143,36 +175,52 @@ unsafe fn backward<
         let (h, q0) = (head_of(i), row0_of(i));
         let src = (q_batch + h as u64 * dr as u64) * 2;
         // SAFETY: each stage holds `br` rows; rows below n_q are inside Q and dO; the statistics
-        // are padded to whole Q blocks, so every chunk is inside them.
+        // are padded to whole Q blocks, so every chunk is inside them, and a packed sequence's
+        // rows are copied one by one (its first row need not start a 16-byte chunk).
         unsafe {
             let rows = |base: u64| GlobalRows {
                 base: base + src,
                 stride: q_stride,
-                limit: s.n_q,
+                limit: n_q,
                 chunks: real_chunks,
             };
             q_tile(st).fill_async(rows(p.q), q0, br, tid, threads);
             do_tile(st).fill_async(rows(p.d_o), q0, br, tid, threads);
-            let chunks = br / 4;
-            if tid < 2 * chunks {
-                let (which, c) = (tid / chunks, tid % chunks);
-                let base = if which == 0 { p.lse_log2 } else { p.d_sum };
-                let row = (b * s.heads_q + h) as u64 * p.n_q_pad as u64 + q0 as u64;
-                copy16(
-                    stats(st) + which * br * 4 + c * 16,
-                    base + row * 4 + c as u64 * 16,
-                    true,
-                );
+            let row = stats_row(h) + q0 as u64;
+            if GENERAL {
+                if tid < 2 * br {
+                    let (which, r) = (tid / br, tid % br);
+                    let base = if which == 0 { p.lse_log2 } else { p.d_sum };
+                    let valid = q0 + r < n_q;
+                    let src = if valid {
+                        base + (row + r as u64) * 4
+                    } else {
+                        base
+                    };
+                    copy4(stats(st) + which * br * 4 + r * 4, src, valid);
+                }
+            } else {
+                let chunks = br / 4;
+                if tid < 2 * chunks {
+                    let (which, c) = (tid / chunks, tid % chunks);
+                    let base = if which == 0 { p.lse_log2 } else { p.d_sum };
+                    copy16(
+                        stats(st) + which * br * 4 + c * 16,
+                        base + row * 4 + c as u64 * 16,
+                        true,
+                    );
+                }
             }
         }
     };
 
-    // SAFETY: the K and V tiles hold `bc` rows; rows below n_k are inside K and V.
+    // SAFETY: the K and V tiles hold `bc` rows; rows below n_k are inside K and V. Keys past
+    // the sequence's length load as zeros and are masked.
     unsafe {
         let rows = |base: u64| GlobalRows {
             base: base + kv_off,
             stride: kv_stride,
-            limit: s.n_k,
+            limit: n_k,
             chunks: real_chunks,
         };
         k_tile.fill_async(rows(p.k), k0, bc, tid, threads);
@@ -213,13 +261,17 @@ unsafe fn backward<
         wait_all();
         let st = i & 1;
         let (h, q0) = (head_of(i), row0_of(i));
-        let masked = if windowed {
-            // Both ends of a row's keys grow with the row: the first row sees the fewest keys
-            // at the right, the last the fewest at the left.
-            keys_of(q0).1 < k0 + bc || keys_of((q0 + br).min(s.n_q) - 1).0 > k0
-        } else {
-            cfg.needs_mask(q0, k0, s.n_q, s.n_k, causal)
-        };
+        // Rows past the sequence's end are masked too: copied as zeros, their statistics give
+        // P = 1 (and past a packed sequence's end, its rows are the next sequence's).
+        let past_end = GENERAL && q0 + br > n_q;
+        let masked = past_end
+            || if windowed {
+                // Both ends of a row's keys grow with the row: the first row sees the fewest
+                // keys at the right, the last the fewest at the left.
+                keys_of(q0).1 < k0 + bc || keys_of((q0 + br).min(n_q) - 1).0 > k0
+            } else {
+                cfg.needs_mask(q0, k0, n_q, n_k, causal)
+            };
         // Softcap and ALiBi of head h.
         let score_mod = if MODS {
             // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
@@ -256,7 +308,7 @@ unsafe fn backward<
         let distance = |col: u32, e: usize| {
             let row = (q0 + col + (e % 2) as u32) as i32;
             let key = if e < 2 { key_lo } else { key_hi } as i32;
-            (row + (s.n_k as i32 - s.n_q as i32) - key).unsigned_abs() as f32
+            (row + (n_k as i32 - n_q as i32) - key).unsigned_abs() as f32
         };
         for half in 0..2 {
             let lane = opaque(lane);
@@ -277,7 +329,8 @@ unsafe fn backward<
                 pt.iter_mut().for_each(FragC::pin);
             }
             // Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows past n_q
-            // and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already.
+            // and rows with no allowed key have LSE·log2 e = +∞, so P = 0 there already
+            // (general instances mask rows past n_q: `past_end`).
             each_fragment!(pt, |j, f| {
                 let col = 8 * (half * NQP + j) as u32 + 2 * t;
                 // SAFETY: columns col, col + 1 are inside the stage's statistics.
@@ -299,9 +352,9 @@ unsafe fn backward<
                         let row = q0 + col + (e % 2) as u32;
                         let hidden = if windowed {
                             let (first, end) = keys_of(row);
-                            row >= s.n_q || key < first || key >= end
+                            row >= n_q || key < first || key >= end
                         } else {
-                            row >= s.n_q || hidden(row, key, s.n_q, s.n_k, causal)
+                            row >= n_q || hidden(row, key, n_q, n_k, causal)
                         };
                         // MASKED (−0, which 2^x never is): dS below is 0 there, whatever dPᵀ.
                         f.0[e] = if hidden { MASKED } else { f.0[e] };
@@ -317,13 +370,28 @@ unsafe fn backward<
         }
         sync_warp();
 
-        // dV += Pᵀ·dO.
+        // Dropout: bit 4j + e of `keep` for element e of fragment j of the whole Q block.
+        let dropping = GENERAL && p.dropout.enabled();
+        let keep = if dropping {
+            let keys = [key_lo, key_hi];
+            transposed_keep_bits::<NQ>(&p.dropout, (seq.index, h), q0, lane % 4, keys)
+        } else {
+            0
+        };
+
+        // dV += (P∘Z)ᵀ·dO, without the factor 1/(1 − p) of Z (applied to dV at the end).
         let lane = opaque(lane);
         for k in 0..NQP as u32 {
             // SAFETY: the warp's key rows, queries 16k .. 16k + 16 of the tile; queries
             // 16k .. 16k + 16 and chunks 2dp, 2dp + 1 of the dO tile.
             unsafe {
                 let a = ds_tile.load_a(key_row, k, lane);
+                // The lane's own elements, in `pack_a`'s order (see `tile::mma`).
+                let a = if dropping {
+                    drop_operand(a, keep, k as usize)
+                } else {
+                    a
+                };
                 for dp in 0..KD {
                     let [b0, b1] = dot.load_b_pair_trans(16 * k, 2 * dp as u32, lane);
                     T::mma(&mut dv[2 * dp], &a, &b0);
@@ -335,7 +403,8 @@ unsafe fn backward<
         // Every lane's loads of Pᵀ are done before dSᵀ overwrites it.
         sync_warp();
 
-        // dPᵀ = V·dOᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − D) (Pᵀ as rounded for dV), half the Q block at a time.
+        // dPᵀ = V·dOᵀ and dSᵀ = Pᵀ ∘ (dPᵀ∘Z − D) (Pᵀ as rounded for dV), half the Q block at a
+        // time.
         for half in 0..2 {
             let lane = opaque(lane);
             let (g, t) = (lane / 4, lane % 4);
@@ -382,7 +451,14 @@ unsafe fn backward<
                     };
                     for e in 0..4 {
                         let grad = score_mod.grad_from_p(p_row[e], lse[e % 2], distance(col, e));
-                        let ds = p_row[e] * (f.0[e] - d_row[e % 2]) * grad;
+                        let z = if !dropping {
+                            1.0
+                        } else if (keep >> (4 * jj + e as u32)) & 1 != 0 {
+                            p.dropout.keep_scale
+                        } else {
+                            0.0
+                        };
+                        let ds = p_row[e] * (f.0[e] * z - d_row[e % 2]) * grad;
                         f.0[e] = if skip && p_row[e] == 0.0 { 0.0 } else { ds };
                     }
                     store_shared_u32(lo_at, T::pack(f.0[0], f.0[1]));
@@ -410,7 +486,7 @@ unsafe fn backward<
         // dQ (deterministic instances): this Q block's semaphore counts the K/V blocks that have
         // added their part; its adds follow theirs, so dQ sums in key order on every run.
         let semaphore = |h: u32, q0: u32| {
-            p.dq_semaphores + 4 * dq_semaphore(b * s.heads_q + h, q0 / br, p.n_q_pad)
+            p.dq_semaphores + 4 * dq_semaphore(seq.batch * s.heads_q + h, q0 / br, p.n_q_pad)
         };
         if DETERMINISTIC && tid == 0 {
             // Blocks start in grid order and the waited-for blocks have lower x (same y and z):
@@ -457,7 +533,7 @@ unsafe fn backward<
             }
             let row_lo = q0 + 16 * row_group + g;
             for (half, row) in [(0, row_lo), (2, row_lo + 8)] {
-                if row < s.n_q {
+                if row < n_q {
                     let at = acc_row(row) + (32 * first + 8 * t as usize) as u64;
                     for (j, f) in dq.iter().enumerate() {
                         if (first + j) as u32 >= real_chunks {
@@ -485,11 +561,17 @@ unsafe fn backward<
         i += 1;
     }
 
-    // Stage dK (× τ) and dV through the warp's own rows of the K and V tiles, once every warp is
-    // done reading them (dQ reads all keys) and their copies have landed (no iteration ran).
+    // Stage dK (× τ) and dV (× 1/(1 − p) with dropout) through the warp's own rows of the K and V
+    // tiles, once every warp is done reading them (dQ reads all keys) and their copies have
+    // landed (no iteration ran).
     wait_all();
     sync_threads();
-    for (tile, acc, scale) in [(k_tile, &dk, p.scale), (v_tile, &dv, 1.0)] {
+    let dv_scale = if GENERAL && p.dropout.enabled() {
+        p.dropout.keep_scale
+    } else {
+        1.0
+    };
+    for (tile, acc, scale) in [(k_tile, &dk, p.scale), (v_tile, &dv, dv_scale)] {
         // SAFETY: the warp's 16 key rows and all ND chunks are inside the tile.
         unsafe { stage_fragments::<T, ND>(tile, key_row, acc, scale, lane) };
     }
@@ -504,7 +586,7 @@ unsafe fn backward<
             // chunk below the real head dim.
             unsafe {
                 let v = load_shared_16(tile.chunk_addr(key_row + r, c));
-                if key < s.n_k && c < real_chunks {
+                if key < seq.k_rows && c < real_chunks {
                     store_global_16(dst + kv_off + key as u64 * kv_stride + c as u64 * 16, v);
                 }
             }
@@ -513,10 +595,12 @@ unsafe fn backward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_tc_backward_<dtype>_d<d>_w<warps>` as
-/// the host formats it (`flash_tc_backward_det_…` for the deterministic instances of the default
-/// tiles); the test checks that every `VARIANTS` entry exists.
+/// the host formats it, and for the default tiles `flash_tc_backward_general_…` (lengths and
+/// dropout), `flash_tc_backward_mods_…` (the window and score modifiers),
+/// `flash_tc_backward_general_mods_…` (both) and `flash_tc_backward_det_…` with bitwise
+/// reproducible dQ (scale and causal only); the test checks that every `VARIANTS` entry exists.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $mods:literal, $det:literal;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $general:literal, $mods:literal, $det:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
             // SAFETY: the host validated the buffers against `p` and launched the configuration's
@@ -530,6 +614,7 @@ macro_rules! entry_points {
                     { $cfg.block_rows() as usize / 16 },
                     { $cfg.warps as usize },
                     { $cfg.dq_tiles() as usize },
+                    $general,
                     $mods,
                     $det,
                 >(&p)
@@ -539,25 +624,33 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_tc_backward_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, false;
-    flash_tc_backward_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, false;
-    flash_tc_backward_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false;
-    flash_tc_backward_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false;
-    flash_tc_backward_mods_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, false;
-    flash_tc_backward_mods_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, false;
-    flash_tc_backward_mods_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, false;
-    flash_tc_backward_mods_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, false;
-    flash_tc_backward_det_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, true;
-    flash_tc_backward_det_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, true;
-    flash_tc_backward_det_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, true;
-    flash_tc_backward_det_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, true;
+    flash_tc_backward_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, false, false;
+    flash_tc_backward_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, false, false;
+    flash_tc_backward_general_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, false, false;
+    flash_tc_backward_general_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, false, false;
+    flash_tc_backward_mods_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, true, false;
+    flash_tc_backward_mods_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, true, false;
+    flash_tc_backward_general_mods_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, true, false;
+    flash_tc_backward_general_mods_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, true, true, false;
+    flash_tc_backward_det_bf16_d64_w4 => Bf16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, false, true;
+    flash_tc_backward_det_f16_d64_w4 => F16, TcBackwardConfig { head_dim: 64, warps: 4 }, false, false, true;
+    flash_tc_backward_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false, false;
+    flash_tc_backward_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false, false;
+    flash_tc_backward_general_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, false, false;
+    flash_tc_backward_general_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, false, false;
+    flash_tc_backward_mods_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, true, false;
+    flash_tc_backward_mods_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, true, false;
+    flash_tc_backward_general_mods_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, true, false;
+    flash_tc_backward_general_mods_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, true, false;
+    flash_tc_backward_det_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false, true;
+    flash_tc_backward_det_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
 #[cfg(feature = "tuning")]
 entry_points! {
-    flash_tc_backward_bf16_d64_w8 => Bf16, TcBackwardConfig { head_dim: 64, warps: 8 }, false, false;
-    flash_tc_backward_f16_d64_w8 => F16, TcBackwardConfig { head_dim: 64, warps: 8 }, false, false;
-    flash_tc_backward_bf16_d128_w8 => Bf16, TcBackwardConfig { head_dim: 128, warps: 8 }, false, false;
-    flash_tc_backward_f16_d128_w8 => F16, TcBackwardConfig { head_dim: 128, warps: 8 }, false, false;
+    flash_tc_backward_bf16_d64_w8 => Bf16, TcBackwardConfig { head_dim: 64, warps: 8 }, false, false, false;
+    flash_tc_backward_f16_d64_w8 => F16, TcBackwardConfig { head_dim: 64, warps: 8 }, false, false, false;
+    flash_tc_backward_bf16_d128_w8 => Bf16, TcBackwardConfig { head_dim: 128, warps: 8 }, false, false, false;
+    flash_tc_backward_f16_d128_w8 => F16, TcBackwardConfig { head_dim: 128, warps: 8 }, false, false, false;
 }

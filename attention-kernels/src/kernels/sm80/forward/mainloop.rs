@@ -6,23 +6,53 @@
 //! barrier per block. `S = Q·Kᵀ` and `O += P·V` both run on `mma.sync`; P never leaves registers
 //! (see `tile::mma`). Generic over `KD = d / 16` (k-steps of QKᵀ), `ND = d / 8` (n-tiles of O),
 //! `NK` (n-tiles of S) and `NP = NK / 2` (k-steps of PV), so every register array has a
-//! compile-time size and every loop over one unrolls. The `MODS` instances add the local window
-//! (blocks outside every row's window are skipped), softcap, ALiBi and sink logits
-//! (`attn::row_keys`, `attn::score_mod`); kept apart so that the others pay nothing for them.
+//! compile-time size and every loop over one unrolls.
+//!
+//! The `GENERAL` instances take key lengths, packed sequences and dropout, as the `wgmma`
+//! forward's do: the sequence is located from the layout (`grid.z` is the sequence,
+//! `attn::sequence`), and P is multiplied by the exact kernels' Philox draws after ℓ has summed
+//! the undropped P (`attn::dropout`). The `MODS` instances add the local window (blocks outside
+//! every row's window are skipped), softcap, ALiBi and sink logits (`attn::row_keys`,
+//! `attn::score_mod`). Instances without `GENERAL` serve full-length batches without dropout with
+//! the sequence taken from the kernel parameters. The two flags are independent (four instance
+//! sets), so that no call pays registers for an option it does not use.
 
 use crate::abi::params::TensorCoreForwardParams;
 use crate::abi::storage::{Bf16, F16};
-use crate::arch::{block_x, grid_dim_x, shared_window, sync_threads_or, sync_warp, thread_x};
+use crate::arch::{
+    block_x, grid_dim_x, opaque, shared_window, sync_threads_or, sync_warp, thread_x,
+};
+use crate::attn::dropout::{apply_dropout, dropout_multiplier};
 use crate::attn::grid::head_and_sequence;
 use crate::attn::mask::{Exponent, Operand, non_finite_part, sanitize_own_chunks, scored_out};
 use crate::attn::row_keys::RowKeys;
-use crate::attn::score_mod::{ScoreMod, Window, distance, key_range};
-use crate::attn::softmax::RowState;
+use crate::attn::score_mod::{ScoreMod, Window, distance};
+use crate::attn::sequence::Sequence;
+use crate::attn::softmax::{RowState, pack, rescale};
 use crate::kernels::sm80::forward::TcConfig;
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16};
 use crate::tile::mma::{FragA, FragC, MmaElem};
+
+/// Whether `row` (below `n_q` of `lens = (n_q, n_k)`, or past it: then true) scores `key`
+/// other than `−∞` after the score modifiers (`mask::scored_out`): whether the key is in the
+/// row's support.
+///
+/// # Safety
+/// A row below `n_q` is a row of `q`, `key` a row of `k`.
+#[inline(always)]
+unsafe fn in_support<T: Exponent>(
+    (score_mod, scale_log2): (ScoreMod<f32>, f32),
+    (row, key): (u32, u32),
+    (n_q, n_k): (u32, u32),
+    (q, k): (Operand, Operand),
+    head_dim: u32,
+) -> bool {
+    let score = |raw| score_mod.apply_log2(raw, scale_log2, distance(row, key, n_q, n_k));
+    // SAFETY: forwarded to the caller.
+    row >= n_q || !unsafe { scored_out::<T>(q, k, (row, key), head_dim, score) }
+}
 
 #[inline(always)]
 unsafe fn forward<
@@ -32,6 +62,7 @@ unsafe fn forward<
     const NK: usize,
     const NP: usize,
     const WARPS: usize,
+    const GENERAL: bool,
     const MODS: bool,
 >(
     p: &TensorCoreForwardParams,
@@ -48,29 +79,49 @@ unsafe fn forward<
     } else {
         block_x()
     };
-    // Without length masks (all this family runs) sequence b is batch item b.
-    let Some((h, b)) = head_and_sequence(s.heads_q, p.layout.sequences) else {
+    let Some((h, sq)) = head_and_sequence(s.heads_q, p.layout.sequences) else {
         return;
     };
+    let locate = || {
+        if GENERAL {
+            // SAFETY: `sq` is below the sequence count of a validated layout.
+            unsafe { Sequence::locate(&p.layout, &s, opaque(sq)) }
+        } else {
+            Sequence::full(&s, sq)
+        }
+    };
+    let seq = locate();
     let q0 = q_block * br;
+    if GENERAL && q0 >= seq.q_len {
+        // The grid covers the longest sequence; this one is shorter. The whole block leaves.
+        return;
+    }
 
     // Rows in memory hold the real head dim; the tiles hold `d`, zeros past it.
     let (row_bytes, real_chunks) = (s.head_dim as u64 * 2, s.head_dim / 8);
     let q_stride = s.heads_q as u64 * row_bytes;
     let kv_stride = s.heads_kv as u64 * row_bytes;
-    let q_off = (b as u64 * s.n_q as u64 * s.heads_q as u64 + h as u64) * row_bytes;
-    let kv_off = (b as u64 * s.n_k as u64 * s.heads_kv as u64 + s.kv_head(h) as u64) * row_bytes;
+    // Byte offset of (the sequence's row 0, head h) in Q and O.
+    let q_off_of = |seq: &Sequence| {
+        ((seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * s.heads_q as u64 + h as u64)
+            * row_bytes
+    };
+    let q_off = q_off_of(&seq);
+    let kv_off = ((seq.batch as u64 * s.n_k as u64 + seq.k_start as u64) * s.heads_kv as u64
+        + s.kv_head(h) as u64)
+        * row_bytes;
     let o_dst = p.o + q_off;
     let q_rows = GlobalRows {
         base: p.q + q_off,
         stride: q_stride,
-        limit: s.n_q,
+        limit: seq.q_len,
         chunks: real_chunks,
     };
+    // Keys past the sequence's length are never seen: they load as zeros and are masked.
     let k_rows = GlobalRows {
         base: p.k + kv_off,
         stride: kv_stride,
-        limit: s.n_k,
+        limit: seq.k_len,
         chunks: real_chunks,
     };
     let v_rows = GlobalRows {
@@ -96,12 +147,10 @@ unsafe fn forward<
     // that has one there), so the others compile without them.
     let window = if MODS { p.mods.window } else { Window::NONE };
     let windowed = !window.is_none();
-    let last_row = (q0 + br).min(s.n_q) - 1;
+    let last_row = (q0 + br).min(seq.q_len) - 1;
     // Blocks before the first row's window start and past the last row's end are skipped.
-    let first_block = key_range(q0, s.n_q, s.n_k, causal, window).0 / bc;
-    let n_blocks = key_range(last_row, s.n_q, s.n_k, causal, window)
-        .1
-        .div_ceil(bc);
+    let first_block = seq.key_range(q0, causal, window).0 / bc;
+    let n_blocks = seq.key_range(last_row, causal, window).1.div_ceil(bc);
     let warp_row = 16 * warp;
     let (row_lo, row_hi) = (q0 + warp_row + lane / 4, q0 + warp_row + lane / 4 + 8);
     let score_mod = if MODS {
@@ -113,7 +162,7 @@ unsafe fn forward<
     let keys = RowKeys::new(
         row_lo,
         (q0, last_row),
-        (s.n_q, s.n_k),
+        (seq.q_len, seq.k_len),
         (causal, window),
         score_mod,
     );
@@ -127,7 +176,7 @@ unsafe fn forward<
     // non-finite V there would reach them as 0 · NaN through P·V. Its V is sanitized as it lands
     // (each thread its own chunks, before the barrier that publishes them; the barrier votes
     // whether any was non-finite), and the allowed keys' non-finite part is added after the
-    // loop. Keys past n_k load as zeros and need nothing.
+    // loop. Keys past the sequence's length load as zeros and need nothing.
     let diagonal =
         |block: u32| (causal || windowed) && block < n_blocks && keys.partial(block * bc, bc);
     let sanitize_v = |block: u32, stage: u32| {
@@ -169,7 +218,13 @@ unsafe fn forward<
             }
         }
         keys.prepare(&mut sc, p.scale_log2, k0, lane % 4);
-        let pf: [FragA; NP] = state.update::<T, NK, NP, ND>(&mut sc, &mut o);
+        let alpha = state.fold(&mut sc);
+        rescale(&mut o, alpha);
+        if GENERAL && p.dropout.enabled() {
+            let rows = [row_lo, row_hi];
+            apply_dropout(&mut sc, &p.dropout, (seq.index, h), rows, k0, lane % 4);
+        }
+        let pf: [FragA; NP] = pack::<T, NK, NP>(&sc);
 
         for (kk, pa) in pf.iter().enumerate() {
             for dp in 0..KD {
@@ -198,10 +253,16 @@ unsafe fn forward<
         };
         // Every visited block with a window: blocks the product already took non-finite values
         // from add them again, which changes nothing.
+        let rows = [row_lo, row_hi];
         let from = if windowed {
             first_block * bc
         } else {
             keys.unmasked_end / bc * bc
+        };
+        let dropping = p.dropout.enabled();
+        let key = p.dropout.key();
+        let dropped = |r: usize, col: u32| {
+            dropping && dropout_multiplier(&p.dropout, key, seq.index, h, rows[r], col) == 0.0
         };
         let (starts, ends) = keys.ranges();
         let (q_op, k_op) = (
@@ -216,25 +277,29 @@ unsafe fn forward<
                 tiles: real_chunks,
             },
         );
-        let rows = [row_lo, row_hi];
-        let in_support = |r: usize, key: u32| {
-            let score =
-                |raw| score_mod.apply_log2(raw, p.scale_log2, distance(rows[r], key, s.n_q, s.n_k));
-            // SAFETY: a row below n_q is a row of Q; an allowed key is a row of K.
-            rows[r] >= s.n_q
-                || !unsafe { scored_out::<T>(q_op, k_op, (rows[r], key), s.head_dim, score) }
-        };
-        // SAFETY: allowed keys are below n_k, rows of V.
-        let poison = unsafe {
-            non_finite_part::<T, ND>(
-                (from, n_blocks * bc),
-                starts,
-                ends,
-                v,
-                lane,
-                |_, _| false,
-                in_support,
-            )
+        let span = (from, n_blocks * bc);
+        // SAFETY (all): a row below the sequence's length is a row of Q, an allowed key a row of
+        // K and of V. The others pass the shape's lengths themselves (copies would take stack in
+        // the closure's environment) and drop nothing.
+        let poison = if GENERAL {
+            let lens = (seq.q_len, seq.k_len);
+            let in_support = |r: usize, key: u32| unsafe {
+                let scores = (score_mod, p.scale_log2);
+                in_support::<T>(scores, (rows[r], key), lens, (q_op, k_op), s.head_dim)
+            };
+            unsafe { non_finite_part::<T, ND>(span, starts, ends, v, lane, dropped, in_support) }
+        } else {
+            let in_support = |r: usize, key: u32| unsafe {
+                in_support::<T>(
+                    (score_mod, p.scale_log2),
+                    (rows[r], key),
+                    (s.n_q, s.n_k),
+                    (q_op, k_op),
+                    s.head_dim,
+                )
+            };
+            let kept = |_, _| false;
+            unsafe { non_finite_part::<T, ND>(span, starts, ends, v, lane, kept, in_support) }
         };
         poison.apply(&mut o);
     }
@@ -247,6 +312,14 @@ unsafe fn forward<
     unsafe { stage_fragments::<T, ND>(q_tile, warp_row, &o, 1.0, lane) };
     sync_warp();
     let t = lane % 4;
+    // The general instances' sequence again: read anew rather than kept in registers across the
+    // loop.
+    let (seq, o_dst) = if GENERAL {
+        let seq = locate();
+        (seq, p.o + q_off_of(&seq))
+    } else {
+        (seq, o_dst)
+    };
     let chunks = q_tile.chunks();
     for i in 0..(16 * ND as u32 / 32) {
         let idx = 32 * i + lane;
@@ -256,16 +329,17 @@ unsafe fn forward<
         // chunk below the real head dim.
         unsafe {
             let v = load_shared_16(q_tile.chunk_addr(warp_row + r, c));
-            if row < s.n_q && c < real_chunks {
+            if row < seq.q_len && c < real_chunks {
                 store_global_16(o_dst + row as u64 * q_stride + c as u64 * 16, v);
             }
         }
     }
     if t == 0 {
-        let lse_row = (b as u64 * s.heads_q as u64 + h as u64) * s.n_q as u64;
+        let lse_row =
+            (seq.batch as u64 * s.heads_q as u64 + h as u64) * s.n_q as u64 + seq.q_start as u64;
         let lse_ptr = p.lse as *mut f32;
         for (row, value) in [(row_lo, lse[0]), (row_hi, lse[1])] {
-            if row < s.n_q {
+            if row < seq.q_len {
                 // SAFETY: the index is inside the [batch, heads_q, n_q] LSE tensor.
                 unsafe { *lse_ptr.add((lse_row + row as u64) as usize) = value };
             }
@@ -274,10 +348,12 @@ unsafe fn forward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_tc_forward_<dtype>_d<d>_w<warps>_k<keys>`
-/// as the host formats it (`flash_tc_forward_mods_…` for the defaults: with the window and score
-/// modifiers); `tests/ptx_entries.rs` checks that every `VARIANTS` entry exists.
+/// as the host formats it, and for the defaults `flash_tc_forward_general_…` (lengths and
+/// dropout), `flash_tc_forward_mods_…` (the window and score modifiers) and
+/// `flash_tc_forward_general_mods_…` (both); `tests/ptx_entries.rs` checks that every `VARIANTS`
+/// entry exists.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $mods:literal;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $general:literal, $mods:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreForwardParams) {
             // SAFETY: the host validated the buffers against `p` and launched the configuration's
@@ -290,6 +366,7 @@ macro_rules! entry_points {
                     { $cfg.block_keys as usize / 8 },
                     { $cfg.block_keys as usize / 16 },
                     { $cfg.warps as usize },
+                    $general,
                     $mods,
                 >(&p)
             }
@@ -298,31 +375,47 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_tc_forward_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, false;
-    flash_tc_forward_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, false;
-    flash_tc_forward_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, false;
-    flash_tc_forward_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, false;
-    flash_tc_forward_mods_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true;
-    flash_tc_forward_mods_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true;
-    flash_tc_forward_mods_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true;
-    flash_tc_forward_mods_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true;
-    flash_tc_forward_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false;
-    flash_tc_forward_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false;
-    flash_tc_forward_mods_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true;
-    flash_tc_forward_mods_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true;
-    flash_tc_forward_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false;
-    flash_tc_forward_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false;
-    flash_tc_forward_mods_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true;
-    flash_tc_forward_mods_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true;
+    flash_tc_forward_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, false, false;
+    flash_tc_forward_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, false, false;
+    flash_tc_forward_general_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true, false;
+    flash_tc_forward_general_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true, false;
+    flash_tc_forward_mods_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, false, true;
+    flash_tc_forward_mods_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, false, true;
+    flash_tc_forward_general_mods_bf16_d64_w4_k64 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true, true;
+    flash_tc_forward_general_mods_f16_d64_w4_k64 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 64 }, true, true;
+    flash_tc_forward_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, false, false;
+    flash_tc_forward_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, false, false;
+    flash_tc_forward_general_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true, false;
+    flash_tc_forward_general_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true, false;
+    flash_tc_forward_mods_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, false, true;
+    flash_tc_forward_mods_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, false, true;
+    flash_tc_forward_general_mods_bf16_d128_w8_k64 => Bf16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true, true;
+    flash_tc_forward_general_mods_f16_d128_w8_k64 => F16, TcConfig { head_dim: 128, warps: 8, block_keys: 64 }, true, true;
+    flash_tc_forward_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false, false;
+    flash_tc_forward_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false, false;
+    flash_tc_forward_general_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true, false;
+    flash_tc_forward_general_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true, false;
+    flash_tc_forward_mods_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false, true;
+    flash_tc_forward_mods_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, false, true;
+    flash_tc_forward_general_mods_bf16_d192_w4_k32 => Bf16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true, true;
+    flash_tc_forward_general_mods_f16_d192_w4_k32 => F16, TcConfig { head_dim: 192, warps: 4, block_keys: 32 }, true, true;
+    flash_tc_forward_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false, false;
+    flash_tc_forward_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false, false;
+    flash_tc_forward_general_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true, false;
+    flash_tc_forward_general_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true, false;
+    flash_tc_forward_mods_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false, true;
+    flash_tc_forward_mods_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, false, true;
+    flash_tc_forward_general_mods_bf16_d256_w4_k32 => Bf16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true, true;
+    flash_tc_forward_general_mods_f16_d256_w4_k32 => F16, TcConfig { head_dim: 256, warps: 4, block_keys: 32 }, true, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
 #[cfg(feature = "tuning")]
 entry_points! {
-    flash_tc_forward_bf16_d64_w4_k128 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 }, false;
-    flash_tc_forward_f16_d64_w4_k128 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 }, false;
-    flash_tc_forward_bf16_d64_w8_k128 => Bf16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 }, false;
-    flash_tc_forward_f16_d64_w8_k128 => F16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 }, false;
-    flash_tc_forward_bf16_d128_w4_k64 => Bf16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 }, false;
-    flash_tc_forward_f16_d128_w4_k64 => F16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 }, false;
+    flash_tc_forward_bf16_d64_w4_k128 => Bf16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 }, false, false;
+    flash_tc_forward_f16_d64_w4_k128 => F16, TcConfig { head_dim: 64, warps: 4, block_keys: 128 }, false, false;
+    flash_tc_forward_bf16_d64_w8_k128 => Bf16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 }, false, false;
+    flash_tc_forward_f16_d64_w8_k128 => F16, TcConfig { head_dim: 64, warps: 8, block_keys: 128 }, false, false;
+    flash_tc_forward_bf16_d128_w4_k64 => Bf16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 }, false, false;
+    flash_tc_forward_f16_d128_w4_k64 => F16, TcConfig { head_dim: 128, warps: 4, block_keys: 64 }, false, false;
 }
