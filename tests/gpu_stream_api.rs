@@ -15,7 +15,7 @@ use flash_attn::{
     DeviceTensor, Direction, Family, FlashOptions, Gpu, GradientBuffers, GradientViews,
     KernelChoice, Strides, TensorMut, TensorRef, Workspace, backward_on, forward_on,
 };
-use flash_attn_testkit::inputs::uniform;
+use flash_attn_testkit::caller_stream::{Inputs, Results, bits, forward_backward, poisoned, widen};
 use flash_attn_testkit::testing::{families, fresh_seed, gpu_or_skip, lse_err, rel_err, skip};
 use half::bf16;
 
@@ -32,27 +32,6 @@ fn shape(heads_kv: u32) -> AttentionShape {
         heads_kv,
         head_dim: 64,
     }
-}
-
-/// Host values rounded to bf16, as the device holds them.
-fn bf16_values(seed: u64, len: usize) -> Vec<bf16> {
-    uniform(seed, len).into_iter().map(bf16::from_f32).collect()
-}
-
-fn widen(x: &[bf16]) -> Vec<f32> {
-    x.iter().map(|v| v.to_f32()).collect()
-}
-
-fn poisoned<T: flash_attn::cudarc::driver::DeviceRepr + Copy>(
-    stream: &Arc<CudaStream>,
-    nan: T,
-    len: usize,
-) -> CudaSlice<T> {
-    stream.clone_htod(&vec![nan; len]).unwrap()
-}
-
-fn bits(x: &[bf16]) -> Vec<u16> {
-    x.iter().map(|v| v.to_bits()).collect()
 }
 
 /// The plan `options` gets for `direction`, or `None` after a visible line when the family
@@ -74,24 +53,12 @@ fn runnable(
     }
 }
 
-struct Inputs {
-    q: Vec<bf16>,
-    k: Vec<bf16>,
-    v: Vec<bf16>,
-    d_o: Vec<bf16>,
-}
-
 fn inputs(test: &str, shape: &AttentionShape) -> Inputs {
     inputs_from(fresh_seed(test), shape)
 }
 
 fn inputs_from(seed: u64, shape: &AttentionShape) -> Inputs {
-    Inputs {
-        q: bf16_values(seed, shape.q_elems()),
-        k: bf16_values(seed ^ 1, shape.kv_elems()),
-        v: bf16_values(seed ^ 2, shape.kv_elems()),
-        d_o: bf16_values(seed ^ 3, shape.q_elems()),
-    }
+    Inputs::new(seed, shape)
 }
 
 #[test]
@@ -297,9 +264,7 @@ fn transpose(shape: &AttentionShape, n: u32, heads: u32, x: &[bf16], inverse: bo
     out
 }
 
-/// Forward and backward with contiguous views; the outputs on the host (O, LSE, dQ, dK, dV).
-type Results = (Vec<bf16>, Vec<f32>, Vec<bf16>, Vec<bf16>, Vec<bf16>);
-
+/// Forward and backward with contiguous views, each direction's workspace planned for the call.
 fn contiguous_run(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
@@ -307,64 +272,15 @@ fn contiguous_run(
     x: &Inputs,
     options: &FlashOptions,
 ) -> Results {
-    let up = |v: &[bf16]| stream.clone_htod(v).unwrap();
-    let (q, k, v, d_o) = (up(&x.q), up(&x.k), up(&x.v), up(&x.d_o));
-    let mut o = poisoned(stream, bf16::NAN, shape.q_elems());
-    let mut lse = poisoned(stream, f32::NAN, shape.row_elems());
-    let fplan = flash_attn::plan(gpu, shape, DType::Bf16, options, Direction::Forward).unwrap();
-    let bplan = flash_attn::plan(gpu, shape, DType::Bf16, options, Direction::Backward).unwrap();
-    let r = |t| TensorRef::new(t, stream);
-    forward_on(
-        gpu,
-        stream,
-        shape,
-        [&r(&q), &r(&k), &r(&v)],
-        &mut TensorMut::new(&mut o, stream),
-        &mut TensorMut::new(&mut lse, stream),
-        &Workspace::on_stream(gpu, &fplan, stream).unwrap(),
-        options,
-    )
-    .unwrap();
-    let mut g = [
-        poisoned(stream, bf16::NAN, shape.q_elems()),
-        poisoned(stream, bf16::NAN, shape.kv_elems()),
-        poisoned(stream, bf16::NAN, shape.kv_elems()),
+    let workspace = |direction| {
+        let plan = flash_attn::plan(gpu, shape, DType::Bf16, options, direction).unwrap();
+        Workspace::on_stream(gpu, &plan, stream).unwrap()
+    };
+    let workspaces = [
+        workspace(Direction::Forward),
+        workspace(Direction::Backward),
     ];
-    {
-        let [g_q, g_k, g_v] = &mut g;
-        let (q, k, v, o_r, d_o) = (r(&q), r(&k), r(&v), r(&o), r(&d_o));
-        let lse_r = TensorRef::new(&lse, stream);
-        backward_on(
-            gpu,
-            stream,
-            shape,
-            BackwardViews {
-                q: &q,
-                k: &k,
-                v: &v,
-                o: &o_r,
-                d_o: &d_o,
-                lse: &lse_r,
-            },
-            GradientViews {
-                dq: &mut TensorMut::new(g_q, stream),
-                dk: &mut TensorMut::new(g_k, stream),
-                dv: &mut TensorMut::new(g_v, stream),
-                d_sinks: None,
-            },
-            &Workspace::on_stream(gpu, &bplan, stream).unwrap(),
-            options,
-        )
-        .unwrap();
-    }
-    let [g_q, g_k, g_v] = g.map(|t| stream.clone_dtoh(&t).unwrap());
-    (
-        stream.clone_dtoh(&o).unwrap(),
-        stream.clone_dtoh(&lse).unwrap(),
-        g_q,
-        g_k,
-        g_v,
-    )
+    forward_backward(gpu, stream, shape, x, options, &workspaces)
 }
 
 /// Options whose gradients are bitwise reproducible: the exact family's deterministic dQ pass;

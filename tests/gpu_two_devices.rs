@@ -24,13 +24,15 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 
 use flash_attn::cudarc::driver::result::ctx::get_current;
-use flash_attn::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr};
+use flash_attn::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use flash_attn::reference::{Forward, Gradients, backward_from_output_f32, forward_f32};
 use flash_attn::{
-    AttentionError, AttentionOptions, AttentionShape, BackwardViews, CopyPath, CopyRoute, DType,
-    DeviceF32, DeviceTensor, Direction, FlashOptions, Gpu, GradientViews, PartShape, Strides,
-    TensorMut, TensorRef, Workspace, backward_on, can_access_peer, copy_across_devices, forward_on,
-    merge, merge_on,
+    AttentionError, AttentionOptions, AttentionShape, CopyPath, CopyRoute, DType, DeviceF32,
+    DeviceTensor, Direction, FlashOptions, Gpu, PartShape, Strides, TensorMut, TensorRef,
+    Workspace, can_access_peer, copy_across_devices, forward_on, merge, merge_on,
+};
+use flash_attn_testkit::caller_stream::{
+    Inputs, Results, bf16_values, bits, forward_backward, poisoned, widen,
 };
 use flash_attn_testkit::inputs::uniform;
 use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip, lse_err, rel_err, skip};
@@ -75,109 +77,12 @@ fn two_gpus_or_skip(test: &str) -> Option<[Gpu; 2]> {
     gpus.try_into().ok()
 }
 
-fn bf16_values(seed: u64, len: usize) -> Vec<bf16> {
-    uniform(seed, len).into_iter().map(bf16::from_f32).collect()
-}
-
-fn widen(x: &[bf16]) -> Vec<f32> {
-    x.iter().map(|v| v.to_f32()).collect()
-}
-
-fn bits(x: &[bf16]) -> Vec<u16> {
-    x.iter().map(|v| v.to_bits()).collect()
-}
-
 fn f32_bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
 }
 
-fn poisoned<T: DeviceRepr + Copy>(stream: &Arc<CudaStream>, nan: T, len: usize) -> CudaSlice<T> {
-    stream.clone_htod(&vec![nan; len]).unwrap()
-}
-
-struct Inputs {
-    q: Vec<bf16>,
-    k: Vec<bf16>,
-    v: Vec<bf16>,
-    d_o: Vec<bf16>,
-}
-
 fn inputs(seed: u64, shape: &AttentionShape) -> Inputs {
-    Inputs {
-        q: bf16_values(seed, shape.q_elems()),
-        k: bf16_values(seed ^ 1, shape.kv_elems()),
-        v: bf16_values(seed ^ 2, shape.kv_elems()),
-        d_o: bf16_values(seed ^ 3, shape.q_elems()),
-    }
-}
-
-/// O, LSE, dQ, dK, dV of one forward and backward on `stream`, outputs NaN-poisoned first.
-type Results = (Vec<bf16>, Vec<f32>, Vec<bf16>, Vec<bf16>, Vec<bf16>);
-
-fn forward_backward(
-    gpu: &Gpu,
-    stream: &Arc<CudaStream>,
-    shape: &AttentionShape,
-    x: &Inputs,
-    options: &FlashOptions,
-    workspaces: &[Workspace; 2],
-) -> Results {
-    let up = |v: &[bf16]| stream.clone_htod(v).unwrap();
-    let (q, k, v, d_o) = (up(&x.q), up(&x.k), up(&x.v), up(&x.d_o));
-    let mut o = poisoned(stream, bf16::NAN, shape.q_elems());
-    let mut lse = poisoned(stream, f32::NAN, shape.row_elems());
-    let r = |t| TensorRef::new(t, stream);
-    forward_on(
-        gpu,
-        stream,
-        shape,
-        [&r(&q), &r(&k), &r(&v)],
-        &mut TensorMut::new(&mut o, stream),
-        &mut TensorMut::new(&mut lse, stream),
-        &workspaces[0],
-        options,
-    )
-    .unwrap();
-    let mut g = [
-        poisoned(stream, bf16::NAN, shape.q_elems()),
-        poisoned(stream, bf16::NAN, shape.kv_elems()),
-        poisoned(stream, bf16::NAN, shape.kv_elems()),
-    ];
-    {
-        let [g_q, g_k, g_v] = &mut g;
-        let (q, k, v, o_r, d_o) = (r(&q), r(&k), r(&v), r(&o), r(&d_o));
-        let lse_r = TensorRef::new(&lse, stream);
-        backward_on(
-            gpu,
-            stream,
-            shape,
-            BackwardViews {
-                q: &q,
-                k: &k,
-                v: &v,
-                o: &o_r,
-                d_o: &d_o,
-                lse: &lse_r,
-            },
-            GradientViews {
-                dq: &mut TensorMut::new(g_q, stream),
-                dk: &mut TensorMut::new(g_k, stream),
-                dv: &mut TensorMut::new(g_v, stream),
-                d_sinks: None,
-            },
-            &workspaces[1],
-            options,
-        )
-        .unwrap();
-    }
-    let [g_q, g_k, g_v] = g.map(|t| stream.clone_dtoh(&t).unwrap());
-    (
-        stream.clone_dtoh(&o).unwrap(),
-        stream.clone_dtoh(&lse).unwrap(),
-        g_q,
-        g_k,
-        g_v,
-    )
+    Inputs::new(seed, shape)
 }
 
 /// The f64 reference of `x`: the forward, and the backward with `D` from `o`, the O the kernels

@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod caller_stream;
 pub mod family_run;
 pub mod inputs;
 pub mod sampled_rows;
