@@ -96,7 +96,11 @@ pub const fn block_needs_mask(
     if window.is_none() {
         needs_mask(q0, k0, bc, n_q, n_k, causal)
     } else {
-        let last = if q0 + Q_BLOCK < n_q { q0 + Q_BLOCK } else { n_q } - 1;
+        let last = if q0 + Q_BLOCK < n_q {
+            q0 + Q_BLOCK
+        } else {
+            n_q
+        } - 1;
         straddles((q0, last), k0, bc, (n_q, n_k), causal, window)
     }
 }
@@ -142,12 +146,18 @@ mod tests {
     use crate::attn::score_mod::{UNBOUNDED, key_blocks, key_range, straddles};
     use crate::kernels::sm90;
     use std::format;
-    use std::vec::Vec;
     use std::vec;
+    use std::vec::Vec;
 
     /// The key blocks of `bc` keys that rows `i0 ..= i1` need (hold a key one of them sees), and
     /// those of them holding a key one of them does not see.
-    fn needed_key_blocks(rows: (u32, u32), lens: (u32, u32), causal: bool, w: Window, bc: u32) -> (Vec<u32>, Vec<u32>) {
+    fn needed_key_blocks(
+        rows: (u32, u32),
+        lens: (u32, u32),
+        causal: bool,
+        w: Window,
+        bc: u32,
+    ) -> (Vec<u32>, Vec<u32>) {
         let (n_q, n_k) = lens;
         let blocks = n_k.div_ceil(bc);
         let (mut needed, mut hidden) = (vec![false; blocks as usize], vec![false; blocks as usize]);
@@ -213,10 +223,18 @@ mod tests {
                 let (q_block, b) = (q_block as u32, k0 / bc);
                 let q0 = q_block * br;
                 let visits = first <= q_block && q_block < end;
-                assert_eq!(visits, needed.contains(&b), "backward {what} k0={k0} q0={q0}");
+                assert_eq!(
+                    visits,
+                    needed.contains(&b),
+                    "backward {what} k0={k0} q0={q0}"
+                );
                 if visits {
                     let masked = block_needs_mask((q0, k0), bc, lens, causal, w);
-                    assert_eq!(masked, hidden.contains(&b), "backward {what} k0={k0} q0={q0}");
+                    assert_eq!(
+                        masked,
+                        hidden.contains(&b),
+                        "backward {what} k0={k0} q0={q0}"
+                    );
                     visited += 1;
                     backward.masked += masked as u64;
                 }
@@ -231,7 +249,15 @@ mod tests {
     #[test]
     fn windowed_blocks_are_exactly_the_needed_ones() {
         let w = |left, right| Window { left, right };
-        for lens in [(1, 1), (40, 40), (37, 91), (91, 37), (128, 128), (300, 300), (300, 77)] {
+        for lens in [
+            (1, 1),
+            (40, 40),
+            (37, 91),
+            (91, 37),
+            (128, 128),
+            (300, 300),
+            (300, 77),
+        ] {
             for causal in [false, true] {
                 for window in [
                     w(0, 0),
@@ -260,10 +286,7 @@ mod tests {
             sm90::config(128).unwrap(),
             sm90::backward_config(128).unwrap(),
         );
-        let blocks = (
-            (fwd.block_rows(), fwd.block_keys),
-            bwd.block_keys(),
-        );
+        let blocks = ((fwd.block_rows(), fwd.block_keys), bwd.block_keys());
         assert_eq!((blocks, bwd.block_rows()), (((128, 128), 128), Q_BLOCK));
         let n = 16384;
         let w = |left, right| Window { left, right };

@@ -35,11 +35,12 @@ impl RowKeys {
         (causal, window): (bool, Window),
         score_mod: ScoreMod<f32>,
     ) -> RowKeys {
+        // Rows and keys are below 2^31 (the host's validation).
+        let diagonal = (row_lo as i64 + n_k as i64 - n_q as i64) as i32;
         let (masked_before, unmasked_end) =
             keys_every_row_sees((first, last), (n_q, n_k), causal, window);
         RowKeys {
-            // Rows and keys are below 2^31 (the host's validation).
-            diagonal: (row_lo as i64 + n_k as i64 - n_q as i64) as i32,
+            diagonal,
             n_k,
             causal,
             window,

@@ -209,13 +209,8 @@ unsafe fn forward<
     let windowed = !window.is_none();
     let last_row = (q0 + br).min(seq.q_len) - 1;
     // Blocks before the first row's window start and past the last row's end are skipped.
-    let (first_block, n_blocks) = key_blocks(
-        (q0, last_row),
-        (seq.q_len, seq.k_len),
-        causal,
-        window,
-        bc,
-    );
+    let (first_block, n_blocks) =
+        key_blocks((q0, last_row), (seq.q_len, seq.k_len), causal, window, bc);
 
     // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
     unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };

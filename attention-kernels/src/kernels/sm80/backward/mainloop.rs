@@ -260,8 +260,7 @@ unsafe fn backward<
         // P = 1 (and past a packed sequence's end, its rows are the next sequence's).
         let past_end = GENERAL && q0 + br > n_q;
         // Only pairs across a window edge, the causal diagonal or the key length are masked.
-        let masked =
-            past_end || block_needs_mask((q0, k0), bc, (n_q, n_k), causal, window);
+        let masked = past_end || block_needs_mask((q0, k0), bc, (n_q, n_k), causal, window);
         // Softcap and ALiBi of head h.
         let score_mod = if MODS {
             // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
