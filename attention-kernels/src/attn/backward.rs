@@ -62,47 +62,41 @@ pub const fn needs_mask(
     allowed_key_end(q0, n_q, n_k, causal) < k0 + block_keys
 }
 
-/// The Q blocks `first .. end` the K/V block of keys `k0 .. k0 + bc` visits: those holding a row
-/// that sees one of its keys (causally, every block from the diagonal on; with a window, only
-/// the rows whose window reaches the block).
+/// With a local window, the Q blocks `first .. end` the K/V block of keys `k0 .. k0 + bc` visits:
+/// only those holding a row whose window reaches the block. Without one, [`first_q_block`] and
+/// every later one (the kernels branch on the window so that their plain instances keep that
+/// code and its registers).
 #[inline(always)]
-pub const fn q_blocks(
+pub const fn window_q_blocks(
     k0: u32,
     bc: u32,
     (n_q, n_k): (u32, u32),
     causal: bool,
     window: Window,
 ) -> (u32, u32) {
-    if window.is_none() {
-        (first_q_block(k0, n_q, n_k, causal), n_q.div_ceil(Q_BLOCK))
-    } else {
-        let k1 = if k0 + bc < n_k { k0 + bc } else { n_k };
-        let (first, end) = rows_seeing_keys(k0, k1, n_q, n_k, causal, window);
-        (first / Q_BLOCK, end.div_ceil(Q_BLOCK))
-    }
+    let k1 = if k0 + bc < n_k { k0 + bc } else { n_k };
+    let (first, end) = rows_seeing_keys(k0, k1, n_q, n_k, causal, window);
+    (first / Q_BLOCK, end.div_ceil(Q_BLOCK))
 }
 
-/// Whether the (Q block at row `q0`, K/V block at key `k0` of `bc` keys) pair needs
-/// the per-element mask: some row of the block may not see some key of it (a window edge, the
-/// causal diagonal, the key length). Interior pairs of a window take the plain path.
+/// With a local window, whether the (Q block at row `q0`, K/V block at key `k0` of `bc` keys)
+/// pair needs the per-element mask: some row of the block may not see some key of it (a window
+/// edge, the causal diagonal, the key length). Interior pairs take the plain path. Without a
+/// window, [`needs_mask`].
 #[inline(always)]
-pub const fn block_needs_mask(
+pub const fn window_needs_mask(
     (q0, k0): (u32, u32),
     bc: u32,
     (n_q, n_k): (u32, u32),
     causal: bool,
     window: Window,
 ) -> bool {
-    if window.is_none() {
-        needs_mask(q0, k0, bc, n_q, n_k, causal)
+    let last = if q0 + Q_BLOCK < n_q {
+        q0 + Q_BLOCK
     } else {
-        let last = if q0 + Q_BLOCK < n_q {
-            q0 + Q_BLOCK
-        } else {
-            n_q
-        } - 1;
-        straddles((q0, last), k0, bc, (n_q, n_k), causal, window)
-    }
+        n_q
+    } - 1;
+    straddles((q0, last), k0, bc, (n_q, n_k), causal, window)
 }
 
 /// Warps per block of the preprocess kernel, one row per warp.
@@ -217,7 +211,11 @@ mod tests {
             .collect();
         let mut backward = Count::default();
         for k0 in (0..n_k).step_by(bc as usize) {
-            let (first, end) = q_blocks(k0, bc, lens, causal, w);
+            let (first, end) = if w.is_none() {
+                (first_q_block(k0, n_q, n_k, causal), n_q.div_ceil(br))
+            } else {
+                window_q_blocks(k0, bc, lens, causal, w)
+            };
             let mut visited = 0;
             for (q_block, (needed, hidden)) in per_q_block.iter().enumerate() {
                 let (q_block, b) = (q_block as u32, k0 / bc);
@@ -229,7 +227,11 @@ mod tests {
                     "backward {what} k0={k0} q0={q0}"
                 );
                 if visits {
-                    let masked = block_needs_mask((q0, k0), bc, lens, causal, w);
+                    let masked = if w.is_none() {
+                        needs_mask(q0, k0, bc, n_q, n_k, causal)
+                    } else {
+                        window_needs_mask((q0, k0), bc, lens, causal, w)
+                    };
                     assert_eq!(
                         masked,
                         hidden.contains(&b),

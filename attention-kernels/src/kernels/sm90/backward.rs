@@ -21,8 +21,8 @@
 //! layout (`grid.z` is the sequence; rows past a packed sequence's end are masked, since their
 //! statistics belong to the next one) and dropout (`dV += (P∘Z)ᵀ·dO`, `dS = P ∘ (dP∘Z − D)`, with
 //! the exact kernels' Philox draws). The `WINDOW` instances add the local window: a K/V block
-//! visits only the Q blocks whose rows' windows reach it (`attn::backward::q_blocks`) and masks
-//! only the pairs across a window edge (`block_needs_mask`). The `MODS` instances (general and
+//! visits only the Q blocks whose rows' windows reach it (`attn::backward::window_q_blocks`) and masks
+//! only the pairs across a window edge (`window_needs_mask`). The `MODS` instances (general and
 //! windowed too) add softcap (dS times `1 − tanh²`) and ALiBi (`attn::score_mod`). Each is kept
 //! apart so that the others pay no registers for it (the `mods` instance spills hundreds of
 //! bytes at d = 128; a window-only call of full-length sequences runs the `window` one). The
@@ -38,7 +38,9 @@ use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{block_x, exp2, log2, opaque, shared_window, shfl_xor, sync_threads, thread_x};
-use crate::attn::backward::{block_needs_mask, dq_adds_before, dq_semaphore, q_blocks};
+use crate::attn::backward::{
+    dq_adds_before, dq_semaphore, first_q_block, needs_mask, window_needs_mask, window_q_blocks,
+};
 use crate::attn::dropout::transposed_keep_bits;
 use crate::attn::grid::{head_and_sequence, head_here};
 use crate::attn::mask::hidden;
@@ -150,7 +152,11 @@ unsafe fn backward<
     // only the Q blocks of rows whose window reaches it.
     let window = if WINDOW { p.mods.window } else { Window::NONE };
     let windowed = !window.is_none();
-    let (first_block, end_block) = q_blocks(k0, bc, (n_q, n_k), causal, window);
+    let (first_block, end_block) = if windowed {
+        window_q_blocks(k0, bc, (n_q, n_k), causal, window)
+    } else {
+        (first_q_block(k0, n_q, n_k, causal), n_q.div_ceil(br))
+    };
     let per_head = end_block.saturating_sub(first_block);
     let iters = per_head * heads_per_kv;
     // Without GENERAL the K/V head is recomputed at each use (no register across the loop: no
@@ -286,7 +292,11 @@ unsafe fn backward<
         let (h, q0) = (head_of(i), row0_of(i));
         let keys_of = |row: u32| key_range(row, n_q, n_k, causal, window);
         // Only pairs across a window edge, the causal diagonal or the key length are masked.
-        let masked = block_needs_mask((q0, k0), bc, (n_q, n_k), causal, window);
+        let masked = if windowed {
+            window_needs_mask((q0, k0), bc, (n_q, n_k), causal, window)
+        } else {
+            needs_mask(q0, k0, bc, n_q, n_k, causal)
+        };
         // A non-finite Q row would reach dK as 0 · NaN through dSᵀ·Q. Every score of such a row
         // is non-finite, so its LSE is NaN or −∞ and the preprocess made it empty (P = 0,
         // D = 0; `nan_rows` writes a NaN row's gradients): zeroing its non-finite elements

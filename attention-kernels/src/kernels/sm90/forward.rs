@@ -208,9 +208,14 @@ unsafe fn forward<
     let window = if WINDOW { p.mods.window } else { Window::NONE };
     let windowed = !window.is_none();
     let last_row = (q0 + br).min(seq.q_len) - 1;
-    // Blocks before the first row's window start and past the last row's end are skipped.
-    let (first_block, n_blocks) =
-        key_blocks((q0, last_row), (seq.q_len, seq.k_len), causal, window, bc);
+    // Blocks before the first row's window start and past the last row's end are skipped. The
+    // plain instances keep their own code for the causal end (and its registers).
+    let (first_block, n_blocks) = if windowed {
+        key_blocks((q0, last_row), (seq.q_len, seq.k_len), causal, window, bc)
+    } else {
+        let (first, end) = seq.block_key_range(q0, last_row, causal, window, bc);
+        (first / bc, end.div_ceil(bc))
+    };
 
     // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
     unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };

@@ -28,7 +28,9 @@ use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x};
-use crate::attn::backward::{Pair, block_needs_mask, dq_adds_before, dq_semaphore, q_blocks};
+use crate::attn::backward::{
+    Pair, dq_adds_before, dq_semaphore, window_needs_mask, window_q_blocks,
+};
 use crate::attn::dropout::{drop_operand, transposed_keep_bits};
 use crate::attn::grid::{head_and_sequence, head_here};
 use crate::attn::mask::hidden;
@@ -154,7 +156,11 @@ unsafe fn backward<
     let window = if MODS { p.mods.window } else { Window::NONE };
     let windowed = !window.is_none();
     let keys_of = |row: u32| key_range(row, n_q, n_k, causal, window);
-    let (first_block, end_block) = q_blocks(k0, bc, (n_q, n_k), causal, window);
+    let (first_block, end_block) = if windowed {
+        window_q_blocks(k0, bc, (n_q, n_k), causal, window)
+    } else {
+        (cfg.first_q_block(k0, n_q, n_k, causal), n_q.div_ceil(br))
+    };
     // Keys past the sequence's key length are seen by no row: their gradients are zeros.
     let per_head = if GENERAL && k0 >= n_k {
         0
@@ -259,8 +265,13 @@ unsafe fn backward<
         // Rows past the sequence's end are masked too: copied as zeros, their statistics give
         // P = 1 (and past a packed sequence's end, its rows are the next sequence's).
         let past_end = GENERAL && q0 + br > n_q;
-        // Only pairs across a window edge, the causal diagonal or the key length are masked.
-        let masked = past_end || block_needs_mask((q0, k0), bc, (n_q, n_k), causal, window);
+        let masked = past_end
+            || if windowed {
+                // Only pairs across a window edge, the causal diagonal or the key length.
+                window_needs_mask((q0, k0), bc, (n_q, n_k), causal, window)
+            } else {
+                cfg.needs_mask(q0, k0, n_q, n_k, causal)
+            };
         // Softcap and ALiBi of head h.
         let score_mod = if MODS {
             // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
