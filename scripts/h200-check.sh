@@ -10,7 +10,10 @@
 #   memcheck  compute-sanitizer memcheck over the GPU matrix and the non-finite tests, per family
 #   racecheck the same under racecheck (the exact family's matrix cases up to head dim 64: its
 #             SIMT kernels make every shared-memory access a racecheck event)
-# usage: h200-check.sh [tests] [job] [memcheck] [racecheck]   (default: all four)
+#   window    issue 10 item 2's correctness runs alone: the score-modifier matrix and the
+#             non-finite cases (window scenarios included) per family; window-only cases of
+#             full-length sequences run sm90's `window` instances (the plan's CPU tests show which)
+# usage: h200-check.sh [tests] [job] [memcheck] [racecheck] [window]   (default: the first four)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dest=${OUT:-reports/device}
@@ -37,6 +40,16 @@ job)
     timeout ${JOB_S:-300} .device-run/flash-attn run $causal --kernel ${JOB_KERNELS:-auto,sm90,sm80,exact} > "$out/main-job$causal.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1
     note "main job $causal: exit $rc"; grep -E "forward|backward" "$out/main-job$causal.log" | grep -v "^direction" | tee -a "$out/summary.txt"
+  done;;
+window)
+  for family in ${WINDOW_FAMILIES:-sm90 sm80 exact}; do
+    for run in "gpu_matrix score_modifiers_on_every_family" "gpu_non_finite"; do
+      set -- $run; t=$1; shift
+      log="$out/window-$t-$family.log"
+      FLASH_ATTN_FAMILIES=$family timeout 240 .device-run/tests/$t "$@" --test-threads=1 --show-output > "$log" 2>&1
+      rc=$?; [ $rc = 0 ] || status=1
+      note "window $t $family: exit $rc, $(grep -h 'test result' "$log" | tail -1); $(grep -h ' ran [0-9]* of' "$log" | tail -1)"
+    done
   done;;
 memcheck|racecheck)
   # Sequences up to 333 (several tiles and tails per family) keep the sanitizers inside their

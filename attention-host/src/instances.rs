@@ -74,6 +74,13 @@ pub fn sm90_forward_mods(dtype: DType, cfg: &WgConfig) -> String {
     sm90_forward(dtype, cfg, true).replacen("_general_", "_mods_", 1)
 }
 
+/// The `wgmma` forward `cfg` that takes the local window and nothing else of the general one's
+/// options (compiled for the defaults only): window-only calls of full-length sequences, without
+/// the modifiers' registers.
+pub fn sm90_forward_window(dtype: DType, cfg: &WgConfig) -> String {
+    sm90_forward(dtype, cfg, true).replacen("_general_", "_window_", 1)
+}
+
 /// The `mma.sync` backward main kernel `cfg`; `general` as for [`sm80_forward`];
 /// `deterministic` adds dQ in key order (scale and causal only: never with `general`).
 pub fn sm80_backward(
@@ -123,6 +130,11 @@ pub fn sm90_backward(
 /// [`sm90_forward_mods`].
 pub fn sm90_backward_mods(dtype: DType, cfg: &WgBackwardConfig) -> String {
     sm90_backward(dtype, cfg, true, false).replacen("_general_", "_mods_", 1)
+}
+
+/// The `wgmma` backward main kernel `cfg` with the window alone, as [`sm90_forward_window`].
+pub fn sm90_backward_window(dtype: DType, cfg: &WgBackwardConfig) -> String {
+    sm90_backward(dtype, cfg, true, false).replacen("_general_", "_window_", 1)
 }
 
 /// The tensor-core backward's preprocess (D, LSE · log2 e, zeroed dQ accumulator).
@@ -227,6 +239,7 @@ pub fn entry_points() -> Vec<Entry> {
             if sm90::config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm90, sm90_forward(dtype, &cfg, true));
                 push(Family::Sm90, sm90_forward_mods(dtype, &cfg));
+                push(Family::Sm90, sm90_forward_window(dtype, &cfg));
             }
         }
         for &cfg in sm90::BACKWARD_VARIANTS {
@@ -235,6 +248,7 @@ pub fn entry_points() -> Vec<Entry> {
                 push(Family::Sm90, sm90_backward(dtype, &cfg, true, false));
                 push(Family::Sm90, sm90_backward(dtype, &cfg, false, true));
                 push(Family::Sm90, sm90_backward_mods(dtype, &cfg));
+                push(Family::Sm90, sm90_backward_window(dtype, &cfg));
             }
         }
     }

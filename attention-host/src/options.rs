@@ -128,10 +128,13 @@ impl AttentionOptions {
 
     /// Whether any of window, softcap, ALiBi or sinks is on.
     pub fn has_score_mods(&self) -> bool {
-        self.window.is_some()
-            || self.softcap.is_some()
-            || self.alibi_slopes.is_some()
-            || self.sinks.is_some()
+        self.window.is_some() || self.modifies_scores()
+    }
+
+    /// Whether any of softcap, ALiBi or sinks is on: what a window alone does not need (the
+    /// `wgmma` family runs a window alone on instances without their registers).
+    pub fn modifies_scores(&self) -> bool {
+        self.softcap.is_some() || self.alibi_slopes.is_some() || self.sinks.is_some()
     }
 
     /// `τ` for head dimension `d`.

@@ -78,7 +78,8 @@ impl Problem {
 
     /// Whether the call masks by lengths, drops out, or has a local window or score modifiers:
     /// what the tensor-core families run on instances other than their defaults (`wgmma`: the
-    /// general ones, or their `mods` ones for the window and score modifiers; `mma.sync`: see
+    /// general ones, their `window` ones for a window alone over full-length sequences without
+    /// dropout, their `mods` ones for the rest with the window or score modifiers; `mma.sync`: see
     /// [`Problem::needs_lengths_or_dropout`]).
     pub fn needs_general(&self) -> bool {
         self.needs_lengths_or_dropout() || self.options.attention.has_score_mods()

@@ -218,6 +218,9 @@ fn plan_tiles(
     // The `mma.sync` instances take lengths and dropout apart from the modifiers.
     let lengths_or_dropout = problem.needs_lengths_or_dropout();
     let mods = problem.options.attention.has_score_mods();
+    // A window alone over full-length sequences without dropout: the `wgmma` family's `window`
+    // instances, which carry neither the modifiers' nor the general options' registers.
+    let window_only = !lengths_or_dropout && !problem.options.attention.modifies_scores();
     let (entry, block_rows, block_keys, threads, shared_bytes) = match tiles {
         Tiles::Exact(b) => {
             let entry = match (direction, problem.options.schedule) {
@@ -232,7 +235,11 @@ fn plan_tiles(
             (entry, b.block_rows, b.block_cols, THREADS, shared)
         }
         Tiles::Sm90Forward(c) if mods => {
-            let entry = instances::sm90_forward_mods(dtype, &c);
+            let entry = if window_only {
+                instances::sm90_forward_window(dtype, &c)
+            } else {
+                instances::sm90_forward_mods(dtype, &c)
+            };
             (
                 entry,
                 c.block_rows(),
@@ -266,7 +273,11 @@ fn plan_tiles(
             )
         }
         Tiles::Sm90Backward(c) if mods => {
-            let entry = instances::sm90_backward_mods(dtype, &c);
+            let entry = if window_only {
+                instances::sm90_backward_window(dtype, &c)
+            } else {
+                instances::sm90_backward_mods(dtype, &c)
+            };
             (
                 entry,
                 c.block_rows(),
@@ -674,10 +685,29 @@ mod tests {
     }
 
     /// Windows and score modifiers run on the tensor-core families' `mods` instances (both
-    /// directions), with length masks too (`mma.sync`: its `general_mods` ones).
+    /// directions), with length masks too (`mma.sync`: its `general_mods` ones); a window alone
+    /// over full-length sequences on the `wgmma` family's `window` ones.
     #[test]
     fn score_modifiers_route_to_the_mods_instances() {
         let (h, a) = (h200(), a100());
+        for direction in [Direction::Forward, Direction::Backward] {
+            let window = AttentionOptions::new().window(128, 0);
+            let o = |options: AttentionOptions| FlashOptions::new(options);
+            let p = select_on(&h, shape(128), DType::Bf16, o(window.clone()), direction);
+            let want = match direction {
+                Direction::Forward => "flash_wgmma_forward_window_bf16_d128_g2_k128",
+                Direction::Backward => "flash_wgmma_backward_window_bf16_d128_g2",
+            };
+            assert_eq!(p.unwrap().entry, want);
+            for other in [
+                window.clone().softcap(30.0),
+                window.clone().key_lengths(vec![5, 70]),
+                window.clone().dropout(0.1, 7, 0),
+            ] {
+                let p = select_on(&h, shape(128), DType::Bf16, o(other), direction);
+                assert_eq!(p.unwrap().entry, want.replace("_window_", "_mods_"));
+            }
+        }
         let mods = [
             AttentionOptions::new().window(128, 0),
             AttentionOptions::new().softcap(30.0),
@@ -689,7 +719,9 @@ mod tests {
                 let o = || FlashOptions::new(options.clone());
                 let p = select_on(&h, shape(128), DType::Bf16, o(), direction).unwrap();
                 assert_eq!(p.family, Family::Sm90);
-                assert!(p.entry.contains("_mods_"), "{}", p.entry);
+                let window_only = options.has_score_mods() && !options.modifies_scores();
+                let kind = if window_only { "_window_" } else { "_mods_" };
+                assert!(p.entry.contains(kind), "{}", p.entry);
                 let p = select_on(&a, shape(64), DType::Bf16, o(), direction).unwrap();
                 let sm80 = select_on(
                     &h,

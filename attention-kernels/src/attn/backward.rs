@@ -9,6 +9,7 @@ mod nan_rows;
 mod preprocess;
 
 use crate::abi::shape::allowed_key_end;
+use crate::attn::score_mod::{Window, rows_seeing_keys, straddles};
 
 /// Query rows per Q block of every tensor-core backward main kernel.
 pub const Q_BLOCK: u32 = 64;
@@ -61,6 +62,43 @@ pub const fn needs_mask(
     allowed_key_end(q0, n_q, n_k, causal) < k0 + block_keys
 }
 
+/// With a local window, the Q blocks `first .. end` the K/V block of keys `k0 .. k0 + bc` visits:
+/// only those holding a row whose window reaches the block. Without one, [`first_q_block`] and
+/// every later one (the kernels branch on the window so that their plain instances keep that
+/// code and its registers).
+#[inline(always)]
+pub const fn window_q_blocks(
+    k0: u32,
+    bc: u32,
+    (n_q, n_k): (u32, u32),
+    causal: bool,
+    window: Window,
+) -> (u32, u32) {
+    let k1 = if k0 + bc < n_k { k0 + bc } else { n_k };
+    let (first, end) = rows_seeing_keys(k0, k1, n_q, n_k, causal, window);
+    (first / Q_BLOCK, end.div_ceil(Q_BLOCK))
+}
+
+/// With a local window, whether the (Q block at row `q0`, K/V block at key `k0` of `bc` keys)
+/// pair needs the per-element mask: some row of the block may not see some key of it (a window
+/// edge, the causal diagonal, the key length). Interior pairs take the plain path. Without a
+/// window, [`needs_mask`].
+#[inline(always)]
+pub const fn window_needs_mask(
+    (q0, k0): (u32, u32),
+    bc: u32,
+    (n_q, n_k): (u32, u32),
+    causal: bool,
+    window: Window,
+) -> bool {
+    let last = if q0 + Q_BLOCK < n_q {
+        q0 + Q_BLOCK
+    } else {
+        n_q
+    } - 1;
+    straddles((q0, last), k0, bc, (n_q, n_k), causal, window)
+}
+
 /// Warps per block of the preprocess kernel, one row per warp.
 pub const PREPROCESS_WARPS: u32 = 4;
 /// Threads per block of the dQ conversion, eight elements each.
@@ -90,5 +128,183 @@ impl Pair for crate::abi::storage::F16 {
     fn unpack(w: u32) -> [f32; 2] {
         use crate::abi::storage::{F16, Storage};
         [F16(w as u16).to_f32(), F16((w >> 16) as u16).to_f32()]
+    }
+}
+
+/// The block ranges of the windowed tensor-core kernels, against the pairs of rows and keys the
+/// window allows (brute force): every visited block pair holds an allowed pair, no other does,
+/// and only pairs holding a hidden one take the per-element mask.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attn::score_mod::{UNBOUNDED, key_blocks, key_range, straddles};
+    use crate::kernels::sm90;
+    use std::format;
+    use std::vec;
+    use std::vec::Vec;
+
+    /// The key blocks of `bc` keys that rows `i0 ..= i1` need (hold a key one of them sees), and
+    /// those of them holding a key one of them does not see.
+    fn needed_key_blocks(
+        rows: (u32, u32),
+        lens: (u32, u32),
+        causal: bool,
+        w: Window,
+        bc: u32,
+    ) -> (Vec<u32>, Vec<u32>) {
+        let (n_q, n_k) = lens;
+        let blocks = n_k.div_ceil(bc);
+        let (mut needed, mut hidden) = (vec![false; blocks as usize], vec![false; blocks as usize]);
+        for i in rows.0..=rows.1 {
+            let (start, end) = key_range(i, n_q, n_k, causal, w);
+            for b in 0..blocks {
+                let (k0, k1) = (b * bc, (b + 1) * bc);
+                needed[b as usize] |= start.max(k0) < end.min(k1);
+                // Keys past n_k are hidden from every row.
+                hidden[b as usize] |= start > k0 || end < k1;
+            }
+        }
+        let pick = |f: &dyn Fn(usize) -> bool| (0..blocks).filter(|&b| f(b as usize)).collect();
+        (pick(&|b| needed[b]), pick(&|b| needed[b] && hidden[b]))
+    }
+
+    /// Visited and masked block pairs of one direction, and the most one block visits.
+    #[derive(Debug, Default)]
+    struct Count {
+        visited: u64,
+        masked: u64,
+        most: u64,
+    }
+
+    /// Forward: the key blocks a Q block visits and masks; backward: the Q blocks a K/V block
+    /// visits and masks, each checked against the brute force.
+    fn check(
+        lens: (u32, u32),
+        causal: bool,
+        w: Window,
+        (br, bc): (u32, u32),
+        bwd_bc: u32,
+    ) -> [Count; 2] {
+        let (n_q, n_k) = lens;
+        let what = format!("{lens:?} causal={causal} {w:?}");
+        let mut forward = Count::default();
+        for q0 in (0..n_q).step_by(br as usize) {
+            let rows = (q0, (q0 + br).min(n_q) - 1);
+            let (needed, hidden) = needed_key_blocks(rows, lens, causal, w, bc);
+            let (first, end) = key_blocks(rows, lens, causal, w, bc);
+            let visited: Vec<u32> = (first..end).collect();
+            assert_eq!(visited, needed, "forward {what} q0={q0}");
+            let masked: Vec<u32> = (first..end)
+                .filter(|&b| straddles(rows, b * bc, bc, lens, causal, w))
+                .collect();
+            assert_eq!(masked, hidden, "forward {what} q0={q0}");
+            forward.visited += visited.len() as u64;
+            forward.masked += masked.len() as u64;
+            forward.most = forward.most.max(visited.len() as u64);
+        }
+        let (bc, br) = (bwd_bc, Q_BLOCK);
+        let per_q_block: Vec<_> = (0..n_q.div_ceil(br))
+            .map(|q_block| {
+                let q0 = q_block * br;
+                needed_key_blocks((q0, (q0 + br).min(n_q) - 1), lens, causal, w, bc)
+            })
+            .collect();
+        let mut backward = Count::default();
+        for k0 in (0..n_k).step_by(bc as usize) {
+            let (first, end) = if w.is_none() {
+                (first_q_block(k0, n_q, n_k, causal), n_q.div_ceil(br))
+            } else {
+                window_q_blocks(k0, bc, lens, causal, w)
+            };
+            let mut visited = 0;
+            for (q_block, (needed, hidden)) in per_q_block.iter().enumerate() {
+                let (q_block, b) = (q_block as u32, k0 / bc);
+                let q0 = q_block * br;
+                let visits = first <= q_block && q_block < end;
+                assert_eq!(
+                    visits,
+                    needed.contains(&b),
+                    "backward {what} k0={k0} q0={q0}"
+                );
+                if visits {
+                    let masked = if w.is_none() {
+                        needs_mask(q0, k0, bc, n_q, n_k, causal)
+                    } else {
+                        window_needs_mask((q0, k0), bc, lens, causal, w)
+                    };
+                    assert_eq!(
+                        masked,
+                        hidden.contains(&b),
+                        "backward {what} k0={k0} q0={q0}"
+                    );
+                    visited += 1;
+                    backward.masked += masked as u64;
+                }
+            }
+            backward.visited += visited;
+            backward.most = backward.most.max(visited);
+        }
+        [forward, backward]
+    }
+
+    /// Small shapes: every window, causal or not, lengths that are and are not whole blocks.
+    #[test]
+    fn windowed_blocks_are_exactly_the_needed_ones() {
+        let w = |left, right| Window { left, right };
+        for lens in [
+            (1, 1),
+            (40, 40),
+            (37, 91),
+            (91, 37),
+            (128, 128),
+            (300, 300),
+            (300, 77),
+        ] {
+            for causal in [false, true] {
+                for window in [
+                    w(0, 0),
+                    w(5, 3),
+                    w(16, 16),
+                    w(70, 70),
+                    w(UNBOUNDED, 7),
+                    w(9, UNBOUNDED),
+                    Window::NONE,
+                ] {
+                    for (fwd, bwd) in [((16, 8), 16), ((32, 16), 64)] {
+                        check(lens, causal, window, fwd, bwd);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The benchmarked shapes (N = 16384, d = 128, the `wgmma` defaults' blocks): a window of
+    /// 1024 on each side visits at most 17 key blocks per Q block (16 for 2048 keys) and 34 Q
+    /// blocks per K/V block (32), masking 2 and 4 of them; (1024, 0) visits 9 and 18 (8 and 16
+    /// for 1024 keys), masking 2 and 4 too: the other blocks take the plain path.
+    #[test]
+    fn a_window_of_1024_costs_about_2048_keys() {
+        let (fwd, bwd) = (
+            sm90::config(128).unwrap(),
+            sm90::backward_config(128).unwrap(),
+        );
+        let blocks = ((fwd.block_rows(), fwd.block_keys), bwd.block_keys());
+        assert_eq!((blocks, bwd.block_rows()), (((128, 128), 128), Q_BLOCK));
+        let n = 16384;
+        let w = |left, right| Window { left, right };
+        for causal in [false, true] {
+            for (window, most) in [(w(1024, 1024), [17, 34]), (w(1024, 0), [9, 18])] {
+                let counts = check((n, n), causal, window, blocks.0, blocks.1);
+                let what = format!("causal={causal} {window:?} {counts:?}");
+                // Causal (1024, 1024) is (1024, 0).
+                let most = if causal { [9, 18] } else { most };
+                let blocks = u64::from(n / 128);
+                for (count, (most, masked)) in counts.iter().zip([(most[0], 2), (most[1], 4)]) {
+                    assert_eq!(count.most, most, "{what}");
+                    assert!(count.visited <= blocks * most, "{what}");
+                    assert!(count.masked <= blocks * masked, "{what}");
+                }
+            }
+        }
     }
 }

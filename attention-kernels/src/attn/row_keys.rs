@@ -3,7 +3,7 @@
 //! place that turns a block of raw `Q·Kᵀ` scores into masked, modified base-2 scores for the
 //! online softmax, for `mma.sync` and `wgmma` alike.
 
-use crate::attn::score_mod::{ScoreMod, Window, key_range, key_range_at};
+use crate::attn::score_mod::{ScoreMod, Window, key_range_at, keys_every_row_sees};
 use crate::tile::mma::{FragC, each_fragment};
 
 /// The keys the rows of a lane and of its block see, and how their scores are modified. Few
@@ -35,16 +35,17 @@ impl RowKeys {
         (causal, window): (bool, Window),
         score_mod: ScoreMod<f32>,
     ) -> RowKeys {
-        let range = |row: u32| key_range(row, n_q, n_k, causal, window);
+        // Rows and keys are below 2^31 (the host's validation).
+        let diagonal = (row_lo as i64 + n_k as i64 - n_q as i64) as i32;
+        let (masked_before, unmasked_end) =
+            keys_every_row_sees((first, last), (n_q, n_k), causal, window);
         RowKeys {
-            // Rows and keys are below 2^31 (the host's validation).
-            diagonal: (row_lo as i64 + n_k as i64 - n_q as i64) as i32,
+            diagonal,
             n_k,
             causal,
             window,
-            // Both ends grow with the row: the last row starts latest, the first ends earliest.
-            masked_before: range(last).0,
-            unmasked_end: range(first).1,
+            masked_before,
+            unmasked_end,
             score_mod,
         }
     }
@@ -58,7 +59,8 @@ impl RowKeys {
         ([s0, s1], [e0, e1])
     }
 
-    /// Whether the block of keys `k0 .. k0 + bc` holds a key some row of the block may not see.
+    /// Whether the block of keys `k0 .. k0 + bc` holds a key some row of the block may not see
+    /// (`score_mod::straddles`, from the kept ends).
     #[inline(always)]
     pub fn partial(&self, k0: u32, bc: u32) -> bool {
         k0 + bc > self.unmasked_end || k0 < self.masked_before

@@ -91,6 +91,53 @@ pub const fn key_range_at(diagonal: i64, n_k: u32, causal: bool, window: Window)
     (start, end)
 }
 
+/// The key blocks `first .. end` (of `block` keys) rows `i0 ..= i1` visit: every other block holds
+/// no key any of them sees, so it is skipped, not masked (a window of `w` keys costs about `w`
+/// keys per row, not `n_k`).
+#[inline(always)]
+pub const fn key_blocks(
+    (i0, i1): (u32, u32),
+    (n_q, n_k): (u32, u32),
+    causal: bool,
+    window: Window,
+    block: u32,
+) -> (u32, u32) {
+    let start = key_range(i0, n_q, n_k, causal, window).0;
+    let end = key_range(i1, n_q, n_k, causal, window).1;
+    (start / block, end.div_ceil(block))
+}
+
+/// The keys `start .. end` every row of `i0 ..= i1` sees (none when `start >= end`): the last
+/// row starts latest and the first ends earliest.
+#[inline(always)]
+pub const fn keys_every_row_sees(
+    (i0, i1): (u32, u32),
+    (n_q, n_k): (u32, u32),
+    causal: bool,
+    window: Window,
+) -> (u32, u32) {
+    (
+        key_range(i1, n_q, n_k, causal, window).0,
+        key_range(i0, n_q, n_k, causal, window).1,
+    )
+}
+
+/// Whether the keys `k0 .. k0 + block` hold one that some row of `i0 ..= i1` may not see: a block
+/// across a window edge, the causal diagonal or the key length. Only those need the per-element
+/// mask; every other visited block takes the plain path.
+#[inline(always)]
+pub const fn straddles(
+    rows: (u32, u32),
+    k0: u32,
+    block: u32,
+    lens: (u32, u32),
+    causal: bool,
+    window: Window,
+) -> bool {
+    let (start, end) = keys_every_row_sees(rows, lens, causal, window);
+    k0 + block > end || k0 < start
+}
+
 /// The query rows `first .. end` that may see a key of `k0 .. k1` (`k0 < k1`): every row
 /// outside sees none of them (rows inside may still see none at the edges). The backward's K/V
 /// blocks visit only the Q blocks of these rows.

@@ -20,10 +20,13 @@
 //! The `GENERAL` instances take every option, as the forward's do: sequences located from the
 //! layout (`grid.z` is the sequence; rows past a packed sequence's end are masked, since their
 //! statistics belong to the next one) and dropout (`dV += (P∘Z)ᵀ·dO`, `dS = P ∘ (dP∘Z − D)`, with
-//! the exact kernels' Philox draws). The `MODS` instances (general ones too) add the local window
-//! (a K/V block visits only the Q blocks whose rows' windows reach it), softcap (dS times
-//! `1 − tanh²`) and ALiBi (`attn::score_mod`), kept apart so that the general instances pay no
-//! registers for them. The others take the sequence from the kernel parameters.
+//! the exact kernels' Philox draws). The `WINDOW` instances add the local window: a K/V block
+//! visits only the Q blocks whose rows' windows reach it (`attn::backward::window_q_blocks`) and masks
+//! only the pairs across a window edge (`window_needs_mask`). The `MODS` instances (general and
+//! windowed too) add softcap (dS times `1 − tanh²`) and ALiBi (`attn::score_mod`). Each is kept
+//! apart so that the others pay no registers for it (the `mods` instance spills hundreds of
+//! bytes at d = 128; a window-only call of full-length sequences runs the `window` one). The
+//! others take the sequence from the kernel parameters.
 //! The `DETERMINISTIC` instances (without `GENERAL` or `CARRY_DQ`) add each Q block's dQ in key
 //! order: a semaphore per (batch, head, Q block) counts the K/V blocks that have added theirs
 //! (`attn::backward::dq_adds_before`); one thread waits for its count, the block adds, and one
@@ -35,14 +38,16 @@ use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{block_x, exp2, log2, opaque, shared_window, shfl_xor, sync_threads, thread_x};
-use crate::attn::backward::{dq_adds_before, dq_semaphore, first_q_block, needs_mask};
+use crate::attn::backward::{
+    dq_adds_before, dq_semaphore, first_q_block, needs_mask, window_needs_mask, window_q_blocks,
+};
 use crate::attn::dropout::transposed_keep_bits;
 use crate::attn::grid::{head_and_sequence, head_here};
 use crate::attn::mask::hidden;
 use crate::attn::mask::{
     Exponent, MASKED, is_masked, quad_any, sanitize_own_chunks, sanitize_row_part,
 };
-use crate::attn::score_mod::{ScoreMod, Window, key_range, rows_seeing_keys};
+use crate::attn::score_mod::{ScoreMod, Window, key_range};
 use crate::attn::sequence::Sequence;
 use crate::kernels::sm90::WgBackwardConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
@@ -68,6 +73,7 @@ unsafe fn backward<
     const DQ: usize,
     const CARRY_DQ: bool,
     const GENERAL: bool,
+    const WINDOW: bool,
     const MODS: bool,
     const DETERMINISTIC: bool,
 >(
@@ -78,7 +84,8 @@ unsafe fn backward<
     [FragC; DQ]: Accumulator,
 {
     const { assert!(ND == 2 * KD && KD >= 4 && WG > 0 && DQ * WG == ND) };
-    const { assert!(!DETERMINISTIC || !(CARRY_DQ || GENERAL)) };
+    const { assert!(!DETERMINISTIC || !(CARRY_DQ || GENERAL || WINDOW)) };
+    const { assert!(WINDOW || !MODS) };
     let cfg = WgBackwardConfig {
         head_dim: 16 * KD as u32,
         warpgroups: WG as u32,
@@ -141,13 +148,12 @@ unsafe fn backward<
     let stage_of = |i: u32| i % 3;
     let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
-    // The window (general instances only; the others compile without it): the K/V block visits
+    // The window (`WINDOW` instances only; the others compile without it): the K/V block visits
     // only the Q blocks of rows whose window reaches it.
-    let window = if MODS { p.mods.window } else { Window::NONE };
+    let window = if WINDOW { p.mods.window } else { Window::NONE };
     let windowed = !window.is_none();
     let (first_block, end_block) = if windowed {
-        let (first, end) = rows_seeing_keys(k0, (k0 + bc).min(n_k), n_q, n_k, causal, window);
-        (first / br, end.div_ceil(br))
+        window_q_blocks(k0, bc, (n_q, n_k), causal, window)
     } else {
         (first_q_block(k0, n_q, n_k, causal), n_q.div_ceil(br))
     };
@@ -285,10 +291,9 @@ unsafe fn backward<
         let st = stage_of(i);
         let (h, q0) = (head_of(i), row0_of(i));
         let keys_of = |row: u32| key_range(row, n_q, n_k, causal, window);
+        // Only pairs across a window edge, the causal diagonal or the key length are masked.
         let masked = if windowed {
-            // Both ends of a row's keys grow with the row: the first row sees the fewest keys
-            // at the right, the last the fewest at the left.
-            keys_of(q0).1 < k0 + bc || keys_of((q0 + br).min(n_q) - 1).0 > k0
+            window_needs_mask((q0, k0), bc, (n_q, n_k), causal, window)
         } else {
             needs_mask(q0, k0, bc, n_q, n_k, causal)
         };
@@ -581,10 +586,11 @@ unsafe fn backward<
 
 /// One entry point per (dtype, configuration), named `flash_wgmma_backward_<dtype>_d<d>_g<groups>`
 /// as the host formats it, `flash_wgmma_backward_general_…` (lengths and dropout),
-/// `flash_wgmma_backward_mods_…` (those and the score modifiers), and
+/// `flash_wgmma_backward_window_…` (the window alone), `flash_wgmma_backward_mods_…` (all of
+/// those and the score modifiers), and
 /// `flash_wgmma_backward_det_…` with bitwise reproducible dQ (scale and causal only).
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $general:literal, $mods:literal, $det:literal;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $general:literal, $window:literal, $mods:literal, $det:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
             // SAFETY: the host validated the buffers against `p`, ran the preprocess kernel on the
@@ -598,6 +604,7 @@ macro_rules! entry_points {
                     { $cfg.dq_cols() as usize / 8 },
                     { $cfg.carry_dq() && !$det },
                     $general,
+                    $window,
                     $mods,
                     $det,
                 >(&p)
@@ -607,20 +614,24 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false;
-    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false;
-    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false;
-    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false;
-    flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false, false;
-    flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false, false;
-    flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false, false;
-    flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false, false;
-    flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true, false;
-    flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true, false;
-    flash_wgmma_backward_mods_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true, false;
-    flash_wgmma_backward_mods_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true, false;
-    flash_wgmma_backward_det_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, true;
-    flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, true;
-    flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, true;
-    flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, true;
+    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, false;
+    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, false;
+    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, false;
+    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, false;
+    flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false, false, false;
+    flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false, false, false;
+    flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false, false, false;
+    flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false, false, false;
+    flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true, true, false;
+    flash_wgmma_backward_window_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, true, false, false;
+    flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true, true, false;
+    flash_wgmma_backward_window_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, true, false, false;
+    flash_wgmma_backward_mods_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true, true, false;
+    flash_wgmma_backward_window_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, true, false, false;
+    flash_wgmma_backward_mods_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true, true, false;
+    flash_wgmma_backward_window_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, true, false, false;
+    flash_wgmma_backward_det_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, true;
+    flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, true;
+    flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, true;
+    flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, true;
 }

@@ -17,9 +17,12 @@
 //! Philox draws as the exact kernels and the CPU reference after ℓ has summed the undropped P.
 //! The others serve full-length batches without dropout with the sequence taken from the kernel
 //! parameters, which cost no registers (the layout's values read from memory held 20 more, enough
-//! to halve the blocks per SM at d = 64). The `MODS` instances (general ones too) add the local
-//! window (blocks outside every row's window are skipped), softcap, ALiBi and sink logits
-//! (`attn::score_mod`); kept apart so that the general instances pay no registers for them.
+//! to halve the blocks per SM at d = 64). The `WINDOW` instances add the local window: blocks
+//! outside every row's window are skipped, and only blocks across a window edge are masked
+//! (`attn::score_mod::key_blocks`, `straddles`). The `MODS` instances (general and windowed too)
+//! add softcap, ALiBi and sink logits (`attn::score_mod`). Each kept apart so that the others pay
+//! no registers for it: a window-only call of full-length sequences runs the `window` instance,
+//! whose registers are the plain one's, not the `mods` one's (which spills at d = 128).
 //! Generic over `KD = d / 16` (k-steps of `Q·Kᵀ`), `ND = d / 8` (fragments of O), `NK` (fragments
 //! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
 
@@ -34,7 +37,7 @@ use crate::attn::mask::{
     Exponent, Operand, Poison, non_finite_part, sanitize_own_chunks, scored_out,
 };
 use crate::attn::row_keys::RowKeys;
-use crate::attn::score_mod::{ScoreMod, Window, distance};
+use crate::attn::score_mod::{ScoreMod, Window, distance, key_blocks};
 use crate::attn::sequence::Sequence;
 use crate::attn::softmax::{RowState, pack, rescale};
 use crate::kernels::sm90::WgConfig;
@@ -122,6 +125,7 @@ unsafe fn forward<
     const NP: usize,
     const WG: usize,
     const GENERAL: bool,
+    const WINDOW: bool,
     const MODS: bool,
 >(
     p: &TensorCoreForwardParams,
@@ -130,6 +134,7 @@ unsafe fn forward<
     [FragC; ND]: Accumulator,
 {
     const { assert!(ND == 2 * KD && NK == 2 * NP && NP > 0 && KD >= 4 && WG > 0) };
+    const { assert!(WINDOW || !MODS) };
     let (d, bc, br) = (16 * KD as u32, 8 * NK as u32, 64 * WG as u32);
     let threads = 128 * WG as u32;
     let s = p.shape;
@@ -198,13 +203,16 @@ unsafe fn forward<
     let fill_v =
         |block: u32| unsafe { v_tile(block).fill_async(v_rows, block * bc, bc, tid, threads) };
 
-    // The window and the score modifiers: general instances only (the host routes every call
-    // that has one there), so the others compile without them.
-    let window = if MODS { p.mods.window } else { Window::NONE };
+    // The window: `WINDOW` instances only (the host routes every call that has one there), so
+    // the others compile without it.
+    let window = if WINDOW { p.mods.window } else { Window::NONE };
     let windowed = !window.is_none();
     let last_row = (q0 + br).min(seq.q_len) - 1;
-    // Blocks before the first row's window start and past the last row's end are skipped.
-    let (first_block, n_blocks) = {
+    // Blocks before the first row's window start and past the last row's end are skipped. The
+    // plain instances keep their own code for the causal end (and its registers).
+    let (first_block, n_blocks) = if windowed {
+        key_blocks((q0, last_row), (seq.q_len, seq.k_len), causal, window, bc)
+    } else {
         let (first, end) = seq.block_key_range(q0, last_row, causal, window, bc);
         (first / bc, end.div_ceil(bc))
     };
@@ -430,10 +438,11 @@ unsafe fn forward<
 }
 
 /// One entry point per (dtype, configuration), named `flash_wgmma_forward_<dtype>_d<d>_g<groups>_k<keys>`
-/// as the host formats it, `flash_wgmma_forward_general_…` (lengths and dropout) and
-/// `flash_wgmma_forward_mods_…` (those and the score modifiers) for the defaults.
+/// as the host formats it, `flash_wgmma_forward_general_…` (lengths and dropout),
+/// `flash_wgmma_forward_window_…` (the window alone) and `flash_wgmma_forward_mods_…` (all of
+/// those and the score modifiers) for the defaults.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $dropout:literal, $mods:literal;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $dropout:literal, $window:literal, $mods:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreForwardParams) {
             // SAFETY: the host validated the buffers against `p` and launched the configuration's
@@ -447,6 +456,7 @@ macro_rules! entry_points {
                     { $cfg.block_keys as usize / 16 },
                     { $cfg.warpgroups as usize },
                     $dropout,
+                    $window,
                     $mods,
                 >(&p)
             }
@@ -455,41 +465,49 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false;
-    flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false;
-    flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false;
-    flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false;
-    flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false;
-    flash_wgmma_forward_general_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false;
-    flash_wgmma_forward_general_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false;
-    flash_wgmma_forward_general_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false;
-    flash_wgmma_forward_mods_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true;
-    flash_wgmma_forward_mods_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true;
-    flash_wgmma_forward_mods_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true;
-    flash_wgmma_forward_mods_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true;
-    flash_wgmma_forward_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false;
-    flash_wgmma_forward_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false;
-    flash_wgmma_forward_general_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false;
-    flash_wgmma_forward_general_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false;
-    flash_wgmma_forward_mods_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true;
-    flash_wgmma_forward_mods_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true;
-    flash_wgmma_forward_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false;
-    flash_wgmma_forward_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false;
-    flash_wgmma_forward_general_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false;
-    flash_wgmma_forward_general_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false;
-    flash_wgmma_forward_mods_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true;
-    flash_wgmma_forward_mods_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true;
+    flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false;
+    flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false;
+    flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false;
+    flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false;
+    flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false;
+    flash_wgmma_forward_general_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false;
+    flash_wgmma_forward_general_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false, false;
+    flash_wgmma_forward_general_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false, false;
+    flash_wgmma_forward_mods_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true, true;
+    flash_wgmma_forward_window_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, true, false;
+    flash_wgmma_forward_mods_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true, true;
+    flash_wgmma_forward_window_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, true, false;
+    flash_wgmma_forward_mods_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true;
+    flash_wgmma_forward_window_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false;
+    flash_wgmma_forward_mods_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true;
+    flash_wgmma_forward_window_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false;
+    flash_wgmma_forward_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false;
+    flash_wgmma_forward_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false;
+    flash_wgmma_forward_general_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false, false;
+    flash_wgmma_forward_general_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false, false;
+    flash_wgmma_forward_mods_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true, true;
+    flash_wgmma_forward_window_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, true, false;
+    flash_wgmma_forward_mods_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true, true;
+    flash_wgmma_forward_window_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, true, false;
+    flash_wgmma_forward_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false;
+    flash_wgmma_forward_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false;
+    flash_wgmma_forward_general_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false, false;
+    flash_wgmma_forward_general_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false, false;
+    flash_wgmma_forward_mods_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true, true;
+    flash_wgmma_forward_window_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, true, false;
+    flash_wgmma_forward_mods_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true, true;
+    flash_wgmma_forward_window_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, true, false;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
 #[cfg(feature = "tuning")]
 entry_points! {
-    flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false;
-    flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false;
-    flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false;
-    flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false;
-    flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false;
-    flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false;
-    flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false;
-    flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false;
+    flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false;
+    flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false;
+    flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false;
+    flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false;
+    flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false;
+    flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false;
+    flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false;
+    flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false;
 }

@@ -28,12 +28,14 @@ use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x};
-use crate::attn::backward::{Pair, dq_adds_before, dq_semaphore};
+use crate::attn::backward::{
+    Pair, dq_adds_before, dq_semaphore, window_needs_mask, window_q_blocks,
+};
 use crate::attn::dropout::{drop_operand, transposed_keep_bits};
 use crate::attn::grid::{head_and_sequence, head_here};
 use crate::attn::mask::hidden;
 use crate::attn::mask::{Exponent, MASKED, sanitize_own_chunks, sanitize_pair};
-use crate::attn::score_mod::{ScoreMod, Window, key_range, rows_seeing_keys};
+use crate::attn::score_mod::{ScoreMod, Window, key_range};
 use crate::attn::sequence::Sequence;
 use crate::kernels::sm80::backward::TcBackwardConfig;
 use crate::tile::SwizzledTile;
@@ -155,8 +157,7 @@ unsafe fn backward<
     let windowed = !window.is_none();
     let keys_of = |row: u32| key_range(row, n_q, n_k, causal, window);
     let (first_block, end_block) = if windowed {
-        let (first, end) = rows_seeing_keys(k0, (k0 + bc).min(n_k), n_q, n_k, causal, window);
-        (first / br, end.div_ceil(br))
+        window_q_blocks(k0, bc, (n_q, n_k), causal, window)
     } else {
         (cfg.first_q_block(k0, n_q, n_k, causal), n_q.div_ceil(br))
     };
@@ -266,9 +267,8 @@ unsafe fn backward<
         let past_end = GENERAL && q0 + br > n_q;
         let masked = past_end
             || if windowed {
-                // Both ends of a row's keys grow with the row: the first row sees the fewest
-                // keys at the right, the last the fewest at the left.
-                keys_of(q0).1 < k0 + bc || keys_of((q0 + br).min(n_q) - 1).0 > k0
+                // Only pairs across a window edge, the causal diagonal or the key length.
+                window_needs_mask((q0, k0), bc, (n_q, n_k), causal, window)
             } else {
                 cfg.needs_mask(q0, k0, n_q, n_k, causal)
             };
