@@ -65,9 +65,10 @@ unsafe fn combine<Out: Storage, const D: usize>(p: &MergeParams) {
     let (b, i) = (bi / n_q, bi % n_q);
     let lse_index = ((b * heads + h) * n_q + i) as usize;
     let parts = p.parts.min(MAX_SPLITS) as usize;
-    // SAFETY (both): the host checked every part against the shape; `lse_index` is a row of it.
+    // Read only for `q < parts`: the host checked every part against the shape, and `lse_index`
+    // is a row of it.
     let part_lse = |q: usize| {
-        unsafe { (p.lse_base + q as u64 * p.lse_part_stride) as *const f32 }.wrapping_add(lse_index)
+        ((p.lse_base + q as u64 * p.lse_part_stride) as *const f32).wrapping_add(lse_index)
     };
 
     // The merged LSE, in every warp alike: every part's LSE loaded before any is used.
@@ -75,7 +76,7 @@ unsafe fn combine<Out: Storage, const D: usize>(p: &MergeParams) {
     for (k, l) in lses.iter_mut().enumerate() {
         let q = lane + 32 * k;
         if q < parts {
-            // SAFETY: as above.
+            // SAFETY: q < parts (see `part_lse`).
             *l = unsafe { *part_lse(q) };
         }
     }
@@ -102,7 +103,7 @@ unsafe fn combine<Out: Storage, const D: usize>(p: &MergeParams) {
     let mut acc = [0.0f32; 4];
     let mut q = warp;
     while q < parts {
-        // SAFETY: as above.
+        // SAFETY: q < parts (see `part_lse`).
         let l = unsafe { *part_lse(q) };
         if l != f32::NEG_INFINITY {
             let w = exp(l - lse);
@@ -141,7 +142,7 @@ unsafe fn combine<Out: Storage, const D: usize>(p: &MergeParams) {
         c += warps * 32;
     }
     if t == 0 {
-        // SAFETY: as above.
+        // SAFETY: `lse_index` is a row of the output LSE.
         unsafe { *(p.lse as *mut f32).add(lse_index) = lse };
     }
 }
