@@ -14,8 +14,8 @@
 
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{
-    AttentionShape, DType, DeviceF32, DeviceTensor, FlashOptions, Gpu, KernelChoice, KvCache,
-    PagedKvCache, PagedLayout, Plan,
+    AttentionShape, DType, DecodeCombine, DeviceF32, DeviceTensor, Family, FlashOptions, Gpu,
+    KernelChoice, KvCache, PagedKvCache, PagedLayout, Plan,
 };
 use flash_attn_testkit::args::{arg, flag};
 use rand::SeedableRng;
@@ -87,12 +87,26 @@ impl Timing {
     }
 }
 
+/// The label of a plan's kernel: the family, and the combine when the decode family runs it.
+fn label(plan: &Plan, combine: DecodeCombine) -> String {
+    match plan.family {
+        Family::Decode => format!("decode ({combine:?} combine)"),
+        family => family.name().to_owned(),
+    }
+}
+
 fn fill(n: usize, seed: u64) -> flash_attn::Result<DeviceTensor> {
     DeviceTensor::from_f32(DType::Bf16, &flash_attn_testkit::inputs::uniform(seed, n))
 }
 
-/// The decode rows through `forward_into`.
-fn tensor_rows(gpu: &Gpu, t: &Timing, options: &FlashOptions) -> flash_attn::Result<Vec<String>> {
+/// The decode rows through `forward_into`, once per combine (once in all for rows that another
+/// family runs).
+fn tensor_rows(
+    gpu: &Gpu,
+    t: &Timing,
+    options: &FlashOptions,
+    combines: &[DecodeCombine],
+) -> flash_attn::Result<Vec<String>> {
     let mut records = vec![];
     for (batch, n_q, n_k, heads_q, heads_kv) in ROWS {
         let s = AttentionShape {
@@ -110,23 +124,34 @@ fn tensor_rows(gpu: &Gpu, t: &Timing, options: &FlashOptions) -> flash_attn::Res
         );
         let o = DeviceTensor::poisoned(DType::Bf16, s.q_elems())?;
         let lse = DeviceF32::poisoned(s.row_elems())?;
-        let plan = flash_attn::plan(
-            gpu,
-            &s,
-            DType::Bf16,
-            options,
-            flash_attn::Direction::Forward,
-        )?;
-        let timed = t.run(gpu, || {
-            flash_attn::forward_into(gpu, &s, &q, &k, &v, &o, &lse, options)
-        })?;
-        records.push(t.record(&s, plan.family.name(), &plan, timed));
+        for &combine in combines {
+            let options = options.clone().decode_combine(combine);
+            let plan = flash_attn::plan(
+                gpu,
+                &s,
+                DType::Bf16,
+                &options,
+                flash_attn::Direction::Forward,
+            )?;
+            let timed = t.run(gpu, || {
+                flash_attn::forward_into(gpu, &s, &q, &k, &v, &o, &lse, &options)
+            })?;
+            records.push(t.record(&s, &label(&plan, combine), &plan, timed));
+            if plan.family != Family::Decode {
+                break;
+            }
+        }
     }
     Ok(records)
 }
 
-/// One decode step over full caches of `CACHE_ROWS`: contiguous, then paged with each page size.
-fn cache_rows(gpu: &Gpu, t: &Timing) -> flash_attn::Result<Vec<String>> {
+/// One decode step over full caches of `CACHE_ROWS`: contiguous, then paged with each page size;
+/// each with every combine of `combines`.
+fn cache_rows(
+    gpu: &Gpu,
+    t: &Timing,
+    combines: &[DecodeCombine],
+) -> flash_attn::Result<Vec<String>> {
     let (heads_q, heads_kv, d) = (32, 8, 128);
     let mut records = vec![];
     for (batch, n_k) in CACHE_ROWS {
@@ -139,12 +164,7 @@ fn cache_rows(gpu: &Gpu, t: &Timing) -> flash_attn::Result<Vec<String>> {
         let q = fill(s.q_elems(), 1)?;
         let o = DeviceTensor::poisoned(DType::Bf16, s.q_elems())?;
         let lse = DeviceF32::poisoned(s.row_elems())?;
-        let options = FlashOptions::default();
-        let attend = || contiguous.attend_into(gpu, &q, 1, heads_q, &o, &lse, &options);
-        let plan = attend()?;
-        let timed = t.run(gpu, attend)?;
-        let base = timed.0;
-        records.push(t.record(&s, "decode contiguous cache", &plan, timed));
+        let mut paged_caches = vec![];
         for page_size in PAGE_SIZES {
             let width = n_k / page_size;
             let layout = PagedLayout {
@@ -160,16 +180,28 @@ fn cache_rows(gpu: &Gpu, t: &Timing) -> flash_attn::Result<Vec<String>> {
             table.shuffle(&mut rand::rngs::StdRng::seed_from_u64(page_size as u64));
             paged.set_block_table(&table)?;
             paged.append(gpu, &k, &v, n_k, &full)?;
-            let attend = || paged.attend_into(gpu, &q, 1, heads_q, &o, &lse, &options);
+            paged_caches.push((page_size, paged));
+        }
+        for &combine in combines {
+            let options = FlashOptions::default().decode_combine(combine);
+            let attend = || contiguous.attend_into(gpu, &q, 1, heads_q, &o, &lse, &options);
             let plan = attend()?;
             let timed = t.run(gpu, attend)?;
-            let ratio = timed.0 / base;
-            let kernel = format!("decode paged cache, page {page_size}");
+            let base = timed.0;
+            let kernel = format!("decode contiguous cache, {combine:?} combine");
             records.push(t.record(&s, &kernel, &plan, timed));
-            println!(
-                "  paged (page {page_size}) / contiguous: {ratio:.3} ({} 1.10)",
-                if ratio <= 1.10 { "within" } else { "PAST" }
-            );
+            for (page_size, paged) in &paged_caches {
+                let attend = || paged.attend_into(gpu, &q, 1, heads_q, &o, &lse, &options);
+                let plan = attend()?;
+                let timed = t.run(gpu, attend)?;
+                let ratio = timed.0 / base;
+                let kernel = format!("decode paged cache, page {page_size}, {combine:?} combine");
+                records.push(t.record(&s, &kernel, &plan, timed));
+                println!(
+                    "  paged (page {page_size}) / contiguous: {ratio:.3} ({} 1.10)",
+                    if ratio <= 1.10 { "within" } else { "PAST" }
+                );
+            }
         }
     }
     Ok(records)
@@ -185,6 +217,12 @@ fn main() -> flash_attn::Result<()> {
     let kernel: KernelChoice = arg("--kernel", "auto".to_owned())
         .parse()
         .expect("--kernel");
+    let combines: &[DecodeCombine] = match arg("--combine", "both".to_owned()).as_str() {
+        "both" => &[DecodeCombine::Merge, DecodeCombine::Parallel],
+        "merge" => &[DecodeCombine::Merge],
+        "parallel" => &[DecodeCombine::Parallel],
+        other => panic!("--combine {other:?}: expected both, merge or parallel"),
+    };
     let out_dir = arg("--out", "reports/bench".to_owned());
     let gpu = flash_attn::gpu()?;
     let mut records = vec![];
@@ -193,9 +231,10 @@ fn main() -> flash_attn::Result<()> {
             &gpu,
             &t,
             &FlashOptions::default().kernel(kernel),
+            combines,
         )?);
     }
-    records.extend(cache_rows(&gpu, &t)?);
+    records.extend(cache_rows(&gpu, &t, combines)?);
     std::fs::create_dir_all(&out_dir).expect("create the output folder");
     let path = format!("{out_dir}/decode-bench.json");
     let json = format!(

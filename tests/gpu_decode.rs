@@ -4,13 +4,16 @@
 //! sequence has key blocks (its trailing splits empty); ragged key lengths including 0 (empty
 //! rows: O = 0, LSE = −∞); N_k not a multiple of the 128-key step; causal with N_q > 1 (rows
 //! above the bottom-right diagonal empty); NaN/∞ in K and V past a key length and at causally
-//! masked keys (ignored), and a NaN Q row (its O and LSE NaN).
+//! masked keys (ignored), and a NaN Q row (its O and LSE NaN); the most splits (256). Every case
+//! runs with both combines of the splits: v1's strided merge and the v3 candidate's parallel
+//! combine (`DecodeCombine`).
 //!
 //! Where no CUDA device answers, the test prints `SKIP` and returns.
 
 use flash_attn::reference::forward_f32;
 use flash_attn::{
-    AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Family, FlashOptions,
+    AttentionOptions, AttentionShape, DType, DecodeCombine, DeviceF32, DeviceTensor, Family,
+    FlashOptions,
 };
 use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip, lse_err, rel_err};
 use rand::rngs::StdRng;
@@ -67,6 +70,8 @@ fn cases(rng: &mut StdRng, d: u32) -> Vec<Case> {
         ..case(3, 1, 8192, 8, 2, d)
     });
     out.push(case(1, 1, 1, 4, 1, d));
+    // The most splits (MAX_SPLITS = 256: one K/V head, 256 steps of keys and more).
+    out.push(case(1, 1, 40_000, 4, 1, d));
     // Causal chunks: N_q > 1, bottom-right aligned; with a key length shorter than N_q the first
     // rows see nothing.
     out.push(Case {
@@ -144,24 +149,26 @@ fn decode_matches_the_reference() {
                 let want = forward_f32(&s, &q, &k, &v, &options).unwrap();
                 let up = |x: &[f32]| DeviceTensor::from_f32(dtype, x).unwrap();
                 let (qd, kd, vd) = (up(&q), up(&k), up(&v));
-                let o = DeviceTensor::poisoned(dtype, s.q_elems()).unwrap();
-                let lse = DeviceF32::poisoned(s.row_elems()).unwrap();
-                let flash = FlashOptions::new(options);
-                let plan =
-                    flash_attn::forward_into(&gpu, &s, &qd, &kd, &vd, &o, &lse, &flash).unwrap();
-                gpu.synchronize().unwrap();
-                assert_eq!(plan.family, Family::Decode, "{s:?}: {plan}");
-                let (eo, el) = (
-                    rel_err(&o.to_f32().unwrap(), &want.o),
-                    lse_err(&lse.to_vec().unwrap(), &want.lse),
-                );
-                let name = format!(
-                    "{dtype} {s:?} causal {} lengths {:?} non-finite {} splits {}",
-                    c.causal, c.key_lengths, c.non_finite, plan.grid.0
-                );
-                println!("{name}: O rel {eo:.2e}, LSE abs {el:.2e}");
-                if eo > bound(dtype) || el > 1e-3 {
-                    failures.push(format!("{name}: O {eo:.2e} LSE {el:.2e}"));
+                for combine in [DecodeCombine::Merge, DecodeCombine::Parallel] {
+                    let o = DeviceTensor::poisoned(dtype, s.q_elems()).unwrap();
+                    let lse = DeviceF32::poisoned(s.row_elems()).unwrap();
+                    let flash = FlashOptions::new(options.clone()).decode_combine(combine);
+                    let plan = flash_attn::forward_into(&gpu, &s, &qd, &kd, &vd, &o, &lse, &flash)
+                        .unwrap();
+                    gpu.synchronize().unwrap();
+                    assert_eq!(plan.family, Family::Decode, "{s:?}: {plan}");
+                    let (eo, el) = (
+                        rel_err(&o.to_f32().unwrap(), &want.o),
+                        lse_err(&lse.to_vec().unwrap(), &want.lse),
+                    );
+                    let name = format!(
+                        "{dtype} {s:?} causal {} lengths {:?} non-finite {} splits {} {combine:?}",
+                        c.causal, c.key_lengths, c.non_finite, plan.grid.0
+                    );
+                    println!("{name}: O rel {eo:.2e}, LSE abs {el:.2e}");
+                    if eo > bound(dtype) || el > 1e-3 {
+                        failures.push(format!("{name}: O {eo:.2e} LSE {el:.2e}"));
+                    }
                 }
             }
         }

@@ -13,8 +13,8 @@
 
 use flash_attn::reference::forward_f32;
 use flash_attn::{
-    AttentionOptions, DType, DeviceF32, DeviceTensor, Family, FlashOptions, Gpu, KernelChoice,
-    KvCache, PagedKvCache, PagedLayout,
+    AttentionOptions, DType, DecodeCombine, DeviceF32, DeviceTensor, Family, FlashOptions, Gpu,
+    KernelChoice, KvCache, PagedKvCache, PagedLayout,
 };
 use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip, lse_err, rel_err};
 use rand::rngs::StdRng;
@@ -112,8 +112,9 @@ impl Caches {
         assert_eq!(self.contiguous.lengths(), &self.lengths[..]);
     }
 
-    /// Attention of `n_q` fresh rows: paged into poisoned outputs, bitwise the contiguous
-    /// cache's, within the dtype's bound of the reference. Returns a failure, if any.
+    /// Attention of `n_q` fresh rows with each combine of the decode splits (v1's merge, v3's
+    /// parallel combine): paged into poisoned outputs, bitwise the contiguous cache's, within the
+    /// dtype's bound of the reference. Returns the first failure, if any.
     fn attend(&self, gpu: &Gpu, rng: &mut StdRng, n_q: u32, causal: bool) -> Option<String> {
         let (c, s) = (&self.c, self.paged.shape(n_q, self.c.heads_q));
         assert_eq!(s, self.contiguous.shape(n_q, c.heads_q));
@@ -126,59 +127,64 @@ impl Caches {
                 DeviceF32::poisoned(s.row_elems()).unwrap(),
             )
         };
-        let (o, lse) = poisoned();
-        let plan = self
-            .paged
-            .attend_into(
-                gpu,
-                &qd,
-                n_q,
-                c.heads_q,
-                &o,
-                &lse,
-                &FlashOptions::new(options.clone()),
-            )
-            .unwrap();
-        assert_eq!(plan.family, Family::Decode);
-        let (o_c, lse_c) = poisoned();
-        let plan_c = self
-            .contiguous
-            .attend_into(
-                gpu,
-                &qd,
-                n_q,
-                c.heads_q,
-                &o_c,
-                &lse_c,
-                &FlashOptions::new(options.clone()),
-            )
-            .unwrap();
-        assert_eq!((plan_c.family, plan_c.grid), (Family::Decode, plan.grid));
-        let name = format!(
-            "{} d {} page {} H {}/{} lengths {:?} n_q {n_q} causal {causal}",
-            c.dtype, c.head_dim, c.page_size, c.heads_q, c.heads_kv, self.lengths
-        );
-        let (lse_bits, lse_c_bits): (Vec<u32>, Vec<u32>) = (
-            lse.to_vec().unwrap().iter().map(|x| x.to_bits()).collect(),
-            lse_c
-                .to_vec()
-                .unwrap()
-                .iter()
-                .map(|x| x.to_bits())
-                .collect(),
-        );
-        if o.to_bits16().unwrap() != o_c.to_bits16().unwrap() || lse_bits != lse_c_bits {
-            return Some(format!("{name}: paged differs from contiguous"));
+        for combine in [DecodeCombine::Merge, DecodeCombine::Parallel] {
+            let (o, lse) = poisoned();
+            let plan = self
+                .paged
+                .attend_into(
+                    gpu,
+                    &qd,
+                    n_q,
+                    c.heads_q,
+                    &o,
+                    &lse,
+                    &FlashOptions::new(options.clone()).decode_combine(combine),
+                )
+                .unwrap();
+            assert_eq!(plan.family, Family::Decode);
+            let (o_c, lse_c) = poisoned();
+            let plan_c = self
+                .contiguous
+                .attend_into(
+                    gpu,
+                    &qd,
+                    n_q,
+                    c.heads_q,
+                    &o_c,
+                    &lse_c,
+                    &FlashOptions::new(options.clone()).decode_combine(combine),
+                )
+                .unwrap();
+            assert_eq!((plan_c.family, plan_c.grid), (Family::Decode, plan.grid));
+            let name = format!(
+                "{} d {} page {} H {}/{} lengths {:?} n_q {n_q} causal {causal} {combine:?}",
+                c.dtype, c.head_dim, c.page_size, c.heads_q, c.heads_kv, self.lengths
+            );
+            let (lse_bits, lse_c_bits): (Vec<u32>, Vec<u32>) = (
+                lse.to_vec().unwrap().iter().map(|x| x.to_bits()).collect(),
+                lse_c
+                    .to_vec()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect(),
+            );
+            if o.to_bits16().unwrap() != o_c.to_bits16().unwrap() || lse_bits != lse_c_bits {
+                return Some(format!("{name}: paged differs from contiguous"));
+            }
+            let with_lengths = options.clone().key_lengths(self.lengths.clone());
+            let want = forward_f32(&s, &q, &self.k, &self.v, &with_lengths).unwrap();
+            let (eo, el) = (
+                rel_err(&o.to_f32().unwrap(), &want.o),
+                lse_err(&lse.to_vec().unwrap(), &want.lse),
+            );
+            println!("{name}: bitwise contiguous, O rel {eo:.2e}, LSE abs {el:.2e}");
+            let bound = if c.dtype == DType::Bf16 { 1e-2 } else { 2e-3 };
+            if eo > bound || el > 1e-3 {
+                return Some(format!("{name}: O {eo:.2e} LSE {el:.2e}"));
+            }
         }
-        let with_lengths = options.key_lengths(self.lengths.clone());
-        let want = forward_f32(&s, &q, &self.k, &self.v, &with_lengths).unwrap();
-        let (eo, el) = (
-            rel_err(&o.to_f32().unwrap(), &want.o),
-            lse_err(&lse.to_vec().unwrap(), &want.lse),
-        );
-        println!("{name}: bitwise contiguous, O rel {eo:.2e}, LSE abs {el:.2e}");
-        let bound = if c.dtype == DType::Bf16 { 1e-2 } else { 2e-3 };
-        (eo > bound || el > 1e-3).then(|| format!("{name}: O {eo:.2e} LSE {el:.2e}"))
+        None
     }
 
     /// The pool holds each sequence's rows where its table puts them, and NaN everywhere else.

@@ -1,6 +1,7 @@
 //! Options of one tiled call: the attention semantics plus how the kernels execute them.
 
 use attention_kernels::abi::layout::BlockSizes;
+use attention_kernels::kernels::decode::DecodeCombine;
 
 use crate::family::KernelChoice;
 use crate::options::AttentionOptions;
@@ -48,6 +49,9 @@ pub struct FlashOptions {
     /// dQ after the K/V blocks before it (a semaphore per Q block). The `wgmma` (sm90) instances
     /// that do this take scale and causal only (not key lengths, packed sequences or dropout).
     pub deterministic: bool,
+    /// How the decode family combines its splits: v1's strided merge (the default) or the v3
+    /// candidate's parallel combine (`PERF_LOG_DECODE.md`); the other families ignore it.
+    pub decode_combine: DecodeCombine,
 }
 
 impl FlashOptions {
@@ -74,6 +78,10 @@ impl FlashOptions {
     }
     pub fn deterministic(mut self, deterministic: bool) -> Self {
         self.deterministic = deterministic;
+        self
+    }
+    pub fn decode_combine(mut self, combine: DecodeCombine) -> Self {
+        self.decode_combine = combine;
         self
     }
 }

@@ -162,6 +162,12 @@ pub fn decode(dtype: DType, head_dim: u32, row_tile: u32) -> String {
     format!("flash_decode_{dtype}_d{head_dim}_r{row_tile}")
 }
 
+/// The parallel combine of the decode splits' f32 partials into `dtype` O
+/// (`decode::DecodeCombine::Parallel`).
+pub fn decode_combine(dtype: DType, head_dim: u32) -> String {
+    format!("flash_decode_combine_{dtype}_d{head_dim}")
+}
+
 /// The merge of `(O, LSE)` parts from `input` O to `output` O: parts from a table of addresses
 /// (the public merge, `input == output`) or at a fixed stride (`strided`, the split-KV combine,
 /// f32 partials).
@@ -211,6 +217,7 @@ pub fn entry_points() -> Vec<Entry> {
             for r in decode::ROW_TILES {
                 push(Family::Decode, self::decode(dtype, d, r));
             }
+            push(Family::Decode, decode_combine(dtype, d));
         }
         for &cfg in sm80::forward::VARIANTS {
             push(Family::Sm80, sm80_forward(dtype, &cfg, false));

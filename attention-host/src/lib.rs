@@ -40,6 +40,7 @@ pub use attention::{
 };
 pub use attention_kernels::abi::layout::BlockSizes;
 pub use attention_kernels::abi::shape::AttentionShape;
+pub use attention_kernels::kernels::decode::DecodeCombine;
 pub use borrowed::{Element, Strides, TensorMut, TensorRef};
 pub use cudarc_attention::CudarcAttention;
 pub use dtype::DType;

@@ -1,18 +1,22 @@
 //! Launcher of the decode family: the split kernel writes partial `(O, LSE)` per split into the
-//! workspace, then the strided merge (`kernels::merge`) combines them into O and LSE.
+//! workspace, then the plan's combine (v1: the strided merge, `kernels::merge`; v3: the parallel
+//! combine, `kernels::decode`) merges them into O and LSE.
 
 use attention_kernels::abi::layout::KeyPages;
 use attention_kernels::abi::params::{DecodeParams, MERGE_MAX_PARTS, MergeParams, MergeParts};
+use attention_kernels::kernels::decode::{
+    DecodeCombine, MAX_SPLITS, combine_shared_bytes, combine_warps,
+};
 
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Result, invalid};
 use crate::instances;
 use crate::layout::DeviceLayout;
 use crate::merge::PartShape;
-use crate::plan::Plan;
+use crate::plan::{Plan, Tiles};
 use crate::problem::Problem;
-use crate::runtime::Queue;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
+use crate::runtime::{LaunchConfig, Queue};
 use crate::tensors::Workspace;
 
 /// Launches `plan` (a decode plan) without waiting, with K and V laid out as `pages` says
@@ -69,9 +73,38 @@ pub(crate) fn launch_forward(
         heads: shape.heads_q,
         head_dim: shape.head_dim,
     };
-    queue.launch(
-        &instances::merge(DType::F32, problem.dtype, true),
-        parts.launch_config()?,
-        &combine,
-    )
+    let combine_with = match &plan.tiles {
+        Tiles::Decode(cfg) => cfg.combine,
+        other => return Err(invalid!("a decode launch got the plan of {other:?}")),
+    };
+    match combine_with {
+        DecodeCombine::Merge => queue.launch(
+            &instances::merge(DType::F32, problem.dtype, true),
+            parts.launch_config()?,
+            &combine,
+        ),
+        DecodeCombine::Parallel => {
+            if combine.parts > MAX_SPLITS {
+                return Err(invalid!(
+                    "the parallel combine takes at most {MAX_SPLITS} splits, not {}",
+                    combine.parts
+                ));
+            }
+            let rows = u32::try_from(parts.lse_elems()?)
+                .ok()
+                .filter(|&r| r <= i32::MAX as u32)
+                .ok_or_else(|| invalid!("{parts:?} has more rows than one combine launch takes"))?;
+            let warps = combine_warps(combine.parts);
+            let config = LaunchConfig {
+                grid: (rows, 1, 1),
+                block: (32 * warps, 1, 1),
+                shared_bytes: combine_shared_bytes(warps, shape.head_dim),
+            };
+            queue.launch(
+                &instances::decode_combine(problem.dtype, shape.head_dim),
+                config,
+                &combine,
+            )
+        }
+    }
 }

@@ -8,7 +8,7 @@
 use attention_kernels::abi::grid::MAX_GRID_YZ;
 use attention_kernels::kernels::decode::DecodeConfig;
 use attention_kernels::kernels::decode::{
-    HEAD_DIMS, MAX_ROW_TILE, STEP_KEYS, THREADS, row_tile, shared_bytes,
+    HEAD_DIMS, MAX_ROW_TILE, MAX_SPLITS, STEP_KEYS, THREADS, row_tile, shared_bytes,
 };
 
 use crate::dtype::DType;
@@ -22,8 +22,6 @@ use crate::problem::Problem;
 /// Blocks per SM the split count aims at: a decode block is small (4 warps, ≤ 17 KiB of shared
 /// memory), so several run per SM and hide each other's memory latency.
 const BLOCKS_PER_SM: u32 = 4;
-/// Most splits: bounds the partials' workspace and the combine's work per row.
-const MAX_SPLITS: u32 = 256;
 
 /// `(splits, keys_per_split)` for `batch_heads` (sequences × K/V heads) blocks of work over
 /// `n_k` keys on `sms` SMs: enough splits that the grid fills every SM `BLOCKS_PER_SM` times,
@@ -93,6 +91,7 @@ pub(crate) fn plan(
         row_tile,
         splits,
         keys_per_split,
+        combine: o.decode_combine,
     };
     let shared_bytes = shared_bytes(row_tile, s.head_dim);
     let pieces = [
@@ -126,6 +125,7 @@ mod tests {
     use crate::flash_options::FlashOptions;
     use crate::options::AttentionOptions;
     use crate::plan::select;
+    use attention_kernels::kernels::decode::DecodeCombine;
 
     fn shape(batch: u32, n_q: u32, n_k: u32, heads_q: u32, heads_kv: u32) -> AttentionShape {
         AttentionShape {
@@ -165,7 +165,8 @@ mod tests {
                 head_dim: 128,
                 row_tile: 4,
                 splits: 64,
-                keys_per_split: 512
+                keys_per_split: 512,
+                combine: DecodeCombine::Merge,
             })
         );
         assert_eq!(p.entry, "flash_decode_bf16_d128_r4");
@@ -178,6 +179,17 @@ mod tests {
             ]
         );
         assert!(p.to_string().contains("splits: 64"), "{p}");
+        // The v3 candidate's combine: the same split kernel and grid, the plan says which.
+        let v3 = fwd(
+            &h200,
+            shape(1, 1, 32768, 32, 8),
+            FlashOptions::default().decode_combine(DecodeCombine::Parallel),
+        );
+        assert_eq!(
+            (v3.entry.as_str(), v3.grid),
+            ("flash_decode_bf16_d128_r4", (64, 8, 1))
+        );
+        assert!(v3.to_string().contains("combine: Parallel"), "{v3}");
         let a = fwd(&a100, shape(1, 1, 32768, 32, 8), FlashOptions::default());
         assert_eq!((a.family, a.grid), (Family::Decode, (52, 8, 1)));
         // Causal chunks of a few rows, GQA 16, key lengths: still decode.

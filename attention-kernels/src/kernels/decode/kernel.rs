@@ -33,21 +33,6 @@ const fn in_flight(d: usize, r: usize) -> usize {
     if d / 8 < room { d / 8 } else { room }
 }
 
-/// `body` for `c = 0, 1, …` below `n` (at most [`IN_FLIGHT`]), each with a constant `c`: the
-/// chunk arrays are indexed only by constants and stay in registers (a rolled loop would index
-/// them at run time and move them to local memory; LLVM does not unroll bodies this large).
-macro_rules! each_chunk {
-    ($c:ident < $n:expr => $body:block) => {
-        each_chunk!(@ $c, $n, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
-    };
-    (@ $c:ident, $n:expr, $body:block, $($i:literal)*) => {$(
-        if $i < $n {
-            let $c: usize = $i;
-            $body
-        }
-    )*};
-}
-
 /// The eight 16-bit elements at element offset `at` (a multiple of 8).
 ///
 /// # Safety
@@ -72,7 +57,7 @@ fn widen8<T: Exponent>(w: [u32; 4]) -> [f32; 8] {
 
 /// Warp maximum that keeps a NaN (a NaN or `+∞` score makes the row NaN).
 #[inline(always)]
-fn warp_max_nan(mut x: f32) -> f32 {
+pub(super) fn warp_max_nan(mut x: f32) -> f32 {
     let mut m = 16;
     while m > 0 {
         x = x.max_nan(shfl_xor(x, m));

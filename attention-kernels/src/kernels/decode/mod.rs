@@ -16,6 +16,24 @@
 //! point. The plan takes this family only up to [`MAX_ROW_TILE`] rows.
 
 #[cfg(target_arch = "nvptx64")]
+/// `body` for `c = 0, 1, …` below `n` (at most 16), each with a constant `c`: the
+/// chunk arrays are indexed only by constants and stay in registers (a rolled loop would index
+/// them at run time and move them to local memory; LLVM does not unroll bodies this large).
+macro_rules! each_chunk {
+    ($c:ident < $n:expr => $body:block) => {
+        each_chunk!(@ $c, $n, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    (@ $c:ident, $n:expr, $body:block, $($i:literal)*) => {$(
+        if $i < $n {
+            let $c: usize = $i;
+            $body
+        }
+    )*};
+}
+
+#[cfg(target_arch = "nvptx64")]
+mod combine;
+#[cfg(target_arch = "nvptx64")]
 mod kernel;
 
 /// One decode launch: the row tile, and the keys split over `splits` blocks per (K/V head,
@@ -26,6 +44,46 @@ pub struct DecodeConfig {
     pub row_tile: u32,
     pub splits: u32,
     pub keys_per_split: u32,
+    /// How the splits' partials become O and LSE.
+    pub combine: DecodeCombine,
+}
+
+/// The combine of the splits' partial `(O, LSE)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeCombine {
+    /// v1: the generic strided merge (`kernels::merge`), whose lanes wait on each part's LSE
+    /// before loading its O (a chain of dependent loads per part).
+    #[default]
+    Merge,
+    /// v3 candidate: `flash_decode_combine_*`, one block per row whose warps take the parts in
+    /// turn, every part's LSE loaded at once.
+    Parallel,
+}
+
+/// Most splits of one decode launch: bounds the partials' workspace and the combine's work per
+/// row (each warp of the parallel combine holds `MAX_SPLITS / 32` LSEs per lane).
+pub const MAX_SPLITS: u32 = 256;
+/// Most warps of a parallel combine block (one block per query row, warp `w` takes parts `w, w +
+/// warps, …`): up to 16 parts' loads in flight per row without relying on the scheduler to keep
+/// several loads of one warp in flight.
+pub const COMBINE_MAX_WARPS: u32 = 16;
+
+/// Warps of a parallel combine block for `parts` splits: one per part, at most
+/// [`COMBINE_MAX_WARPS`].
+pub const fn combine_warps(parts: u32) -> u32 {
+    if parts < 1 {
+        1
+    } else if parts > COMBINE_MAX_WARPS {
+        COMBINE_MAX_WARPS
+    } else {
+        parts
+    }
+}
+
+/// Dynamic shared memory of a parallel combine block of `warps` warps: each warp's sums of its
+/// parts, `head_dim` f32.
+pub const fn combine_shared_bytes(warps: u32, head_dim: u32) -> u32 {
+    4 * warps * head_dim
 }
 
 /// Threads per block: four warps.
