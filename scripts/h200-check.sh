@@ -10,14 +10,18 @@
 #   memcheck  compute-sanitizer memcheck over the GPU matrix and the non-finite tests, per family
 #   racecheck the same under racecheck (the exact family's matrix cases up to head dim 64: its
 #             SIMT kernels make every shared-memory access a racecheck event)
-# usage: h200-check.sh [tests] [job] [memcheck] [racecheck]   (default: all four)
+#   candle    crates/candle's GPU test (the candle op against candle's f32 attention and the f64
+#             reference), when device-prepare.sh ran with CANDLE=1; CUDA libraries from PyTorch's
+#             wheels through candle-run.sh
+# usage: h200-check.sh [tests] [job] [memcheck] [racecheck] [candle]   (default: all, candle
+#        where it was prepared)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dest=${OUT:-reports/device}
 mkdir -p "$dest"
 out=$(mktemp -d)
 scripts/device-unpack.sh
-steps=${*:-tests job memcheck racecheck}
+steps=${*:-tests job memcheck racecheck $([ -d .device-run/candle ] && echo candle)}
 status=0
 note() { echo "$*" | tee -a "$out/summary.txt"; }
 note "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); built from $(cat .device-run/COMMIT)"
@@ -32,6 +36,14 @@ tests)
     note "test $name: exit $rc, $(grep -h 'test result' "$out/test-$name.log" | tail -1)"
   done
   grep -h "ran [0-9]* of\|SKIP" "$out"/test-*.log | tee -a "$out/summary.txt";;
+candle)
+  for t in .device-run/candle/*; do
+    name=$(basename "$t")
+    timeout 240 .device-run/candle-run.sh "$t" --test-threads=1 --nocapture > "$out/candle-$name.log" 2>&1
+    rc=$?; [ $rc = 0 ] || status=1
+    note "candle $name: exit $rc, $(grep -h 'test result' "$out/candle-$name.log" | tail -1)"
+    grep -h "vs \|SKIP\|candle-run" "$out/candle-$name.log" | tee -a "$out/summary.txt"
+  done;;
 job)
   for causal in "" --causal; do
     timeout ${JOB_S:-300} .device-run/flash-attn run $causal --kernel ${JOB_KERNELS:-auto,sm90,sm80,exact} > "$out/main-job$causal.log" 2>&1

@@ -170,10 +170,9 @@ fn candle_attention(
 
 fn check(what: &str, errs: &[(&str, f64)], bound: f64) -> bool {
     let ok = errs.iter().all(|e| e.1 <= bound);
-    println!(
-        "{what}: {errs:.2e?} (bound {bound:.0e}) {}",
-        if ok { "ok" } else { "FAIL" }
-    );
+    let errs: Vec<String> = errs.iter().map(|(name, e)| format!("{name} {e:.2e}")).collect();
+    let verdict = if ok { "ok" } else { "FAIL" };
+    println!("{what}: {} (bound {bound:.0e}) {verdict}", errs.join(", "));
     ok
 }
 
