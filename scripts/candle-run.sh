@@ -13,7 +13,7 @@ if [[ -z ${CANDLE_CUDA_LIBS:-} ]]; then
         for site in $($py -c 'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))'); do
             [[ -d $site/nvidia ]] || continue
             while read -r d; do dirs+=("$d"); done < <(find "$site/nvidia" -maxdepth 3 \
-                \( -name 'libcublas*.so.*' -o -name 'libcurand.so.*' -o -name 'libnvrtc.so.*' \) \
+                \( -name 'libcublas*.so.*' -o -name 'libcurand.so.*' -o -name 'libnvrtc.so.*' -o -name 'libcudart.so.*' \) \
                 -printf '%h\n' | sort -u)
         done
         break

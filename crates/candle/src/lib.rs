@@ -158,8 +158,8 @@ impl CustomOp3 for FlashAttention {
 mod cuda {
     use std::sync::{Arc, Mutex, PoisonError};
 
-    use candle_core::backprop::BackpropOp;
     use candle_core::cuda_backend::{CudaDType, CudaStorage};
+    use candle_core::op::BackpropOp;
     use candle_core::{Layout, Result, Shape, Storage, Tensor};
     use flash_attn::cudarc::driver::{CudaStream, CudaView};
     use flash_attn::{BackwardViews, CudarcAttention, Element, Strides, TensorRef};

@@ -20,7 +20,10 @@ fn device(test: &str) -> Option<Device> {
     match Device::new_cuda(0) {
         Ok(d) => Some(d),
         Err(e) => {
-            skip(test, &format!("no CUDA device answered ({e})"));
+            // candle's error carries a backtrace after its first line.
+            let why = e.to_string();
+            let why = why.lines().next().unwrap_or_default();
+            skip(test, &format!("no CUDA device answered ({why})"));
             None
         }
     }
@@ -170,7 +173,10 @@ fn candle_attention(
 
 fn check(what: &str, errs: &[(&str, f64)], bound: f64) -> bool {
     let ok = errs.iter().all(|e| e.1 <= bound);
-    let errs: Vec<String> = errs.iter().map(|(name, e)| format!("{name} {e:.2e}")).collect();
+    let errs: Vec<String> = errs
+        .iter()
+        .map(|(name, e)| format!("{name} {e:.2e}"))
+        .collect();
     let verdict = if ok { "ok" } else { "FAIL" };
     println!("{what}: {} (bound {bound:.0e}) {verdict}", errs.join(", "));
     ok
