@@ -29,6 +29,26 @@ for line in sys.stdin:
         shutil.copy(m["executable"], ".device-run/tests/" + name)
         print("prepared", name)
 '
+# crates/candle (a workspace of its own, candle with its `cuda` feature) when CANDLE=1: its GPU
+# test under .device-run/candle/, run there through candle-run.sh (`h200-check.sh candle`). Needs
+# the CUDA 13.4 toolkit of scripts/candle-toolchain.sh; about 10 minutes on 2 cores the first time.
+if [[ ${CANDLE:-0} == 1 ]]; then
+  mkdir -p .device-run/candle
+  (cd crates/candle && source <(../../scripts/candle-toolchain.sh --env) \
+    && cargo test --release --features cuda --no-run --message-format=json 2>/dev/null) \
+    | python3 -c '
+import json, shutil, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"] \
+            and m["target"]["kind"] == ["test"]:
+        shutil.copy(m["executable"], ".device-run/candle/" + m["target"]["name"])
+        print("prepared candle/" + m["target"]["name"])
+'
+  [[ -x .device-run/candle/gpu_candle ]] || { echo "device-prepare: the candle test did not build" >&2; exit 1; }
+  strip .device-run/candle/*
+  cp scripts/candle-run.sh .device-run/
+fi
 # Symbols are not needed there and the carried folder is limited in size.
 strip .device-run/flash-attn .device-run/decode_bench .device-run/generate .device-run/large_tensors \
   .device-run/tests/*

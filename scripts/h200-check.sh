@@ -13,14 +13,18 @@
 #   window    issue 10 item 2's correctness runs alone: the score-modifier matrix and the
 #             non-finite cases (window scenarios included) per family; window-only cases of
 #             full-length sequences run sm90's `window` instances (the plan's CPU tests show which)
-# usage: h200-check.sh [tests] [job] [memcheck] [racecheck] [window]   (default: the first four)
+#   candle    crates/candle's GPU test (the candle op against candle's f32 attention and the f64
+#             reference), when device-prepare.sh ran with CANDLE=1; CUDA libraries from PyTorch's
+#             wheels through candle-run.sh
+# usage: h200-check.sh [tests] [job] [memcheck] [racecheck] [window] [candle]   (default: the first
+#        four, and candle where it was prepared)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dest=${OUT:-reports/device}
 mkdir -p "$dest"
 out=$(mktemp -d)
 scripts/device-unpack.sh
-steps=${*:-tests job memcheck racecheck}
+steps=${*:-tests job memcheck racecheck $([ -d .device-run/candle ] && echo candle)}
 status=0
 note() { echo "$*" | tee -a "$out/summary.txt"; }
 note "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); built from $(cat .device-run/COMMIT)"
@@ -35,6 +39,14 @@ tests)
     note "test $name: exit $rc, $(grep -h 'test result' "$out/test-$name.log" | tail -1)"
   done
   grep -h "ran [0-9]* of\|SKIP" "$out"/test-*.log | tee -a "$out/summary.txt";;
+candle)
+  for t in .device-run/candle/*; do
+    name=$(basename "$t")
+    timeout 240 .device-run/candle-run.sh "$t" --test-threads=1 --nocapture > "$out/candle-$name.log" 2>&1
+    rc=$?; [ $rc = 0 ] || status=1
+    note "candle $name: exit $rc, $(grep -h 'test result' "$out/candle-$name.log" | tail -1)"
+    grep -h "vs \|SKIP\|candle-run" "$out/candle-$name.log" | tee -a "$out/summary.txt"
+  done;;
 job)
   for causal in "" --causal; do
     timeout ${JOB_S:-300} .device-run/flash-attn run $causal --kernel ${JOB_KERNELS:-auto,sm90,sm80,exact} > "$out/main-job$causal.log" 2>&1

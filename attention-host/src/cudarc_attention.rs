@@ -4,9 +4,8 @@
 //! queued on the one stream, allocated there in stream order (cudarc's `cuMemAllocAsync`), and
 //! never waited for: a training step of such calls can be captured into a CUDA graph.
 //!
-//! This is the fallback of candle integration (issue 13, item 3) at the level both frameworks
-//! share; candle's own `CustomOp` wrapper needs candle-core with its `cuda` feature, which is not
-//! built here.
+//! candle's `CustomOp` (crates/candle, a workspace of its own) sits on this, through the `_views`
+//! methods that take candle's strided storage in place.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -104,6 +103,24 @@ impl CudarcAttention {
         options: &FlashOptions,
     ) -> Result<Forward<T>> {
         let s = &self.stream;
+        let (q, k, v) = (
+            TensorRef::new(q, s),
+            TensorRef::new(k, s),
+            TensorRef::new(v, s),
+        );
+        self.forward_views(shape, [&q, &k, &v], options)
+    }
+
+    /// As [`CudarcAttention::forward`] on views of the stream's memory, strided ones included
+    /// (a framework's tensor at an offset of its storage, `[B, H, N, d]` transposed, ...): Q, K,
+    /// V of element type `T`.
+    pub fn forward_views<T: Element>(
+        &self,
+        shape: &AttentionShape,
+        [q, k, v]: [&TensorRef; 3],
+        options: &FlashOptions,
+    ) -> Result<Forward<T>> {
+        let s = &self.stream;
         let plan = crate::attention::plan(&self.gpu, shape, T::DTYPE, options, Direction::Forward)?;
         // SAFETY: the kernels write every element of O and LSE (any bit pattern of f32, f16 or
         // bf16 is a value, so nothing reads an invalid one meanwhile).
@@ -114,11 +131,7 @@ impl CudarcAttention {
                 &self.gpu,
                 s,
                 shape,
-                [
-                    &TensorRef::new(q, s),
-                    &TensorRef::new(k, s),
-                    &TensorRef::new(v, s),
-                ],
+                [q, k, v],
                 &mut TensorMut::new(&mut o, s),
                 &mut TensorMut::new(&mut lse, s),
                 workspace,
@@ -143,9 +156,37 @@ impl CudarcAttention {
         options: &FlashOptions,
     ) -> Result<Grads<T>> {
         let s = &self.stream;
+        let (q, k, v, o, d_o) = (
+            TensorRef::new(q, s),
+            TensorRef::new(k, s),
+            TensorRef::new(v, s),
+            TensorRef::new(o, s),
+            TensorRef::new(d_o, s),
+        );
+        let lse = TensorRef::new(lse, s);
+        let inputs = BackwardViews {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            d_o: &d_o,
+            lse: &lse,
+        };
+        self.backward_views(shape, inputs, options)
+    }
+
+    /// As [`CudarcAttention::backward`] on views of the stream's memory, strided ones included;
+    /// the gradients come back contiguous, of element type `T`.
+    pub fn backward_views<T: Element>(
+        &self,
+        shape: &AttentionShape,
+        inputs: BackwardViews,
+        options: &FlashOptions,
+    ) -> Result<Grads<T>> {
+        let s = &self.stream;
         let plan =
             crate::attention::plan(&self.gpu, shape, T::DTYPE, options, Direction::Backward)?;
-        // SAFETY: as in `forward`: the backward writes every element of its outputs.
+        // SAFETY: as in `forward_views`: the backward writes every element of its outputs.
         let alloc = |len: usize| unsafe { s.alloc::<T>(len) }.cuda("allocating a gradient");
         let (mut dq, mut dk, mut dv) = (
             alloc(shape.q_elems())?,
@@ -161,27 +202,12 @@ impl CudarcAttention {
             None => None,
         };
         let ran = self.with_workspace(&plan, |workspace| {
-            let (q, k, v, o, d_o) = (
-                TensorRef::new(q, s),
-                TensorRef::new(k, s),
-                TensorRef::new(v, s),
-                TensorRef::new(o, s),
-                TensorRef::new(d_o, s),
-            );
-            let lse = TensorRef::new(lse, s);
             let mut d_sinks = d_sinks.as_mut().map(|d| TensorMut::new(d, s));
             backward_on(
                 &self.gpu,
                 s,
                 shape,
-                BackwardViews {
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    o: &o,
-                    d_o: &d_o,
-                    lse: &lse,
-                },
+                inputs,
                 GradientViews {
                     dq: &mut TensorMut::new(&mut dq, s),
                     dk: &mut TensorMut::new(&mut dk, s),

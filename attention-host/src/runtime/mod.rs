@@ -72,14 +72,26 @@ pub(crate) fn memory_pool_for(context: &CudaContext) -> Result<sys::CUmemoryPool
     Ok(pool)
 }
 
+/// Whether libcuda can be used: cudarc opens it on its first call and panics where there is
+/// none, so ask first. Linked against it (feature `cuda-dynamic-linking`, the way candle links
+/// cudarc) the program would not have started without it.
+#[cfg(not(feature = "cuda-dynamic-linking"))]
+fn driver_present() -> bool {
+    // SAFETY: only tries to open the library under its usual names.
+    unsafe { sys::is_culib_present() }
+}
+
+#[cfg(feature = "cuda-dynamic-linking")]
+fn driver_present() -> bool {
+    true
+}
+
 fn primary() -> Result<(Arc<CudaContext>, usize)> {
     let mut slot = PRIMARY.lock().unwrap_or_else(PoisonError::into_inner);
     let (context, pool) = match slot.0.upgrade() {
         Some(context) => (context, slot.1),
         None => {
-            // cudarc opens libcuda on its first call and panics where there is none: ask first.
-            // SAFETY: only tries to open the library under its usual names.
-            if !unsafe { sys::is_culib_present() } {
+            if !driver_present() {
                 return Err(AttentionError::NoDevice(
                     "the CUDA driver library (libcuda.so) could not be loaded".to_owned(),
                 ));
@@ -296,8 +308,7 @@ impl Gpu {
     /// `CudaContext::new(ordinal)`, candle and cust use). An ordinal with no device gives
     /// `NoDevice`.
     pub fn on_device(ordinal: usize, ptx: &str, hopper: Option<&str>) -> Result<Gpu> {
-        // SAFETY: only tries to open the library under its usual names.
-        if !unsafe { sys::is_culib_present() } {
+        if !driver_present() {
             return Err(AttentionError::NoDevice(
                 "the CUDA driver library (libcuda.so) could not be loaded".to_owned(),
             ));
