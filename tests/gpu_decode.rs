@@ -5,8 +5,8 @@
 //! rows: O = 0, LSE = −∞); N_k not a multiple of the 128-key step; causal with N_q > 1 (rows
 //! above the bottom-right diagonal empty); NaN/∞ in K and V past a key length and at causally
 //! masked keys (ignored), and a NaN Q row (its O and LSE NaN); the most splits (256). Every case
-//! runs with both combines of the splits: v1's strided merge and the v3 candidate's parallel
-//! combine (`DecodeCombine`).
+//! runs with both combines of the splits: the parallel combine (the default) and the strided
+//! merge (`DecodeCombine`).
 //!
 //! Where no CUDA device answers, the test prints `SKIP` and returns.
 

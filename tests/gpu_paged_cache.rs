@@ -112,9 +112,9 @@ impl Caches {
         assert_eq!(self.contiguous.lengths(), &self.lengths[..]);
     }
 
-    /// Attention of `n_q` fresh rows with each combine of the decode splits (v1's merge, v3's
-    /// parallel combine): paged into poisoned outputs, bitwise the contiguous cache's, within the
-    /// dtype's bound of the reference. Returns the first failure, if any.
+    /// Attention of `n_q` fresh rows with each combine of the decode splits (the parallel
+    /// combine and the strided merge): paged into poisoned outputs, bitwise the contiguous
+    /// cache's, within the dtype's bound of the reference. Returns the first failure, if any.
     fn attend(&self, gpu: &Gpu, rng: &mut StdRng, n_q: u32, causal: bool) -> Option<String> {
         let (c, s) = (&self.c, self.paged.shape(n_q, self.c.heads_q));
         assert_eq!(s, self.contiguous.shape(n_q, c.heads_q));

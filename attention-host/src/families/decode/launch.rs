@@ -1,6 +1,6 @@
 //! Launcher of the decode family: the split kernel writes partial `(O, LSE)` per split into the
-//! workspace, then the plan's combine (v1: the strided merge, `kernels::merge`; v3: the parallel
-//! combine, `kernels::decode`) merges them into O and LSE.
+//! workspace, then the plan's combine (the parallel combine, `kernels::decode`, or the strided
+//! merge, `kernels::merge`) merges them into O and LSE.
 
 use attention_kernels::abi::layout::KeyPages;
 use attention_kernels::abi::params::{DecodeParams, MERGE_MAX_PARTS, MergeParams, MergeParts};

@@ -166,7 +166,7 @@ mod tests {
                 row_tile: 4,
                 splits: 64,
                 keys_per_split: 512,
-                combine: DecodeCombine::Merge,
+                combine: DecodeCombine::Parallel,
             })
         );
         assert_eq!(p.entry, "flash_decode_bf16_d128_r4");
@@ -179,17 +179,17 @@ mod tests {
             ]
         );
         assert!(p.to_string().contains("splits: 64"), "{p}");
-        // The v3 candidate's combine: the same split kernel and grid, the plan says which.
-        let v3 = fwd(
+        // The generic merge: the same split kernel and grid, the plan says which.
+        let merge = fwd(
             &h200,
             shape(1, 1, 32768, 32, 8),
-            FlashOptions::default().decode_combine(DecodeCombine::Parallel),
+            FlashOptions::default().decode_combine(DecodeCombine::Merge),
         );
         assert_eq!(
-            (v3.entry.as_str(), v3.grid),
+            (merge.entry.as_str(), merge.grid),
             ("flash_decode_bf16_d128_r4", (64, 8, 1))
         );
-        assert!(v3.to_string().contains("combine: Parallel"), "{v3}");
+        assert!(merge.to_string().contains("combine: Merge"), "{merge}");
         let a = fwd(&a100, shape(1, 1, 32768, 32, 8), FlashOptions::default());
         assert_eq!((a.family, a.grid), (Family::Decode, (52, 8, 1)));
         // Causal chunks of a few rows, GQA 16, key lengths: still decode.

@@ -3,7 +3,8 @@
 use crate::abi::params::DecodeParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{
-    block_x, block_y, block_z, exp2, log2, shared_base, shfl_xor, sync_threads, thread_x, warp_sum,
+    block_x, block_y, block_z, exp2, log2, shared_base, shfl_xor, sync_threads, sync_warp,
+    thread_x, warp_sum,
 };
 use crate::attn::mask::{Exponent, MASKED, allowed_weight, contribution, row_is_empty};
 use crate::attn::online_state::Real;
@@ -205,6 +206,9 @@ unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) 
                 unsafe { *row.add(e * 32 + lane) = w };
             }
             let sum = warp_sum(sum);
+            // Every lane has read `row_max[r]` before lane 0 rewrites it (racecheck does not
+            // count the shuffles as ordering).
+            sync_warp();
             if lane == 0 {
                 // Nothing allowed yet: nothing to rescale (and `−∞ − −∞` is never evaluated).
                 let alpha = if m_new == f32::NEG_INFINITY {
