@@ -53,7 +53,7 @@ def main():
         bottom.plot(d, label=f"{x} - {y}", linewidth=1)
         tail = [abs(v) for v in d[-last:]]
         print(f"|loss_{x} - loss_{y}| over the last {last} steps: "
-              f"max {max(tail):.4f}, mean {sum(tail) / len(tail):.4f}")
+              f"max {max(tail):.3g}, mean {sum(tail) / len(tail):.3g}")
     bottom.axvspan(config["steps"] - last, config["steps"], color="grey", alpha=0.15,
                    label=f"last {last} steps")
     bottom.axhline(0, color="black", linewidth=0.5)
@@ -72,7 +72,7 @@ def main():
         print(f"{name:11} {run['median_step_ms']:10.2f} {run['tokens_per_s']:10.0f} {peak:>9}")
     if "check" in data:
         c = data["check"]
-        num = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+        num = lambda v: "n/a" if v is None else f"{v:.3g}"  # noqa: E731
         print(f"example's check: mean |flash - candle| {num(c['mean_abs_diff_flash_candle'])} vs "
               f"bf16 noise {num(c['mean_abs_diff_candle_f32'])}: "
               f"{'passed' if c['passed'] else 'FAILED'}")
