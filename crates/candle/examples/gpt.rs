@@ -786,3 +786,68 @@ mod memory {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Attention, Run, check};
+
+    /// Runs whose losses are `5 − 0.3·step` plus `flash` and `reference` on those two runs.
+    fn runs(flash: f32, reference: f32) -> Vec<Run> {
+        let curve = |offset: f32| (0..10).map(|i| 5.0 - 0.3 * i as f32 + offset).collect();
+        [
+            (Attention::Flash, flash),
+            (Attention::Candle, 0.0),
+            (Attention::CandleF32, reference),
+        ]
+        .into_iter()
+        .map(|(attention, offset)| Run {
+            attention,
+            loss: curve(offset),
+            step_ms: vec![1.0; 10],
+            peak: None,
+        })
+        .collect()
+    }
+
+    #[test]
+    fn check_passes_within_twice_the_noise_and_fails_beyond() {
+        let v = check(&runs(0.019, -0.01), 4).unwrap();
+        assert!(v.failures.is_empty(), "{:?}", v.failures);
+        assert!((v.diff - 0.019).abs() < 1e-6 && (v.noise - 0.01).abs() < 1e-6);
+        let v = check(&runs(0.021, 0.01), 4).unwrap();
+        assert_eq!(v.failures.len(), 1, "{:?}", v.failures);
+        assert!(v.failures[0].contains("twice the bf16 noise"));
+    }
+
+    #[test]
+    fn check_fails_non_finite_and_unlearned_runs() {
+        let mut r = runs(0.0, 0.01);
+        r[0].loss[3] = f32::NAN;
+        let v = check(&r, 4).unwrap();
+        assert!(
+            v.failures
+                .iter()
+                .any(|f| f.starts_with("flash: loss NaN at step 3"))
+        );
+        let mut r = runs(0.0, 0.01);
+        r[1].loss = vec![5.0; 10];
+        r[2].loss = vec![5.01; 10];
+        let v = check(&r, 4).unwrap();
+        assert!(
+            v.failures
+                .iter()
+                .any(|f| f.starts_with("candle did not learn"))
+        );
+        assert!(
+            v.failures
+                .iter()
+                .any(|f| f.contains("twice the bf16 noise"))
+        );
+    }
+
+    #[test]
+    fn no_check_without_the_three_runs() {
+        let r = runs(0.0, 0.01);
+        assert!(check(&r[1..], 4).is_none());
+    }
+}
