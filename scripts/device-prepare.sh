@@ -30,7 +30,8 @@ for line in sys.stdin:
         print("prepared", name)
 '
 # crates/candle (a workspace of its own, candle with its `cuda` feature) when CANDLE=1: its GPU
-# test under .device-run/candle/, run there through candle-run.sh (`h200-check.sh candle`). Needs
+# test under .device-run/candle/, run there through candle-run.sh (`h200-check.sh candle`), and
+# its GPT training example as .device-run/gpt (`h200-check.sh gpt`). Needs
 # the CUDA 13.4 toolkit of scripts/candle-toolchain.sh; about 10 minutes on 2 cores the first time.
 if [[ ${CANDLE:-0} == 1 ]]; then
   mkdir -p .device-run/candle
@@ -46,7 +47,10 @@ for line in sys.stdin:
         print("prepared candle/" + m["target"]["name"])
 '
   [[ -x .device-run/candle/gpu_candle ]] || { echo "device-prepare: the candle test did not build" >&2; exit 1; }
-  strip .device-run/candle/*
+  (cd crates/candle && source <(../../scripts/candle-toolchain.sh --env) \
+    && cargo build --release --features cuda --example gpt --quiet)
+  cp crates/candle/target/release/examples/gpt .device-run/gpt
+  strip .device-run/candle/* .device-run/gpt
   cp scripts/candle-run.sh .device-run/
 fi
 # Symbols are not needed there and the carried folder is limited in size.

@@ -16,15 +16,20 @@
 #   candle    crates/candle's GPU test (the candle op against candle's f32 attention and the f64
 #             reference), when device-prepare.sh ran with CANDLE=1; CUDA libraries from PyTorch's
 #             wheels through candle-run.sh
-# usage: h200-check.sh [tests] [job] [memcheck] [racecheck] [window] [candle]   (default: the first
-#        four, and candle where it was prepared)
+#   gpt       crates/candle/examples/gpt.rs: a small GPT trained with the flash op, with candle's
+#             own attention and with candle's f32 attention (the bf16 noise reference), same seed
+#             and batches; its table, its check (exit 1: the curves disagree beyond bf16 noise)
+#             and gpt.json (every step's loss and time; scripts/plot-gpt.py draws it) into $OUT;
+#             GPT_ARGS adds options (e.g. "--steps 500"). Prepared by device-prepare.sh CANDLE=1
+# usage: h200-check.sh [tests] [job] [memcheck] [racecheck] [window] [candle] [gpt]   (default: the
+#        first four, and candle and gpt where they were prepared)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dest=${OUT:-reports/device}
 mkdir -p "$dest"
 out=$(mktemp -d)
 scripts/device-unpack.sh
-steps=${*:-tests job memcheck racecheck $([ -d .device-run/candle ] && echo candle)}
+steps=${*:-tests job memcheck racecheck $([ -d .device-run/candle ] && echo candle) $([ -x .device-run/gpt ] && echo gpt)}
 status=0
 note() { echo "$*" | tee -a "$out/summary.txt"; }
 note "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); built from $(cat .device-run/COMMIT)"
@@ -47,6 +52,12 @@ candle)
     note "candle $name: exit $rc, $(grep -h 'test result' "$out/candle-$name.log" | tail -1)"
     grep -h "vs \|SKIP\|candle-run" "$out/candle-$name.log" | tee -a "$out/summary.txt"
   done;;
+gpt)
+  timeout 300 .device-run/candle-run.sh .device-run/gpt --attention both --out "$out/gpt.json" ${GPT_ARGS:-} > "$out/gpt.log" 2>&1
+  rc=$?; [ $rc = 0 ] || status=1
+  note "gpt: exit $rc"
+  sed -n '/^attention /,$p' "$out/gpt.log" | tee -a "$out/summary.txt"
+  [ -f "$out/gpt.json" ] && cp "$out/gpt.json" "$dest/";;
 job)
   for causal in "" --causal; do
     timeout ${JOB_S:-300} .device-run/flash-attn run $causal --kernel ${JOB_KERNELS:-auto,sm90,sm80,exact} > "$out/main-job$causal.log" 2>&1
