@@ -1,7 +1,8 @@
 //! The entry points on the caller's memory and stream (`forward_on`, `backward_on`): cudarc
 //! slices on a stream of the program's own, against the library's owned path (bitwise) and the
 //! f64 reference; strided views (one fused QKV projection, `[B, H, N, d]`) against contiguous
-//! tensors (bitwise); aliasing refused; a `Gpu` made on the program's context; and forward and
+//! tensors (bitwise) and the f64 reference, run in place (no staging copy) on the tensor-core
+//! families and staged on the others; aliasing refused; a `Gpu` made on the program's context; and forward and
 //! backward captured into a CUDA graph, replayed on fresh inputs written into the same buffers.
 //! Outputs start NaN-poisoned. Skips visibly where no CUDA device answers.
 
@@ -114,6 +115,10 @@ fn borrowed_slices_on_a_caller_stream_match_the_owned_path_bitwise() {
             )
             .unwrap();
             assert_eq!(ran.entry, owned.plan.entry);
+            assert!(
+                ran.staged.is_empty(),
+                "{family:?}: contiguous views run in place"
+            );
             let o_host = stream.clone_dtoh(&o).unwrap();
             let lse_host = stream.clone_dtoh(&lse).unwrap();
             assert_eq!(bits(&o_host), bits(&o_owned), "{family:?} {heads_kv}: O");
@@ -335,6 +340,24 @@ fn both_directions(gpu: &Gpu, test: &str, shape: &AttentionShape) -> Vec<(Family
         .collect()
 }
 
+/// The tensor-core families read and write aligned strided views in place; the others stage them
+/// (`strided`: the tensors `plan` ran with strides, all of them strided here but LSE).
+fn assert_staging(test: &str, family: Family, plan: &flash_attn::Plan, strided: &[&str]) {
+    match family {
+        Family::Sm80 | Family::Sm90 => assert!(
+            plan.staged.is_empty(),
+            "{test} {family:?} {:?}: staged {:?}, expected every view in place",
+            plan.direction,
+            plan.staged
+        ),
+        Family::Exact | Family::Decode => assert_eq!(
+            plan.staged, strided,
+            "{test} {family:?} {:?}: the strided views are staged",
+            plan.direction
+        ),
+    }
+}
+
 #[test]
 fn fused_qkv_views_match_separate_tensors() {
     let test = "fused_qkv_views_match_separate_tensors";
@@ -367,7 +390,7 @@ fn fused_qkv_views_match_separate_tensors() {
         let [q, k, v] = views
             .each_ref()
             .map(|p| TensorRef::new(p, &stream).strided(s));
-        forward_on(
+        let ran = forward_on(
             &gpu,
             &stream,
             &shape,
@@ -378,6 +401,7 @@ fn fused_qkv_views_match_separate_tensors() {
             &options,
         )
         .unwrap();
+        assert_staging(test, family, &ran, &["q", "k", "v"]);
         {
             // dQ, dK, dV interleaved in one fused gradient: three raw views of one slice.
             let (base, _read) = d_fused.device_ptr(&stream);
@@ -394,7 +418,7 @@ fn fused_qkv_views_match_separate_tensors() {
                 TensorRef::new(&d_o, &stream),
                 TensorRef::new(&lse, &stream),
             );
-            backward_on(
+            let ran = backward_on(
                 &gpu,
                 &stream,
                 &shape,
@@ -416,6 +440,7 @@ fn fused_qkv_views_match_separate_tensors() {
                 &options,
             )
             .unwrap();
+            assert_staging(test, family, &ran, &["q", "k", "v", "dq", "dk", "dv"]);
         }
         let d = stream.clone_dtoh(&d_fused).unwrap();
         let unfuse = |i: usize| -> Vec<bf16> {
@@ -471,7 +496,7 @@ fn bhnd_views_match_bnhd() {
             flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Forward).unwrap();
         let bplan =
             flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Backward).unwrap();
-        forward_on(
+        let ran = forward_on(
             &gpu,
             &stream,
             &shape,
@@ -486,6 +511,7 @@ fn bhnd_views_match_bnhd() {
             &options,
         )
         .unwrap();
+        assert_staging(test, family, &ran, &["q", "k", "v", "o"]);
         {
             let [g_q, g_k, g_v] = &mut g;
             let (qr, kr, vr, or, dor, lr) = (
@@ -496,7 +522,7 @@ fn bhnd_views_match_bnhd() {
                 TensorRef::new(&d_o, &stream).strided(sq),
                 TensorRef::new(&lse, &stream),
             );
-            backward_on(
+            let ran = backward_on(
                 &gpu,
                 &stream,
                 &shape,
@@ -518,6 +544,8 @@ fn bhnd_views_match_bnhd() {
                 &options,
             )
             .unwrap();
+            let all = ["q", "k", "v", "o", "d_o", "dq", "dk", "dv"];
+            assert_staging(test, family, &ran, &all);
         }
         let [g_q, g_k, g_v] = g.map(|t| stream.clone_dtoh(&t).unwrap());
         let back_q = |v: &[bf16]| transpose(&shape, shape.n_q, shape.heads_q, v, true);
@@ -667,8 +695,9 @@ fn forward_and_backward_captured_in_a_cuda_graph_replay_on_fresh_inputs() {
         Workspace::on_stream(&gpu, &fplan, &stream).unwrap(),
         Workspace::on_stream(&gpu, &bplan, &stream).unwrap(),
     );
-    // Buffers the graph reads and writes: Q, K, V as views of one fused projection (so the
-    // staging copies are captured too), dO, and the outputs.
+    // Buffers the graph reads and writes: Q, K, V as views of one fused projection (read in
+    // place by the tensor-core families, staged by the others: then the copies are captured
+    // too), dO, and the outputs.
     let s = Strides::fused_qkv(shape.n_q, shape.heads_q, shape.head_dim);
     let row = (shape.heads_q * shape.head_dim) as usize;
     let mut fused = poisoned(&stream, bf16::ZERO, 3 * shape.q_elems());
