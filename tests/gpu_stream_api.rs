@@ -561,6 +561,67 @@ fn bhnd_views_match_bnhd() {
     }
 }
 
+/// A view 8 bytes off a 16-byte boundary cannot be read in 16-byte chunks: every family stages
+/// it (and only it), and the result is the owned path's, bit for bit.
+#[test]
+fn a_misaligned_view_is_staged_and_matches_the_owned_path() {
+    let test = "a_misaligned_view_is_staged_and_matches_the_owned_path";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let stream = gpu.context().new_stream().unwrap();
+    let shape = shape(2);
+    let x = inputs(test, &shape);
+    for family in families() {
+        let options = FlashOptions::new(AttentionOptions::new().causal(true))
+            .kernel(KernelChoice::Only(family));
+        let shape = match family {
+            Family::Decode => AttentionShape { n_q: 4, ..shape },
+            _ => shape,
+        };
+        let Some(plan) = runnable(&gpu, test, &shape, &options, Direction::Forward) else {
+            continue;
+        };
+        let n = shape.q_elems();
+        let q = &x.q[..n];
+        let up = |v: &[bf16]| DeviceTensor::from_bf16(v).unwrap();
+        let owned = flash_attn::forward(&gpu, &shape, &up(q), &up(&x.k), &up(&x.v), &options)
+            .unwrap()
+            .o
+            .to_bf16()
+            .unwrap();
+        // Q four bf16 (8 bytes) into its buffer.
+        let mut padded = vec![bf16::ZERO; 4];
+        padded.extend_from_slice(q);
+        let q_buf = stream.clone_htod(&padded).unwrap();
+        let (k, v) = (
+            stream.clone_htod(&x.k).unwrap(),
+            stream.clone_htod(&x.v).unwrap(),
+        );
+        let mut o = poisoned(&stream, bf16::NAN, n);
+        let mut lse = poisoned(&stream, f32::NAN, shape.row_elems());
+        let q_view = q_buf.slice(4..);
+        let ran = forward_on(
+            &gpu,
+            &stream,
+            &shape,
+            [
+                &TensorRef::new(&q_view, &stream),
+                &TensorRef::new(&k, &stream),
+                &TensorRef::new(&v, &stream),
+            ],
+            &mut TensorMut::new(&mut o, &stream),
+            &mut TensorMut::new(&mut lse, &stream),
+            &Workspace::on_stream(&gpu, &plan, &stream).unwrap(),
+            &options,
+        )
+        .unwrap();
+        assert_eq!(ran.staged, ["q"], "{test} {family:?}");
+        let got = stream.clone_dtoh(&o).unwrap();
+        assert_eq!(bits(&got), bits(&owned), "{test} {family:?}: O");
+    }
+}
+
 #[test]
 fn an_output_aliasing_an_input_is_refused() {
     let test = "an_output_aliasing_an_input_is_refused";

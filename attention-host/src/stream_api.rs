@@ -21,7 +21,10 @@
 //! scattered back after them, with strided copies on the same stream: correct for every family
 //! and option, at the cost of one extra read and write of that tensor. The returned plan's
 //! [`Plan::staged`] names the tensors that were staged (empty when all ran in place). LSE and the
-//! sink gradients are flat f32 arrays: in place when 16-byte aligned.
+//! sink gradients are flat f32 arrays: in place when 16-byte aligned. Offsets are 64-bit: a view
+//! may span more than 2^31 elements (each view's span is checked against its memory first). The
+//! paged KV cache ([`crate::kv_cache`]) is not a view: its page pool is the library's own,
+//! contiguous `[pages, page_size, heads_kv, head_dim]`, read by the decode family without strides.
 
 use std::sync::Arc;
 

@@ -124,18 +124,24 @@ impl Sequence {
         strides.offset(self.batch, self.k_start + j, hk)
     }
 
-    /// [`Sequence::q_row`] in a contiguous tensor (the kernels that take no strides).
+    /// [`Sequence::q_row`] in a contiguous tensor, for the kernels that take no strides (exact,
+    /// decode): the same offset, in the arithmetic order those kernels were tuned with (the
+    /// strided form costs the decode kernels registers); `tests` check the two agree.
     #[inline(always)]
     pub fn q_offset(&self, shape: &AttentionShape, i: u32, h: u32) -> usize {
-        let strides = TensorStrides::contiguous(shape.n_q, shape.heads_q, shape.head_dim);
-        self.q_row(&strides, i, h) as usize
+        ((self.batch as usize * shape.n_q as usize + (self.q_start + i) as usize)
+            * shape.heads_q as usize
+            + h as usize)
+            * shape.head_dim as usize
     }
 
-    /// [`Sequence::k_row`] in a contiguous tensor.
+    /// [`Sequence::k_row`] in a contiguous tensor (as [`Sequence::q_offset`]).
     #[inline(always)]
     pub fn k_offset(&self, shape: &AttentionShape, j: u32, hk: u32) -> usize {
-        let strides = TensorStrides::contiguous(shape.n_k, shape.heads_kv, shape.head_dim);
-        self.k_row(&strides, j, hk) as usize
+        ((self.batch as usize * shape.n_k as usize + (self.k_start + j) as usize)
+            * shape.heads_kv as usize
+            + hk as usize)
+            * shape.head_dim as usize
     }
 
     /// Index of (local query row `i`, head `h`) in LSE or D.
@@ -143,5 +149,39 @@ impl Sequence {
     pub fn row_index(&self, shape: &AttentionShape, i: u32, h: u32) -> usize {
         (self.batch as usize * shape.heads_q as usize + h as usize) * shape.n_q as usize
             + (self.q_start + i) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_offsets_equal_the_strided_rule() {
+        let shape = AttentionShape {
+            batch: 3,
+            n_q: 7,
+            n_k: 11,
+            heads_q: 4,
+            heads_kv: 2,
+            head_dim: 24,
+        };
+        let q = TensorStrides::contiguous(shape.n_q, shape.heads_q, shape.head_dim);
+        let k = TensorStrides::contiguous(shape.n_k, shape.heads_kv, shape.head_dim);
+        for b in 0..shape.batch {
+            let mut seq = Sequence::full(&shape, b);
+            // A packed sequence's rows start inside the tensor.
+            if b == 2 {
+                (seq.batch, seq.q_start, seq.k_start) = (0, 3, 5);
+            }
+            for i in 0..4 {
+                for h in 0..shape.heads_q {
+                    assert_eq!(seq.q_offset(&shape, i, h) as u64, seq.q_row(&q, i, h));
+                }
+                for hk in 0..shape.heads_kv {
+                    assert_eq!(seq.k_offset(&shape, i, hk) as u64, seq.k_row(&k, i, hk));
+                }
+            }
+        }
     }
 }

@@ -121,9 +121,6 @@ unsafe fn backward<
     let ts = &p.strides;
     // Byte address of the sequence's key row 0 of head hk in K-shaped tensors.
     let kv_at = |base: u64, strides: &TensorStrides| base + 2 * seq.k_row(strides, 0, hk);
-    // Element index of (the sequence's row 0, head 0) in the contiguous dQ accumulator.
-    let q_batch =
-        (seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * s.heads_q as u64 * dr as u64;
     // Row of (the sequence's row 0, head h) in the padded statistics.
     let stats_row =
         |h: u32| (seq.batch * s.heads_q + h) as u64 * p.n_q_pad as u64 + seq.q_start as u64;
@@ -170,8 +167,11 @@ unsafe fn backward<
         // are padded to whole Q blocks, so every chunk is inside them, and a packed sequence's
         // rows are copied one by one (its first row need not start a 16-byte chunk).
         unsafe {
+            // The sequence's first row recomputed here (`opaque`): hoisted out of the loop, Q's
+            // and dO's offsets would each hold a register pair across it.
+            let (batch, row0) = (opaque(seq.batch), opaque(seq.q_start));
             let rows = |base: u64, strides: &TensorStrides| GlobalRows {
-                base: base + 2 * seq.q_row(strides, 0, h),
+                base: base + 2 * strides.offset(batch, row0, h),
                 stride: 2 * strides.seq,
                 limit: n_q,
                 chunks: real_chunks,
@@ -262,8 +262,8 @@ unsafe fn backward<
         let odd = t % 2 == 1;
         let row = q0 + 16 * warp + g + if odd { 8 } else { 0 };
         let col = dq_col0 + 2 * t - if odd { 2 } else { 0 };
-        let at = p.dq_accum
-            + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * dr as u64 + col as u64) * 4;
+        // The accumulator is contiguous, in Q's shape.
+        let at = p.dq_accum + (seq.q_offset(&s, row, h) as u64 + col as u64) * 4;
         for (j, f) in dq.iter().enumerate() {
             let [lo0, lo1, hi0, hi1] = f.0;
             let (send0, send1) = if odd { (lo0, lo1) } else { (hi0, hi1) };

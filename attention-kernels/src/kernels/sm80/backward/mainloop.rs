@@ -124,9 +124,6 @@ unsafe fn backward<
     let ts = &p.strides;
     // Byte address of the sequence's key row 0 of head hk in K-shaped tensors.
     let kv_at = |base: u64, strides: &TensorStrides| base + 2 * seq.k_row(strides, 0, hk);
-    // Element index of (the sequence's row 0, head 0) in the contiguous dQ accumulator.
-    let q_batch =
-        (seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * s.heads_q as u64 * dr as u64;
     // Row of (the sequence's row 0, head h) in the padded statistics.
     let stats_row =
         |h: u32| (seq.batch * s.heads_q + h) as u64 * p.n_q_pad as u64 + seq.q_start as u64;
@@ -176,8 +173,11 @@ unsafe fn backward<
         // are padded to whole Q blocks, so every chunk is inside them, and a packed sequence's
         // rows are copied one by one (its first row need not start a 16-byte chunk).
         unsafe {
+            // The sequence's first row recomputed here (`opaque`): hoisted out of the loop, Q's
+            // and dO's offsets would each hold a register pair across it.
+            let (batch, row0) = (opaque(seq.batch), opaque(seq.q_start));
             let rows = |base: u64, strides: &TensorStrides| GlobalRows {
-                base: base + 2 * seq.q_row(strides, 0, h),
+                base: base + 2 * strides.offset(batch, row0, h),
                 stride: 2 * strides.seq,
                 limit: n_q,
                 chunks: real_chunks,
@@ -498,7 +498,8 @@ unsafe fn backward<
         // and n-tiles (w / 4)·ND / (WARPS / 4) onwards, `DQ` n-tiles (8 columns each) at a time,
         // so that the dQ part fits beside dK and dV in registers.
         let acc_row = |row: u32| {
-            p.dq_accum + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * dr as u64) * 4
+            // The accumulator is contiguous, in Q's shape.
+            p.dq_accum + seq.q_offset(&s, row, h) as u64 * 4
         };
         let (row_group, tile0) = (warp % 4, (warp / 4) as usize * (ND / (WARPS / 4)));
         for part in 0..ND / (WARPS / 4) / DQ {

@@ -101,8 +101,8 @@ unsafe fn forward<
     let (st, real_chunks) = (&p.strides, s.head_dim / 8);
     let hk = s.kv_head(h);
     // Byte address of (the sequence's row 0, head h) in O.
+    // O's own offset is taken after the loop (held across it, it costs a register pair).
     let o_dst_of = |seq: &Sequence| p.o + 2 * seq.q_row(&st.o, 0, h);
-    let o_dst = o_dst_of(&seq);
     let q_rows = GlobalRows {
         base: p.q + 2 * seq.q_row(&st.q, 0, h),
         stride: 2 * st.q.seq,
@@ -307,12 +307,8 @@ unsafe fn forward<
     let t = lane % 4;
     // The general instances' sequence again: read anew rather than kept in registers across the
     // loop.
-    let (seq, o_dst) = if GENERAL {
-        let seq = locate();
-        (seq, o_dst_of(&seq))
-    } else {
-        (seq, o_dst)
-    };
+    let seq = if GENERAL { locate() } else { seq };
+    let o_dst = o_dst_of(&seq);
     let chunks = q_tile.chunks();
     for i in 0..(16 * ND as u32 / 32) {
         let idx = 32 * i + lane;
