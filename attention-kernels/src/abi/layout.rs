@@ -130,6 +130,18 @@ mod tests {
             head: 64,
         };
         assert_eq!(fused.offset(1, 4, 2), (5 + 4) * 3 * 3 * 64 + 2 * 64);
+        // The contiguous rule in the nested order of `Sequence::q_offset` / `k_offset` (the
+        // kernels without strides), for every row of a small shape.
+        let (n, h, d) = (7u64, 3u64, 24u64);
+        let c = TensorStrides::contiguous(n as u32, h as u32, d as u32);
+        for b in 0..4u64 {
+            for i in 0..n {
+                for hh in 0..h {
+                    let nested = ((b * n + i) * h + hh) * d;
+                    assert_eq!(c.offset(b as u32, i as u32, hh as u32), nested);
+                }
+            }
+        }
         // Past 2^32 elements: the arithmetic is 64-bit.
         let wide = TensorStrides::contiguous(1 << 20, 64, 128);
         assert_eq!(wide.offset(3, 0, 0), 3 << 33);

@@ -126,7 +126,8 @@ impl Sequence {
 
     /// [`Sequence::q_row`] in a contiguous tensor, for the kernels that take no strides (exact,
     /// decode): the same offset, in the arithmetic order those kernels were tuned with (the
-    /// strided form costs the decode kernels registers); `tests` check the two agree.
+    /// strided form costs the decode kernels registers); `abi::layout`'s tests check the two
+    /// agree.
     #[inline(always)]
     pub fn q_offset(&self, shape: &AttentionShape, i: u32, h: u32) -> usize {
         ((self.batch as usize * shape.n_q as usize + (self.q_start + i) as usize)
@@ -149,39 +150,5 @@ impl Sequence {
     pub fn row_index(&self, shape: &AttentionShape, i: u32, h: u32) -> usize {
         (self.batch as usize * shape.heads_q as usize + h as usize) * shape.n_q as usize
             + (self.q_start + i) as usize
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn contiguous_offsets_equal_the_strided_rule() {
-        let shape = AttentionShape {
-            batch: 3,
-            n_q: 7,
-            n_k: 11,
-            heads_q: 4,
-            heads_kv: 2,
-            head_dim: 24,
-        };
-        let q = TensorStrides::contiguous(shape.n_q, shape.heads_q, shape.head_dim);
-        let k = TensorStrides::contiguous(shape.n_k, shape.heads_kv, shape.head_dim);
-        for b in 0..shape.batch {
-            let mut seq = Sequence::full(&shape, b);
-            // A packed sequence's rows start inside the tensor.
-            if b == 2 {
-                (seq.batch, seq.q_start, seq.k_start) = (0, 3, 5);
-            }
-            for i in 0..4 {
-                for h in 0..shape.heads_q {
-                    assert_eq!(seq.q_offset(&shape, i, h) as u64, seq.q_row(&q, i, h));
-                }
-                for hk in 0..shape.heads_kv {
-                    assert_eq!(seq.k_offset(&shape, i, hk) as u64, seq.k_row(&k, i, hk));
-                }
-            }
-        }
     }
 }
