@@ -295,6 +295,7 @@ fn compare(
     family: Family,
     shape: &AttentionShape,
     x: &Inputs,
+    options: &AttentionOptions,
     got: &Results,
     want: &Results,
 ) {
@@ -309,14 +310,13 @@ fn compare(
     if family == Family::Exact {
         assert_eq!(bits(&got.2), bits(&want.2), "{test} {family:?}: dQ");
     }
-    let options = AttentionOptions::new().causal(true);
     let reference = backward_f32(
         shape,
         &widen(&x.q),
         &widen(&x.k),
         &widen(&x.v),
         &widen(&x.d_o),
-        &options,
+        options,
     )
     .unwrap();
     let err = rel_err(&widen(&got.2), &reference.dq);
@@ -370,93 +370,136 @@ fn fused_qkv_views_match_separate_tensors() {
         n_k: 96,
         ..shape(4)
     };
+    for (family, options) in both_directions(&gpu, test, &shape) {
+        fused_run(&gpu, &stream, test, &shape, family, &options);
+    }
+}
+
+/// Packed sequences (one batch item, rows 0..37 and 37..96: the second starts inside a 16-byte
+/// chunk of rows) on the views of one fused projection, against contiguous tensors: the strided
+/// kernels add the sequence's first row to the view's strides.
+#[test]
+fn packed_sequences_on_fused_views_match_separate_tensors() {
+    let test = "packed_sequences_on_fused_views_match_separate_tensors";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let stream = gpu.context().new_stream().unwrap();
+    let shape = AttentionShape {
+        batch: 1,
+        n_k: 96,
+        ..shape(4)
+    };
+    let cu = vec![0, 37, 96];
+    for family in families() {
+        let options = FlashOptions::new(
+            AttentionOptions::new()
+                .causal(true)
+                .packed(cu.clone(), cu.clone()),
+        )
+        .kernel(KernelChoice::Only(family))
+        .deterministic(family == Family::Exact);
+        if runnable(&gpu, test, &shape, &options, Direction::Forward).is_some()
+            && runnable(&gpu, test, &shape, &options, Direction::Backward).is_some()
+        {
+            fused_run(&gpu, &stream, test, &shape, family, &options);
+        }
+    }
+}
+
+/// Forward and backward of `family` on Q, K, V as views of one fused `[B, N, 3, H, d]`
+/// projection and dQ, dK, dV as views of one fused gradient, against contiguous tensors.
+fn fused_run(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    test: &str,
+    shape: &AttentionShape,
+    family: Family,
+    options: &FlashOptions,
+) {
+    let shape = *shape;
     let s = Strides::fused_qkv(shape.n_q, shape.heads_q, shape.head_dim);
     let row = (shape.heads_q * shape.head_dim) as usize;
-    for (family, options) in both_directions(&gpu, test, &shape) {
-        let x = inputs(test, &shape);
-        let want = contiguous_run(&gpu, &stream, &shape, &x, &options);
-        let fused = stream
-            .clone_htod(&fuse(&shape, [&x.q, &x.k, &x.v]))
-            .unwrap();
-        let d_o = stream.clone_htod(&x.d_o).unwrap();
-        let mut o = poisoned(&stream, bf16::NAN, shape.q_elems());
-        let mut lse = poisoned(&stream, f32::NAN, shape.row_elems());
-        let d_fused = poisoned(&stream, bf16::NAN, 3 * shape.q_elems());
-        let fplan =
-            flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Forward).unwrap();
-        let bplan =
-            flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Backward).unwrap();
-        let views = [0, 1, 2].map(|i| fused.slice(i * row..));
-        let [q, k, v] = views
-            .each_ref()
-            .map(|p| TensorRef::new(p, &stream).strided(s));
-        let ran = forward_on(
-            &gpu,
-            &stream,
+    let x = inputs(test, &shape);
+    let want = contiguous_run(gpu, stream, &shape, &x, options);
+    let fused = stream
+        .clone_htod(&fuse(&shape, [&x.q, &x.k, &x.v]))
+        .unwrap();
+    let d_o = stream.clone_htod(&x.d_o).unwrap();
+    let mut o = poisoned(stream, bf16::NAN, shape.q_elems());
+    let mut lse = poisoned(stream, f32::NAN, shape.row_elems());
+    let d_fused = poisoned(stream, bf16::NAN, 3 * shape.q_elems());
+    let fplan = flash_attn::plan(gpu, &shape, DType::Bf16, options, Direction::Forward).unwrap();
+    let bplan = flash_attn::plan(gpu, &shape, DType::Bf16, options, Direction::Backward).unwrap();
+    let views = [0, 1, 2].map(|i| fused.slice(i * row..));
+    let [q, k, v] = views
+        .each_ref()
+        .map(|p| TensorRef::new(p, stream).strided(s));
+    let ran = forward_on(
+        gpu,
+        stream,
+        &shape,
+        [&q, &k, &v],
+        &mut TensorMut::new(&mut o, stream),
+        &mut TensorMut::new(&mut lse, stream),
+        &Workspace::on_stream(gpu, &fplan, stream).unwrap(),
+        options,
+    )
+    .unwrap();
+    assert_staging(test, family, &ran, &["q", "k", "v"]);
+    {
+        // dQ, dK, dV interleaved in one fused gradient: three raw views of one slice.
+        let (base, _read) = d_fused.device_ptr(stream);
+        let len = 3 * shape.q_elems();
+        // SAFETY: `d_fused` outlives the call and the synchronising downloads below; nothing
+        // else uses it meanwhile.
+        let grad = |i: usize| unsafe {
+            TensorMut::from_raw(base + (i * row * 2) as u64, len - i * row, DType::Bf16).strided(s)
+        };
+        let (mut g_q, mut g_k, mut g_v) = (grad(0), grad(1), grad(2));
+        let (o_r, d_o_r, lse_r) = (
+            TensorRef::new(&o, stream),
+            TensorRef::new(&d_o, stream),
+            TensorRef::new(&lse, stream),
+        );
+        let ran = backward_on(
+            gpu,
+            stream,
             &shape,
-            [&q, &k, &v],
-            &mut TensorMut::new(&mut o, &stream),
-            &mut TensorMut::new(&mut lse, &stream),
-            &Workspace::on_stream(&gpu, &fplan, &stream).unwrap(),
-            &options,
+            BackwardViews {
+                q: &q,
+                k: &k,
+                v: &v,
+                o: &o_r,
+                d_o: &d_o_r,
+                lse: &lse_r,
+            },
+            GradientViews {
+                dq: &mut g_q,
+                dk: &mut g_k,
+                dv: &mut g_v,
+                d_sinks: None,
+            },
+            &Workspace::on_stream(gpu, &bplan, stream).unwrap(),
+            options,
         )
         .unwrap();
-        assert_staging(test, family, &ran, &["q", "k", "v"]);
-        {
-            // dQ, dK, dV interleaved in one fused gradient: three raw views of one slice.
-            let (base, _read) = d_fused.device_ptr(&stream);
-            let len = 3 * shape.q_elems();
-            // SAFETY: `d_fused` outlives the call and the synchronising downloads below; nothing
-            // else uses it meanwhile.
-            let grad = |i: usize| unsafe {
-                TensorMut::from_raw(base + (i * row * 2) as u64, len - i * row, DType::Bf16)
-                    .strided(s)
-            };
-            let (mut g_q, mut g_k, mut g_v) = (grad(0), grad(1), grad(2));
-            let (o_r, d_o_r, lse_r) = (
-                TensorRef::new(&o, &stream),
-                TensorRef::new(&d_o, &stream),
-                TensorRef::new(&lse, &stream),
-            );
-            let ran = backward_on(
-                &gpu,
-                &stream,
-                &shape,
-                BackwardViews {
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    o: &o_r,
-                    d_o: &d_o_r,
-                    lse: &lse_r,
-                },
-                GradientViews {
-                    dq: &mut g_q,
-                    dk: &mut g_k,
-                    dv: &mut g_v,
-                    d_sinks: None,
-                },
-                &Workspace::on_stream(&gpu, &bplan, &stream).unwrap(),
-                &options,
-            )
-            .unwrap();
-            assert_staging(test, family, &ran, &["q", "k", "v", "dq", "dk", "dv"]);
-        }
-        let d = stream.clone_dtoh(&d_fused).unwrap();
-        let unfuse = |i: usize| -> Vec<bf16> {
-            d.chunks(3 * row)
-                .flat_map(|r| r[i * row..(i + 1) * row].to_vec())
-                .collect()
-        };
-        let got = (
-            stream.clone_dtoh(&o).unwrap(),
-            stream.clone_dtoh(&lse).unwrap(),
-            unfuse(0),
-            unfuse(1),
-            unfuse(2),
-        );
-        compare(test, family, &shape, &x, &got, &want);
+        assert_staging(test, family, &ran, &["q", "k", "v", "dq", "dk", "dv"]);
     }
+    let d = stream.clone_dtoh(&d_fused).unwrap();
+    let unfuse = |i: usize| -> Vec<bf16> {
+        d.chunks(3 * row)
+            .flat_map(|r| r[i * row..(i + 1) * row].to_vec())
+            .collect()
+    };
+    let got = (
+        stream.clone_dtoh(&o).unwrap(),
+        stream.clone_dtoh(&lse).unwrap(),
+        unfuse(0),
+        unfuse(1),
+        unfuse(2),
+    );
+    compare(test, family, &shape, &x, &options.attention, &got, &want);
 }
 
 #[test]
@@ -557,7 +600,7 @@ fn bhnd_views_match_bnhd() {
             back_k(&g_k),
             back_k(&g_v),
         );
-        compare(test, family, &shape, &x, &got, &want);
+        compare(test, family, &shape, &x, &options.attention, &got, &want);
     }
 }
 
