@@ -550,5 +550,16 @@ mod tests {
             }),
         );
         assert!(v.check("q", &d, DType::F16, false).is_err());
+        // A span past 2^32 elements that its memory holds: accepted, in place (the kernels'
+        // offsets are 64-bit).
+        let far = Strides {
+            batch: 1 << 33,
+            seq: 64,
+            head: 64,
+        };
+        let v = view(1 << 20, (1 << 33) + 2 * 64, Some(far));
+        v.check("q", &d, DType::F16, false).unwrap();
+        assert_eq!(v.span_bytes(&d).unwrap(), ((1usize << 33) + 2 * 64) * 2);
+        assert!(v.in_place(&d, true));
     }
 }
