@@ -1,7 +1,8 @@
 //! The entry points on the caller's memory and stream (`forward_on`, `backward_on`): cudarc
 //! slices on a stream of the program's own, against the library's owned path (bitwise) and the
 //! f64 reference; strided views (one fused QKV projection, `[B, H, N, d]`) against contiguous
-//! tensors (bitwise); aliasing refused; a `Gpu` made on the program's context; and forward and
+//! tensors (bitwise) and the f64 reference, run in place (no staging copy) on the tensor-core
+//! families and staged on the others; aliasing refused; a `Gpu` made on the program's context; and forward and
 //! backward captured into a CUDA graph, replayed on fresh inputs written into the same buffers.
 //! Outputs start NaN-poisoned. Skips visibly where no CUDA device answers.
 
@@ -114,6 +115,10 @@ fn borrowed_slices_on_a_caller_stream_match_the_owned_path_bitwise() {
             )
             .unwrap();
             assert_eq!(ran.entry, owned.plan.entry);
+            assert!(
+                ran.staged.is_empty(),
+                "{family:?}: contiguous views run in place"
+            );
             let o_host = stream.clone_dtoh(&o).unwrap();
             let lse_host = stream.clone_dtoh(&lse).unwrap();
             assert_eq!(bits(&o_host), bits(&o_owned), "{family:?} {heads_kv}: O");
@@ -290,6 +295,7 @@ fn compare(
     family: Family,
     shape: &AttentionShape,
     x: &Inputs,
+    options: &AttentionOptions,
     got: &Results,
     want: &Results,
 ) {
@@ -304,14 +310,13 @@ fn compare(
     if family == Family::Exact {
         assert_eq!(bits(&got.2), bits(&want.2), "{test} {family:?}: dQ");
     }
-    let options = AttentionOptions::new().causal(true);
     let reference = backward_f32(
         shape,
         &widen(&x.q),
         &widen(&x.k),
         &widen(&x.v),
         &widen(&x.d_o),
-        &options,
+        options,
     )
     .unwrap();
     let err = rel_err(&widen(&got.2), &reference.dq);
@@ -335,6 +340,24 @@ fn both_directions(gpu: &Gpu, test: &str, shape: &AttentionShape) -> Vec<(Family
         .collect()
 }
 
+/// The tensor-core families read and write aligned strided views in place; the others stage them
+/// (`strided`: the tensors `plan` ran with strides, all of them strided here but LSE).
+fn assert_staging(test: &str, family: Family, plan: &flash_attn::Plan, strided: &[&str]) {
+    match family {
+        Family::Sm80 | Family::Sm90 => assert!(
+            plan.staged.is_empty(),
+            "{test} {family:?} {:?}: staged {:?}, expected every view in place",
+            plan.direction,
+            plan.staged
+        ),
+        Family::Exact | Family::Decode => assert_eq!(
+            plan.staged, strided,
+            "{test} {family:?} {:?}: the strided views are staged",
+            plan.direction
+        ),
+    }
+}
+
 #[test]
 fn fused_qkv_views_match_separate_tensors() {
     let test = "fused_qkv_views_match_separate_tensors";
@@ -347,91 +370,136 @@ fn fused_qkv_views_match_separate_tensors() {
         n_k: 96,
         ..shape(4)
     };
+    for (family, options) in both_directions(&gpu, test, &shape) {
+        fused_run(&gpu, &stream, test, &shape, family, &options);
+    }
+}
+
+/// Packed sequences (one batch item, rows 0..37 and 37..96: the second starts inside a 16-byte
+/// chunk of rows) on the views of one fused projection, against contiguous tensors: the strided
+/// kernels add the sequence's first row to the view's strides.
+#[test]
+fn packed_sequences_on_fused_views_match_separate_tensors() {
+    let test = "packed_sequences_on_fused_views_match_separate_tensors";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let stream = gpu.context().new_stream().unwrap();
+    let shape = AttentionShape {
+        batch: 1,
+        n_k: 96,
+        ..shape(4)
+    };
+    let cu = vec![0, 37, 96];
+    for family in families() {
+        let options = FlashOptions::new(
+            AttentionOptions::new()
+                .causal(true)
+                .packed(cu.clone(), cu.clone()),
+        )
+        .kernel(KernelChoice::Only(family))
+        .deterministic(family == Family::Exact);
+        if runnable(&gpu, test, &shape, &options, Direction::Forward).is_some()
+            && runnable(&gpu, test, &shape, &options, Direction::Backward).is_some()
+        {
+            fused_run(&gpu, &stream, test, &shape, family, &options);
+        }
+    }
+}
+
+/// Forward and backward of `family` on Q, K, V as views of one fused `[B, N, 3, H, d]`
+/// projection and dQ, dK, dV as views of one fused gradient, against contiguous tensors.
+fn fused_run(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    test: &str,
+    shape: &AttentionShape,
+    family: Family,
+    options: &FlashOptions,
+) {
+    let shape = *shape;
     let s = Strides::fused_qkv(shape.n_q, shape.heads_q, shape.head_dim);
     let row = (shape.heads_q * shape.head_dim) as usize;
-    for (family, options) in both_directions(&gpu, test, &shape) {
-        let x = inputs(test, &shape);
-        let want = contiguous_run(&gpu, &stream, &shape, &x, &options);
-        let fused = stream
-            .clone_htod(&fuse(&shape, [&x.q, &x.k, &x.v]))
-            .unwrap();
-        let d_o = stream.clone_htod(&x.d_o).unwrap();
-        let mut o = poisoned(&stream, bf16::NAN, shape.q_elems());
-        let mut lse = poisoned(&stream, f32::NAN, shape.row_elems());
-        let d_fused = poisoned(&stream, bf16::NAN, 3 * shape.q_elems());
-        let fplan =
-            flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Forward).unwrap();
-        let bplan =
-            flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Backward).unwrap();
-        let views = [0, 1, 2].map(|i| fused.slice(i * row..));
-        let [q, k, v] = views
-            .each_ref()
-            .map(|p| TensorRef::new(p, &stream).strided(s));
-        forward_on(
-            &gpu,
-            &stream,
+    let x = inputs(test, &shape);
+    let want = contiguous_run(gpu, stream, &shape, &x, options);
+    let fused = stream
+        .clone_htod(&fuse(&shape, [&x.q, &x.k, &x.v]))
+        .unwrap();
+    let d_o = stream.clone_htod(&x.d_o).unwrap();
+    let mut o = poisoned(stream, bf16::NAN, shape.q_elems());
+    let mut lse = poisoned(stream, f32::NAN, shape.row_elems());
+    let d_fused = poisoned(stream, bf16::NAN, 3 * shape.q_elems());
+    let fplan = flash_attn::plan(gpu, &shape, DType::Bf16, options, Direction::Forward).unwrap();
+    let bplan = flash_attn::plan(gpu, &shape, DType::Bf16, options, Direction::Backward).unwrap();
+    let views = [0, 1, 2].map(|i| fused.slice(i * row..));
+    let [q, k, v] = views
+        .each_ref()
+        .map(|p| TensorRef::new(p, stream).strided(s));
+    let ran = forward_on(
+        gpu,
+        stream,
+        &shape,
+        [&q, &k, &v],
+        &mut TensorMut::new(&mut o, stream),
+        &mut TensorMut::new(&mut lse, stream),
+        &Workspace::on_stream(gpu, &fplan, stream).unwrap(),
+        options,
+    )
+    .unwrap();
+    assert_staging(test, family, &ran, &["q", "k", "v"]);
+    {
+        // dQ, dK, dV interleaved in one fused gradient: three raw views of one slice.
+        let (base, _read) = d_fused.device_ptr(stream);
+        let len = 3 * shape.q_elems();
+        // SAFETY: `d_fused` outlives the call and the synchronising downloads below; nothing
+        // else uses it meanwhile.
+        let grad = |i: usize| unsafe {
+            TensorMut::from_raw(base + (i * row * 2) as u64, len - i * row, DType::Bf16).strided(s)
+        };
+        let (mut g_q, mut g_k, mut g_v) = (grad(0), grad(1), grad(2));
+        let (o_r, d_o_r, lse_r) = (
+            TensorRef::new(&o, stream),
+            TensorRef::new(&d_o, stream),
+            TensorRef::new(&lse, stream),
+        );
+        let ran = backward_on(
+            gpu,
+            stream,
             &shape,
-            [&q, &k, &v],
-            &mut TensorMut::new(&mut o, &stream),
-            &mut TensorMut::new(&mut lse, &stream),
-            &Workspace::on_stream(&gpu, &fplan, &stream).unwrap(),
-            &options,
+            BackwardViews {
+                q: &q,
+                k: &k,
+                v: &v,
+                o: &o_r,
+                d_o: &d_o_r,
+                lse: &lse_r,
+            },
+            GradientViews {
+                dq: &mut g_q,
+                dk: &mut g_k,
+                dv: &mut g_v,
+                d_sinks: None,
+            },
+            &Workspace::on_stream(gpu, &bplan, stream).unwrap(),
+            options,
         )
         .unwrap();
-        {
-            // dQ, dK, dV interleaved in one fused gradient: three raw views of one slice.
-            let (base, _read) = d_fused.device_ptr(&stream);
-            let len = 3 * shape.q_elems();
-            // SAFETY: `d_fused` outlives the call and the synchronising downloads below; nothing
-            // else uses it meanwhile.
-            let grad = |i: usize| unsafe {
-                TensorMut::from_raw(base + (i * row * 2) as u64, len - i * row, DType::Bf16)
-                    .strided(s)
-            };
-            let (mut g_q, mut g_k, mut g_v) = (grad(0), grad(1), grad(2));
-            let (o_r, d_o_r, lse_r) = (
-                TensorRef::new(&o, &stream),
-                TensorRef::new(&d_o, &stream),
-                TensorRef::new(&lse, &stream),
-            );
-            backward_on(
-                &gpu,
-                &stream,
-                &shape,
-                BackwardViews {
-                    q: &q,
-                    k: &k,
-                    v: &v,
-                    o: &o_r,
-                    d_o: &d_o_r,
-                    lse: &lse_r,
-                },
-                GradientViews {
-                    dq: &mut g_q,
-                    dk: &mut g_k,
-                    dv: &mut g_v,
-                    d_sinks: None,
-                },
-                &Workspace::on_stream(&gpu, &bplan, &stream).unwrap(),
-                &options,
-            )
-            .unwrap();
-        }
-        let d = stream.clone_dtoh(&d_fused).unwrap();
-        let unfuse = |i: usize| -> Vec<bf16> {
-            d.chunks(3 * row)
-                .flat_map(|r| r[i * row..(i + 1) * row].to_vec())
-                .collect()
-        };
-        let got = (
-            stream.clone_dtoh(&o).unwrap(),
-            stream.clone_dtoh(&lse).unwrap(),
-            unfuse(0),
-            unfuse(1),
-            unfuse(2),
-        );
-        compare(test, family, &shape, &x, &got, &want);
+        assert_staging(test, family, &ran, &["q", "k", "v", "dq", "dk", "dv"]);
     }
+    let d = stream.clone_dtoh(&d_fused).unwrap();
+    let unfuse = |i: usize| -> Vec<bf16> {
+        d.chunks(3 * row)
+            .flat_map(|r| r[i * row..(i + 1) * row].to_vec())
+            .collect()
+    };
+    let got = (
+        stream.clone_dtoh(&o).unwrap(),
+        stream.clone_dtoh(&lse).unwrap(),
+        unfuse(0),
+        unfuse(1),
+        unfuse(2),
+    );
+    compare(test, family, &shape, &x, &options.attention, &got, &want);
 }
 
 #[test]
@@ -471,7 +539,7 @@ fn bhnd_views_match_bnhd() {
             flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Forward).unwrap();
         let bplan =
             flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Backward).unwrap();
-        forward_on(
+        let ran = forward_on(
             &gpu,
             &stream,
             &shape,
@@ -486,6 +554,7 @@ fn bhnd_views_match_bnhd() {
             &options,
         )
         .unwrap();
+        assert_staging(test, family, &ran, &["q", "k", "v", "o"]);
         {
             let [g_q, g_k, g_v] = &mut g;
             let (qr, kr, vr, or, dor, lr) = (
@@ -496,7 +565,7 @@ fn bhnd_views_match_bnhd() {
                 TensorRef::new(&d_o, &stream).strided(sq),
                 TensorRef::new(&lse, &stream),
             );
-            backward_on(
+            let ran = backward_on(
                 &gpu,
                 &stream,
                 &shape,
@@ -518,6 +587,8 @@ fn bhnd_views_match_bnhd() {
                 &options,
             )
             .unwrap();
+            let all = ["q", "k", "v", "o", "d_o", "dq", "dk", "dv"];
+            assert_staging(test, family, &ran, &all);
         }
         let [g_q, g_k, g_v] = g.map(|t| stream.clone_dtoh(&t).unwrap());
         let back_q = |v: &[bf16]| transpose(&shape, shape.n_q, shape.heads_q, v, true);
@@ -529,7 +600,68 @@ fn bhnd_views_match_bnhd() {
             back_k(&g_k),
             back_k(&g_v),
         );
-        compare(test, family, &shape, &x, &got, &want);
+        compare(test, family, &shape, &x, &options.attention, &got, &want);
+    }
+}
+
+/// A view 8 bytes off a 16-byte boundary cannot be read in 16-byte chunks: every family stages
+/// it (and only it), and the result is the owned path's, bit for bit.
+#[test]
+fn a_misaligned_view_is_staged_and_matches_the_owned_path() {
+    let test = "a_misaligned_view_is_staged_and_matches_the_owned_path";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let stream = gpu.context().new_stream().unwrap();
+    let shape = shape(2);
+    let x = inputs(test, &shape);
+    for family in families() {
+        let options = FlashOptions::new(AttentionOptions::new().causal(true))
+            .kernel(KernelChoice::Only(family));
+        let shape = match family {
+            Family::Decode => AttentionShape { n_q: 4, ..shape },
+            _ => shape,
+        };
+        let Some(plan) = runnable(&gpu, test, &shape, &options, Direction::Forward) else {
+            continue;
+        };
+        let n = shape.q_elems();
+        let q = &x.q[..n];
+        let up = |v: &[bf16]| DeviceTensor::from_bf16(v).unwrap();
+        let owned = flash_attn::forward(&gpu, &shape, &up(q), &up(&x.k), &up(&x.v), &options)
+            .unwrap()
+            .o
+            .to_bf16()
+            .unwrap();
+        // Q four bf16 (8 bytes) into its buffer.
+        let mut padded = vec![bf16::ZERO; 4];
+        padded.extend_from_slice(q);
+        let q_buf = stream.clone_htod(&padded).unwrap();
+        let (k, v) = (
+            stream.clone_htod(&x.k).unwrap(),
+            stream.clone_htod(&x.v).unwrap(),
+        );
+        let mut o = poisoned(&stream, bf16::NAN, n);
+        let mut lse = poisoned(&stream, f32::NAN, shape.row_elems());
+        let q_view = q_buf.slice(4..);
+        let ran = forward_on(
+            &gpu,
+            &stream,
+            &shape,
+            [
+                &TensorRef::new(&q_view, &stream),
+                &TensorRef::new(&k, &stream),
+                &TensorRef::new(&v, &stream),
+            ],
+            &mut TensorMut::new(&mut o, &stream),
+            &mut TensorMut::new(&mut lse, &stream),
+            &Workspace::on_stream(&gpu, &plan, &stream).unwrap(),
+            &options,
+        )
+        .unwrap();
+        assert_eq!(ran.staged, ["q"], "{test} {family:?}");
+        let got = stream.clone_dtoh(&o).unwrap();
+        assert_eq!(bits(&got), bits(&owned), "{test} {family:?}: O");
     }
 }
 
@@ -667,8 +799,9 @@ fn forward_and_backward_captured_in_a_cuda_graph_replay_on_fresh_inputs() {
         Workspace::on_stream(&gpu, &fplan, &stream).unwrap(),
         Workspace::on_stream(&gpu, &bplan, &stream).unwrap(),
     );
-    // Buffers the graph reads and writes: Q, K, V as views of one fused projection (so the
-    // staging copies are captured too), dO, and the outputs.
+    // Buffers the graph reads and writes: Q, K, V as views of one fused projection (read in
+    // place by the tensor-core families, staged by the others: then the copies are captured
+    // too), dO, and the outputs.
     let s = Strides::fused_qkv(shape.n_q, shape.heads_q, shape.head_dim);
     let row = (shape.heads_q * shape.head_dim) as usize;
     let mut fused = poisoned(&stream, bf16::ZERO, 3 * shape.q_elems());

@@ -9,6 +9,7 @@
 //! (`to_f32`, `to_vec`) or [`Gpu::synchronize`] waits, and reports a fault of the queued kernels.
 
 use attention_kernels::abi::layout::KeyPages;
+use attention_kernels::abi::params::{BackwardStrides, ForwardStrides};
 use attention_kernels::abi::shape::AttentionShape;
 
 use crate::dtype::DType;
@@ -283,6 +284,19 @@ pub(crate) fn choose(
     }
 }
 
+/// Whether `plan`'s kernels take per-tensor strides (the tensor-core families); the others read
+/// and write contiguous tensors only.
+pub(crate) fn takes_strides(plan: &Plan) -> bool {
+    matches!(
+        plan.tiles,
+        Tiles::Sm80Forward(_)
+            | Tiles::Sm90Forward(_)
+            | Tiles::Sm80Backward(_)
+            | Tiles::Sm90Backward(_)
+    )
+}
+
+/// Launches the forward of `plan` on contiguous tensors.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_forward(
     queue: &Queue,
@@ -295,13 +309,42 @@ pub(crate) fn launch_forward(
     lse: &DeviceF32,
     workspace: &Workspace,
 ) -> Result<()> {
+    let strides = ForwardStrides::contiguous(&problem.shape);
+    launch_forward_strided(queue, problem, plan, [q, k, v], o, lse, workspace, &strides)
+}
+
+/// Launches the forward of `plan` on tensors with `strides` (the caller checked every view's
+/// rows against its memory); only a family that [`takes_strides`] takes non-contiguous ones.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_forward_strided(
+    queue: &Queue,
+    problem: &Problem,
+    plan: &Plan,
+    [q, k, v]: [&DeviceTensor; 3],
+    o: &DeviceTensor,
+    lse: &DeviceF32,
+    workspace: &Workspace,
+    strides: &ForwardStrides,
+) -> Result<()> {
+    if !takes_strides(plan) && *strides != ForwardStrides::contiguous(&problem.shape) {
+        return Err(invalid!(
+            "{:?} reads contiguous tensors only: stage the strided views first",
+            plan.family
+        ));
+    }
     match plan.tiles {
         Tiles::Exact(blocks) => crate::families::exact::forward::launch_forward(
             queue, problem, plan, blocks, q, k, v, o, lse, workspace,
         ),
         Tiles::Sm80Forward(_) | Tiles::Sm90Forward(_) => {
             crate::families::tensor_core::forward::launch_forward(
-                queue, problem, plan, q, k, v, o, lse,
+                queue,
+                problem,
+                plan,
+                [q, k, v],
+                o,
+                lse,
+                strides,
             )
         }
         Tiles::Decode(_) => crate::families::decode::launch_forward(
@@ -322,6 +365,7 @@ pub(crate) fn launch_forward(
     }
 }
 
+/// Launches the backward of `plan` on contiguous tensors.
 pub(crate) fn launch_backward(
     queue: &Queue,
     problem: &Problem,
@@ -330,13 +374,33 @@ pub(crate) fn launch_backward(
     out: &GradientBuffers,
     workspace: &Workspace,
 ) -> Result<()> {
+    let strides = BackwardStrides::contiguous(&problem.shape);
+    launch_backward_strided(queue, problem, plan, inputs, out, workspace, &strides)
+}
+
+/// As [`launch_forward_strided`], for the backward.
+pub(crate) fn launch_backward_strided(
+    queue: &Queue,
+    problem: &Problem,
+    plan: &Plan,
+    inputs: &BackwardInputs,
+    out: &GradientBuffers,
+    workspace: &Workspace,
+    strides: &BackwardStrides,
+) -> Result<()> {
+    if !takes_strides(plan) && *strides != BackwardStrides::contiguous(&problem.shape) {
+        return Err(invalid!(
+            "{:?} reads contiguous tensors only: stage the strided views first",
+            plan.family
+        ));
+    }
     match plan.tiles {
         Tiles::Exact(blocks) => crate::families::exact::backward::launch_backward(
             queue, problem, plan, blocks, inputs, out, workspace,
         ),
         Tiles::Sm80Backward(_) | Tiles::Sm90Backward(_) => {
             crate::families::tensor_core::backward::launch_backward(
-                queue, problem, plan, inputs, out, workspace,
+                queue, problem, plan, inputs, out, workspace, strides,
             )
         }
         Tiles::Sm80Forward(_) | Tiles::Sm90Forward(_) | Tiles::Decode(_) => {

@@ -105,25 +105,39 @@ pub(crate) struct View {
 impl View {
     /// The strides the view is read with for `dims`.
     pub fn strides_for(&self, dims: &Dims) -> Strides {
-        self.strides.unwrap_or(Strides {
+        self.strides.unwrap_or(View::contiguous(dims))
+    }
+
+    /// Whether kernels read and write the view in place for `dims`: at a 16-byte aligned
+    /// address (the kernels' loads and stores are 16-byte chunks), and, for kernels that take
+    /// strides (`strided`), with every stride over an extent above 1 a whole number of 16-byte
+    /// chunks (8 elements of f16 or bf16), else in the contiguous layout. Any other view goes
+    /// through a staging copy.
+    pub fn in_place(&self, dims: &Dims, strided: bool) -> bool {
+        if !self.ptr.is_multiple_of(16) {
+            return false;
+        }
+        let s = self.strides_for(dims);
+        if !strided {
+            return s == View::contiguous(dims);
+        }
+        let es = self.dtype.size_bytes();
+        [
+            (s.batch, dims.batch),
+            (s.seq, dims.seq),
+            (s.head, dims.heads),
+        ]
+        .into_iter()
+        .all(|(stride, extent)| extent <= 1 || stride.checked_mul(es).is_some_and(|b| b % 16 == 0))
+            && (dims.head_dim * es).is_multiple_of(16)
+    }
+
+    fn contiguous(dims: &Dims) -> Strides {
+        Strides {
             batch: dims.seq * dims.heads * dims.head_dim,
             seq: dims.heads * dims.head_dim,
             head: dims.head_dim,
-        })
-    }
-
-    /// Whether the view is the contiguous layout of `dims` at a 16-byte aligned address: the
-    /// kernels read it in place; any other view goes through a staging copy.
-    pub fn in_place(&self, dims: &Dims) -> bool {
-        self.strides_for(dims) == self.strides_for_contiguous(dims) && self.ptr.is_multiple_of(16)
-    }
-
-    fn strides_for_contiguous(&self, dims: &Dims) -> Strides {
-        View {
-            strides: None,
-            ..*self
         }
-        .strides_for(dims)
     }
 
     /// Bytes from the view's address to one past its last element for `dims` (0 when empty).
@@ -401,12 +415,41 @@ mod tests {
             Some(Strides::fused_qkv(5, 3, 64)),
         );
         v.check("v", &d, DType::F16, true).unwrap();
-        assert!(!view(0, d.elems(), Some(Strides::bhnd(5, 3, 64))).in_place(&d));
-        assert!(view(0, d.elems(), None).in_place(&d));
-        assert!(
-            !view(8, d.elems(), None).in_place(&d),
-            "8 bytes is not 16-byte aligned"
-        );
+    }
+
+    #[test]
+    fn aligned_views_run_in_place_where_the_kernels_take_strides() {
+        let d = dims(2, 5, 3, 64);
+        let n = 3 * d.elems();
+        let bhnd = view(0, n, Some(Strides::bhnd(5, 3, 64)));
+        // K of a fused projection: 3·64 elements = 384 bytes in.
+        let fused = view(384, n, Some(Strides::fused_qkv(5, 3, 64)));
+        let contiguous = view(0, n, None);
+        for v in [&bhnd, &fused, &contiguous] {
+            assert!(v.in_place(&d, true), "{v:?}");
+        }
+        // Kernels without strides: the contiguous layout only.
+        assert!(contiguous.in_place(&d, false));
+        assert!(!bhnd.in_place(&d, false));
+        assert!(!fused.in_place(&d, false));
+        // 8 bytes is not 16-byte aligned: staged for every family.
+        for strided in [true, false] {
+            assert!(!view(8, n, None).in_place(&d, strided));
+        }
+        // A sequence stride of 68 elements (136 bytes) splits 16-byte chunks: staged.
+        let odd = Strides {
+            batch: 344,
+            seq: 68,
+            head: 0,
+        };
+        let d1 = dims(2, 5, 1, 64);
+        assert!(!view(0, n, Some(odd)).in_place(&d1, true));
+        // ... unless that axis has extent 1 (its stride is never applied).
+        let one_row = dims(2, 1, 1, 64);
+        assert!(view(0, n, Some(odd)).in_place(&one_row, true));
+        // A head dim of 4 f16 (8 bytes) is not a whole chunk.
+        let narrow = dims(1, 2, 1, 4);
+        assert!(!view(0, 8, Some(Strides::bnhd(2, 1, 8))).in_place(&narrow, true));
     }
 
     #[test]
@@ -507,5 +550,16 @@ mod tests {
             }),
         );
         assert!(v.check("q", &d, DType::F16, false).is_err());
+        // A span past 2^32 elements that its memory holds: accepted, in place (the kernels'
+        // offsets are 64-bit).
+        let far = Strides {
+            batch: 1 << 33,
+            seq: 64,
+            head: 64,
+        };
+        let v = view(1 << 20, (1 << 33) + 2 * 64, Some(far));
+        v.check("q", &d, DType::F16, false).unwrap();
+        assert_eq!(v.span_bytes(&d).unwrap(), ((1usize << 33) + 2 * 64) * 2);
+        assert!(v.in_place(&d, true));
     }
 }

@@ -10,20 +10,33 @@
 //! sequences, ALiBi slopes, sink logits) are refused under capture: the graph would read the host
 //! memory again at each replay.
 //!
-//! Views in their role's contiguous layout (`[batch, seq, heads, head_dim]`, 16-byte aligned) are
-//! read and written in place. The kernels take no strides yet, so any other view (`[B, H, N, d]`,
-//! one of a fused QKV projection, a misaligned address) is gathered into a contiguous temporary
-//! before the kernels and, for outputs, scattered back after them, with strided copies on the
-//! same stream: correct for every family and option, at the cost of one extra read and write of
-//! that tensor.
+//! Zero-copy where the kernels allow it: the tensor-core families (`sm80`, `sm90`: forward,
+//! backward and its preprocess, dQ conversion and NaN-row passes) take each tensor's strides, so
+//! a view at a 16-byte aligned address whose strides are whole 16-byte chunks (8 elements of f16
+//! or bf16: `[B, N, H, d]`, `[B, H, N, d]`, Q, K, V of one fused `[B, N, 3, H, d]` projection,
+//! their gradients) is read and written in place. The `exact` and `decode` families take
+//! contiguous tensors only: they run views in the contiguous layout in place. Any other view (a
+//! misaligned address, a stride that splits a 16-byte chunk, a strided view on `exact` or
+//! `decode`) is gathered into a contiguous temporary before the kernels and, for outputs,
+//! scattered back after them, with strided copies on the same stream: correct for every family
+//! and option, at the cost of one extra read and write of that tensor. The returned plan's
+//! [`Plan::staged`] names the tensors that were staged (empty when all ran in place). LSE and the
+//! sink gradients are flat f32 arrays: in place when 16-byte aligned. Offsets are 64-bit: a view
+//! may span more than 2^31 elements (each view's span is checked against its memory first). The
+//! paged KV cache ([`crate::kv_cache`]) is not a view: its page pool is the library's own,
+//! contiguous `[pages, page_size, heads_kv, head_dim]`, read by the decode family without strides.
 
 use std::sync::Arc;
 
+use attention_kernels::abi::layout::TensorStrides;
+use attention_kernels::abi::params::{BackwardStrides, ForwardStrides};
 use attention_kernels::abi::shape::AttentionShape;
 use cudarc::driver::CudaStream;
 use cudarc::driver::sys;
 
-use crate::attention::{check_d_sinks, choose, launch_backward, launch_forward};
+use crate::attention::{
+    check_d_sinks, choose, launch_backward_strided, launch_forward_strided, takes_strides,
+};
 use crate::borrowed::{Dims, Named, TensorMut, TensorRef, View, check_aliasing};
 use crate::dtype::DType;
 use crate::error::{Result, driver, invalid};
@@ -112,27 +125,39 @@ pub fn forward_on(
     let plan = choose(gpu, &problem, Direction::Forward, None)?;
     workspace.check(&plan)?;
     let queue = Queue::caller(gpu, stream);
-    let [q, k, v] = inputs.map(|(_, view, d)| Staged::input(&queue, view, &d));
+    let strided = takes_strides(&plan);
+    let [q, k, v] = inputs.map(|(_, view, d)| Staged::input(&queue, view, &d, strided));
     let (q, k, v) = (q?, k?, v?);
     let (o, lse) = (
-        Staged::output(&queue, outputs[0].1, &dims_q)?,
-        Staged::output(&queue, outputs[1].1, &dims_rows)?,
+        Staged::output(&queue, outputs[0].1, &dims_q, strided)?,
+        Staged::output(&queue, outputs[1].1, &dims_rows, false)?,
     );
     let lse_f32 = lse.as_f32(&queue);
-    launch_forward(
+    let strides = ForwardStrides {
+        q: q.strides(),
+        k: k.strides(),
+        v: v.strides(),
+        o: o.strides(),
+    };
+    launch_forward_strided(
         &queue,
         &problem,
         &plan,
-        q.tensor(),
-        k.tensor(),
-        v.tensor(),
+        [q.tensor(), k.tensor(), v.tensor()],
         o.tensor(),
         &lse_f32,
         workspace,
+        &strides,
     )?;
     o.write_back(&queue)?;
     lse.write_back(&queue)?;
-    Ok(plan)
+    let all = [&q, &k, &v, &o, &lse];
+    Ok(with_staged(
+        plan,
+        &inputs.map(|(n, ..)| n),
+        &outputs.map(|(n, ..)| n),
+        &all,
+    ))
 }
 
 /// dQ, dK, dV (as [`crate::backward`]) on the caller's memory and `stream`, a stream of `gpu`'s
@@ -220,13 +245,15 @@ pub fn backward_on(
     let plan = choose(gpu, &problem, Direction::Backward, None)?;
     workspace.check(&plan)?;
     let queue = Queue::caller(gpu, stream);
+    let strided = takes_strides(&plan);
+    // LSE and the sink gradients are flat f32 arrays: never strided.
     let staged_in = ins
         .iter()
-        .map(|(_, view, d)| Staged::input(&queue, view, d))
+        .map(|(name, view, d)| Staged::input(&queue, view, d, strided && *name != "lse"))
         .collect::<Result<Vec<_>>>()?;
     let staged_out = outs
         .iter()
-        .map(|(_, view, d)| Staged::output(&queue, view, d))
+        .map(|(name, view, d)| Staged::output(&queue, view, d, strided && *name != "d_sinks"))
         .collect::<Result<Vec<_>>>()?;
     let lse = staged_in[5].as_f32(&queue);
     let out = GradientBuffers {
@@ -244,11 +271,31 @@ pub fn backward_on(
         d_o: staged_in[4].tensor(),
         lse: &lse,
     };
-    launch_backward(&queue, &problem, &plan, &backward_inputs, &out, workspace)?;
+    let strides = BackwardStrides {
+        q: staged_in[0].strides(),
+        k: staged_in[1].strides(),
+        v: staged_in[2].strides(),
+        o: staged_in[3].strides(),
+        d_o: staged_in[4].strides(),
+        dq: staged_out[0].strides(),
+        dk: staged_out[1].strides(),
+        dv: staged_out[2].strides(),
+    };
+    launch_backward_strided(
+        &queue,
+        &problem,
+        &plan,
+        &backward_inputs,
+        &out,
+        workspace,
+        &strides,
+    )?;
     for staged in &staged_out {
         staged.write_back(&queue)?;
     }
-    Ok(plan)
+    let names = |v: &[Named]| v.iter().map(|(n, ..)| *n).collect::<Vec<_>>();
+    let all = staged_in.iter().chain(&staged_out).collect::<Vec<_>>();
+    Ok(with_staged(plan, &names(&ins), &names(&outs), &all))
 }
 
 pub(crate) fn check_stream(gpu: &Gpu, stream: &CudaStream) -> Result<()> {
@@ -301,6 +348,24 @@ fn check_views(inputs: &[Named], outputs: &[Named], dtype: DType) -> Result<()> 
     check_aliasing(inputs, outputs)
 }
 
+/// `plan` with [`Plan::staged`] naming the tensors of `all` (inputs then outputs, named by
+/// `inputs` and `outputs`) that went through a staging copy.
+fn with_staged(
+    mut plan: Plan,
+    inputs: &[&'static str],
+    outputs: &[&'static str],
+    all: &[&Staged],
+) -> Plan {
+    plan.staged = inputs
+        .iter()
+        .chain(outputs)
+        .zip(all)
+        .filter(|(_, s)| s.copied)
+        .map(|(n, _)| *n)
+        .collect();
+    plan
+}
+
 /// One tensor of the call as the kernels see it: the caller's memory in place, or a contiguous
 /// temporary on the call's stream that the view is gathered into (inputs) or scattered from
 /// (outputs).
@@ -313,20 +378,21 @@ struct Staged {
 }
 
 impl Staged {
-    fn input(queue: &Queue, view: &View, dims: &Dims) -> Result<Staged> {
-        let staged = Staged::new(queue, view, dims, false)?;
+    /// `strided`: the kernels take the view's strides.
+    fn input(queue: &Queue, view: &View, dims: &Dims, strided: bool) -> Result<Staged> {
+        let staged = Staged::new(queue, view, dims, false, strided)?;
         if staged.copied {
             copy_strided(queue, view, dims, staged.tensor.device_ptr(), Way::Gather)?;
         }
         Ok(staged)
     }
 
-    fn output(queue: &Queue, view: &View, dims: &Dims) -> Result<Staged> {
-        Staged::new(queue, view, dims, true)
+    fn output(queue: &Queue, view: &View, dims: &Dims, strided: bool) -> Result<Staged> {
+        Staged::new(queue, view, dims, true, strided)
     }
 
-    fn new(queue: &Queue, view: &View, dims: &Dims, output: bool) -> Result<Staged> {
-        let copied = !view.in_place(dims);
+    fn new(queue: &Queue, view: &View, dims: &Dims, output: bool, strided: bool) -> Result<Staged> {
+        let copied = !view.in_place(dims, strided);
         let tensor = match copied {
             false => DeviceTensor::borrowed(view.dtype, view.ptr, dims.elems(), queue.context()),
             true => DeviceTensor::uninitialized_on(
@@ -347,6 +413,24 @@ impl Staged {
 
     fn tensor(&self) -> &DeviceTensor {
         &self.tensor
+    }
+
+    /// The element strides the kernels address [`Staged::tensor`] with: the view's in place,
+    /// the contiguous layout's when staged.
+    fn strides(&self) -> TensorStrides {
+        let s = match self.copied {
+            false => self.view.strides_for(&self.dims),
+            true => View {
+                strides: None,
+                ..self.view
+            }
+            .strides_for(&self.dims),
+        };
+        TensorStrides {
+            batch: s.batch as u64,
+            seq: s.seq as u64,
+            head: s.head as u64,
+        }
     }
 
     /// The same memory as another `DeviceTensor` (the backward's buffers are taken by value).

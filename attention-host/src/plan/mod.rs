@@ -350,6 +350,7 @@ fn plan_tiles(
         shared_bytes,
         workspace: workspace(problem, direction, &tiles),
         not_chosen: Vec::new(),
+        staged: Vec::new(),
     })
 }
 
@@ -488,6 +489,13 @@ impl fmt::Display for Plan {
                 format!(" ({})", pieces.join(", "))
             }
         )?;
+        if !self.staged.is_empty() {
+            writeln!(
+                f,
+                "staged      {} (copied: not in place)",
+                self.staged.join(", ")
+            )?;
+        }
         for (i, (family, why)) in self.not_chosen.iter().enumerate() {
             let head = if i == 0 { "not chosen" } else { "" };
             writeln!(f, "{head:<11} {family}: {why}")?;

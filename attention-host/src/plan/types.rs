@@ -105,4 +105,8 @@ pub struct Plan {
     pub workspace: Vec<(&'static str, u64)>,
     /// Every other family, with why it was not chosen.
     pub not_chosen: Vec<(Family, String)>,
+    /// The call's tensors that went through a staging copy because the kernels could not take
+    /// the caller's view in place (`forward_on` / `backward_on`, see [`crate::stream_api`]);
+    /// empty for a plan that has not run, and for a call that ran every tensor in place.
+    pub staged: Vec<&'static str>,
 }

@@ -1,5 +1,6 @@
-//! How rows and keys split into sequences (key lengths, packed batches), and the exact kernels'
-//! block sizes: `#[repr(C)]` parts of the launch parameters.
+//! How rows and keys split into sequences (key lengths, packed batches), where a tensor's rows
+//! are (strides, pages), and the exact kernels' block sizes: `#[repr(C)]` parts of the launch
+//! parameters.
 
 /// Every batch item sees all `n_k` keys.
 pub const LENGTHS_FULL: u32 = 0;
@@ -19,6 +20,38 @@ pub struct SequenceLayout {
     pub mode: u32,
     /// Batch items, or packed sequences.
     pub sequences: u32,
+}
+
+/// Element strides of a `[batch, seq, heads, head_dim]` tensor whose `head_dim` is contiguous:
+/// the library's own contiguous layout, or a caller's view (`[batch, heads, seq, head_dim]`, one
+/// of Q, K, V inside a fused projection). The kernels that take strides load and store whole
+/// 16-byte chunks, so the host passes them only strides that are multiples of 8 elements over a
+/// 16-byte aligned base, whose every row lies inside the tensor's memory (64-bit offsets).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TensorStrides {
+    pub batch: u64,
+    pub seq: u64,
+    pub head: u64,
+}
+
+impl TensorStrides {
+    /// Contiguous `[batch, seq_len, heads, head_dim]`.
+    pub const fn contiguous(seq_len: u32, heads: u32, head_dim: u32) -> TensorStrides {
+        let (n, h, d) = (seq_len as u64, heads as u64, head_dim as u64);
+        TensorStrides {
+            batch: n * h * d,
+            seq: h * d,
+            head: d,
+        }
+    }
+
+    /// Element offset of row `(b, i, h)` (batch item or tensor, sequence row, head): the one
+    /// addressing rule of every kernel, for every tensor role.
+    #[inline(always)]
+    pub const fn offset(&self, b: u32, i: u32, h: u32) -> u64 {
+        b as u64 * self.batch + i as u64 * self.seq + h as u64 * self.head
+    }
 }
 
 /// Tile extents: `B_r` query rows by `B_c` keys.
@@ -75,7 +108,45 @@ impl KeyPages {
 
 #[cfg(test)]
 mod tests {
-    use super::KeyPages;
+    use super::{KeyPages, TensorStrides};
+
+    #[test]
+    fn offsets_follow_each_layout() {
+        // [B, N, H, d] with N = 5, H = 3, d = 64.
+        let bnhd = TensorStrides::contiguous(5, 3, 64);
+        assert_eq!(bnhd.offset(0, 0, 0), 0);
+        assert_eq!(bnhd.offset(1, 2, 1), ((5 + 2) * 3 + 1) * 64);
+        // [B, H, N, d]: row i of head h is i·d + h·N·d into the batch item.
+        let bhnd = TensorStrides {
+            batch: 3 * 5 * 64,
+            seq: 64,
+            head: 5 * 64,
+        };
+        assert_eq!(bhnd.offset(1, 2, 1), ((3 + 1) * 5 + 2) * 64);
+        // K of a fused [B, N, 3, H, d] projection: the view's base is H·d in, rows 3·H·d apart.
+        let fused = TensorStrides {
+            batch: 5 * 3 * 3 * 64,
+            seq: 3 * 3 * 64,
+            head: 64,
+        };
+        assert_eq!(fused.offset(1, 4, 2), (5 + 4) * 3 * 3 * 64 + 2 * 64);
+        // The contiguous rule in the nested order of `Sequence::q_offset` / `k_offset` (the
+        // kernels without strides), for every row of a small shape.
+        let (n, h, d) = (7u64, 3u64, 24u64);
+        let c = TensorStrides::contiguous(n as u32, h as u32, d as u32);
+        for b in 0..4u64 {
+            for i in 0..n {
+                for hh in 0..h {
+                    let nested = ((b * n + i) * h + hh) * d;
+                    assert_eq!(c.offset(b as u32, i as u32, hh as u32), nested);
+                }
+            }
+        }
+        // Past 2^32 elements: the arithmetic is 64-bit.
+        let wide = TensorStrides::contiguous(1 << 20, 64, 128);
+        assert_eq!(wide.offset(3, 0, 0), 3 << 33);
+        assert_eq!(wide.offset(u32::MAX, 0, 0), (u32::MAX as u64) << 33);
+    }
 
     #[test]
     fn paged_rows_go_through_the_table_and_contiguous_rows_are_the_identity() {

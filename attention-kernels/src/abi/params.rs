@@ -1,11 +1,12 @@
 //! Launch parameters of every kernel, `#[repr(C)]` so host and device agree on their layout byte
 //! for byte.
 //!
-//! Tensors are contiguous `[batch, seq, heads, head_dim]` (Q, O, dQ, dO with `n_q`, `heads_q`; K,
-//! V, dK, dV with `n_k`, `heads_kv`); LSE and D are f32 `[batch, heads_q, n_q]`; pointers travel
-//! as `u64` device addresses.
+//! Tensors are `[batch, seq, heads, head_dim]` (Q, O, dQ, dO with `n_q`, `heads_q`; K, V, dK, dV
+//! with `n_k`, `heads_kv`): contiguous, except in the tensor-core kernels, which take each
+//! tensor's strides ([`ForwardStrides`], [`BackwardStrides`]). LSE and D are f32 `[batch,
+//! heads_q, n_q]`; pointers travel as `u64` device addresses.
 
-use super::layout::{BlockSizes, KeyPages, SequenceLayout};
+use super::layout::{BlockSizes, KeyPages, SequenceLayout, TensorStrides};
 use super::philox::DropoutRng;
 use super::shape::AttentionShape;
 use crate::attn::score_mod::Window;
@@ -89,8 +90,60 @@ pub struct MaterializedOutputParams {
     pub shape: AttentionShape,
 }
 
+/// Where the rows of Q, K, V and O are (the tensor-core forward).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ForwardStrides {
+    pub q: TensorStrides,
+    pub k: TensorStrides,
+    pub v: TensorStrides,
+    pub o: TensorStrides,
+}
+
+impl ForwardStrides {
+    /// Every tensor contiguous: the library's own tensors.
+    pub const fn contiguous(shape: &AttentionShape) -> ForwardStrides {
+        let q = TensorStrides::contiguous(shape.n_q, shape.heads_q, shape.head_dim);
+        let k = TensorStrides::contiguous(shape.n_k, shape.heads_kv, shape.head_dim);
+        ForwardStrides { q, k, v: k, o: q }
+    }
+}
+
+/// Where the rows of the tensor-core backward's tensors are. The f32 dQ accumulator of the
+/// workspace stays contiguous.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackwardStrides {
+    pub q: TensorStrides,
+    pub k: TensorStrides,
+    pub v: TensorStrides,
+    pub o: TensorStrides,
+    pub d_o: TensorStrides,
+    pub dq: TensorStrides,
+    pub dk: TensorStrides,
+    pub dv: TensorStrides,
+}
+
+impl BackwardStrides {
+    /// Every tensor contiguous: the library's own tensors.
+    pub const fn contiguous(shape: &AttentionShape) -> BackwardStrides {
+        let q = TensorStrides::contiguous(shape.n_q, shape.heads_q, shape.head_dim);
+        let k = TensorStrides::contiguous(shape.n_k, shape.heads_kv, shape.head_dim);
+        BackwardStrides {
+            q,
+            k,
+            v: k,
+            o: q,
+            d_o: q,
+            dq: q,
+            dk: k,
+            dv: k,
+        }
+    }
+}
+
 /// The tensor-core forward (`kernels::sm80`, `kernels::sm90`): Q, K, V and O are f16 or bf16 `[batch, seq, heads,
-/// head_dim]`, LSE is f32 `[batch, heads_q, n_q]` in natural log.
+/// head_dim]` with the strides of `strides`, LSE is f32 `[batch, heads_q, n_q]` in natural log.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TensorCoreForwardParams {
@@ -111,13 +164,15 @@ pub struct TensorCoreForwardParams {
     /// Window and score modifiers: the `wgmma` general instances honour them; the host refuses
     /// them for the others.
     pub mods: ScoreMods,
+    pub strides: ForwardStrides,
 }
 
-/// The tensor-core backward (`kernels::sm80::backward`, `kernels::sm90`), one struct for its three kernels. Q, K, V, O, dO,
-/// dQ, dK, dV are f16 or bf16 `[batch, seq, heads, head_dim]`; `lse` is the forward's f32
-/// `[batch, heads_q, n_q]` (natural log). Workspace, all f32: `dq_accum` with Q's layout, and
-/// `lse_log2`, `d_sum` as `[batch, heads_q, n_q_pad]` (rows padded to whole Q blocks so each block's
-/// statistics are whole 16-byte chunks).
+/// The tensor-core backward (`kernels::sm80::backward`, `kernels::sm90`), one struct for its
+/// kernels. Q, K, V, O, dO, dQ, dK, dV are f16 or bf16 `[batch, seq, heads, head_dim]` with the
+/// strides of `strides`; `lse` is the forward's f32 `[batch, heads_q, n_q]` (natural log).
+/// Workspace, all f32: `dq_accum` contiguous in Q's shape, and `lse_log2`, `d_sum` as `[batch,
+/// heads_q, n_q_pad]` (rows padded to whole Q blocks so each block's statistics are whole 16-byte
+/// chunks).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TensorCoreBackwardParams {
@@ -151,6 +206,7 @@ pub struct TensorCoreBackwardParams {
     pub causal: u32,
     /// As in [`TensorCoreForwardParams`]; `d_sinks` is written by `flash_tc_backward_d_sink`.
     pub mods: ScoreMods,
+    pub strides: BackwardStrides,
 }
 
 #[repr(C)]

@@ -1,6 +1,6 @@
 //! Locating one sequence (a batch item or one packed sequence) and its rows in the tensors.
 
-use crate::abi::layout::{LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout};
+use crate::abi::layout::{LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout, TensorStrides};
 use crate::abi::shape::AttentionShape;
 use crate::abi::shape::allowed_key_end;
 use crate::attn::score_mod::{Window, key_range};
@@ -110,7 +110,24 @@ impl Sequence {
         (start / block * block, end)
     }
 
-    /// Element offset of (local query row `i`, head `h`) in Q, O, dQ or dO.
+    /// Element offset of (local query row `i`, head `h`) in a Q-shaped tensor (Q, O, dQ, dO)
+    /// with `strides`.
+    #[inline(always)]
+    pub fn q_row(&self, strides: &TensorStrides, i: u32, h: u32) -> u64 {
+        strides.offset(self.batch, self.q_start + i, h)
+    }
+
+    /// Element offset of (local key `j`, K/V head `hk`) in a K-shaped tensor (K, V, dK, dV)
+    /// with `strides`.
+    #[inline(always)]
+    pub fn k_row(&self, strides: &TensorStrides, j: u32, hk: u32) -> u64 {
+        strides.offset(self.batch, self.k_start + j, hk)
+    }
+
+    /// [`Sequence::q_row`] in a contiguous tensor, for the kernels that take no strides (exact,
+    /// decode): the same offset, in the arithmetic order those kernels were tuned with (the
+    /// strided form costs the decode kernels registers); `abi::layout`'s tests check the two
+    /// agree.
     #[inline(always)]
     pub fn q_offset(&self, shape: &AttentionShape, i: u32, h: u32) -> usize {
         ((self.batch as usize * shape.n_q as usize + (self.q_start + i) as usize)
@@ -119,7 +136,7 @@ impl Sequence {
             * shape.head_dim as usize
     }
 
-    /// Element offset of (local key `j`, K/V head `hk`) in K, V, dK or dV.
+    /// [`Sequence::k_row`] in a contiguous tensor (as [`Sequence::q_offset`]).
     #[inline(always)]
     pub fn k_offset(&self, shape: &AttentionShape, j: u32, hk: u32) -> usize {
         ((self.batch as usize * shape.n_k as usize + (self.k_start + j) as usize)

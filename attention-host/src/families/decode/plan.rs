@@ -113,6 +113,7 @@ pub(crate) fn plan(
             .map(|(name, floats)| (name, (4 * floats).next_multiple_of(WORKSPACE_ALIGN)))
             .collect(),
         not_chosen: Vec::new(),
+        staged: Vec::new(),
     })
 }
 

@@ -4,7 +4,7 @@
 //! `attention_kernels::kernels::sm90`, as [`crate::plan`] chose), the dQ conversion, and the
 //! gradients of NaN rows.
 
-use attention_kernels::abi::params::TensorCoreBackwardParams;
+use attention_kernels::abi::params::{BackwardStrides, TensorCoreBackwardParams};
 use attention_kernels::attn::backward::{
     CONVERT_THREADS, NAN_ROWS_THREADS, PREPROCESS_WARPS, n_q_pad,
 };
@@ -19,7 +19,8 @@ use crate::score_mods::DeviceScoreMods;
 use crate::tensors::{BackwardInputs, GradientBuffers, Workspace};
 
 /// Launches the four kernels of `plan` (a tensor-core backward) without waiting. The caller
-/// validated the tensors and the workspace against `problem` and `plan`.
+/// validated the tensors and the workspace against `problem` and `plan`, and the tensors against
+/// `strides` (as for the forward).
 pub(crate) fn launch_backward(
     queue: &Queue,
     problem: &Problem,
@@ -27,6 +28,7 @@ pub(crate) fn launch_backward(
     inputs: &BackwardInputs,
     out: &GradientBuffers,
     workspace: &Workspace,
+    strides: &BackwardStrides,
 ) -> Result<()> {
     let (shape, options) = (&problem.shape, &problem.options.attention);
     let dtype = problem.dtype;
@@ -60,6 +62,7 @@ pub(crate) fn launch_backward(
         scale_log2: scale * std::f32::consts::LOG2_E,
         causal: options.causal as u32,
         mods: mods.params,
+        strides: *strides,
     };
     // Below 2^31 (the plan admits the family only then); Q's elements / 8 and its rows too.
     let blocks = |n: u64| {

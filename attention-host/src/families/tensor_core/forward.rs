@@ -2,7 +2,7 @@
 //! (`attention_kernels::kernels::sm80::forward`, any sm_80+ device) and the `wgmma` ones
 //! (`attention_kernels::kernels::sm90`, the `sm_90a` module). [`crate::plan`] chose the instance.
 
-use attention_kernels::abi::params::TensorCoreForwardParams;
+use attention_kernels::abi::params::{ForwardStrides, TensorCoreForwardParams};
 
 use crate::error::Result;
 use crate::layout::DeviceLayout;
@@ -13,17 +13,17 @@ use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 use crate::score_mods::DeviceScoreMods;
 
 /// Launches `plan` (a tensor-core forward) without waiting. The caller validated the tensors
-/// against `problem`.
+/// against `problem` and `strides` (every row inside its tensor's memory, strides and addresses
+/// whole 16-byte chunks).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_forward(
     queue: &Queue,
     problem: &Problem,
     plan: &Plan,
-    q: &DeviceTensor,
-    k: &DeviceTensor,
-    v: &DeviceTensor,
+    [q, k, v]: [&DeviceTensor; 3],
     o: &DeviceTensor,
     lse: &DeviceF32,
+    strides: &ForwardStrides,
 ) -> Result<()> {
     let (shape, options) = (&problem.shape, &problem.options.attention);
     let layout = DeviceLayout::upload(queue, shape, &options.lengths)?;
@@ -40,6 +40,7 @@ pub(crate) fn launch_forward(
         scale_log2: options.scale_for(shape.head_dim) * std::f32::consts::LOG2_E,
         causal: options.causal as u32,
         mods: mods.params,
+        strides: *strides,
     };
     queue.launch(&plan.entry, plan.launch_config(), &params)
 }

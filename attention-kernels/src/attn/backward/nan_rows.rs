@@ -7,7 +7,7 @@
 //! whose modified score (softcap, ALiBi) is other than `−∞`, from the real Q and K, and the row's
 //! dQ. Rows that are not NaN cost one load.
 
-use crate::abi::layout::{LENGTHS_PACKED, SequenceLayout};
+use crate::abi::layout::{LENGTHS_PACKED, SequenceLayout, TensorStrides};
 use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::shape::AttentionShape;
 use crate::abi::storage::{Bf16, F16};
@@ -47,11 +47,14 @@ unsafe fn poison_row<T: Pair>(p: &TensorCoreBackwardParams, row: u32, lane: u32)
     };
     let local = i - seq.q_start;
     let words = (s.head_dim / 2) as usize;
-    let q_at = seq.q_offset(&s, local, h) / 2;
+    // Word offsets (strides are whole 16-byte chunks, so even in elements).
+    let st = &p.strides;
+    let q_word = |strides: &TensorStrides| (seq.q_row(strides, local, h) / 2) as usize;
     let hk = s.kv_head(h);
     // SAFETY: the slopes, when set, hold heads_q > h values (validated by the host).
     let score_mod = unsafe { p.mods.for_head(h) };
     let (first, end) = seq.key_range(local, p.causal != 0, p.mods.window);
+    let q_at = q_word(&st.q);
     let (q, k) = (p.q as *const u32, p.k as *const u32);
     let nan = T::pack(f32::NAN, f32::NAN);
     let poison = |base: u64, at: usize| {
@@ -64,7 +67,8 @@ unsafe fn poison_row<T: Pair>(p: &TensorCoreBackwardParams, row: u32, lane: u32)
     };
     let mut any = false;
     for j in first..end {
-        let k_at = seq.k_offset(&s, j, hk) / 2;
+        let k_word = |strides: &TensorStrides| (seq.k_row(strides, j, hk) / 2) as usize;
+        let k_at = k_word(&st.k);
         let mut dot = 0.0f32;
         let mut w = lane as usize;
         while w < words {
@@ -78,12 +82,12 @@ unsafe fn poison_row<T: Pair>(p: &TensorCoreBackwardParams, row: u32, lane: u32)
         let d = distance(local, j, seq.q_len, seq.k_len);
         if score_mod.apply_log2(warp_sum(dot), p.scale_log2, d) != f32::NEG_INFINITY {
             any = true;
-            poison(p.dk, k_at);
-            poison(p.dv, k_at);
+            poison(p.dk, k_word(&st.dk));
+            poison(p.dv, k_word(&st.dv));
         }
     }
     if any {
-        poison(p.dq, q_at);
+        poison(p.dq, q_word(&st.dq));
     }
 }
 

@@ -1,6 +1,7 @@
 //! Kernels 1 and 3 of the backward: per-row statistics before the main kernel, dQ conversion
 //! after it.
 
+use crate::abi::layout::TensorStrides;
 use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{block_dim_x, block_x, thread_x, warp_sum};
@@ -49,8 +50,14 @@ unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
         }
         return;
     }
-    let (d, words) = (s.head_dim as usize, s.head_dim as usize / 2);
-    let elem = ((b as usize * s.n_q as usize + i as usize) * s.heads_q as usize + h as usize) * d;
+    let words = s.head_dim as usize / 2;
+    // The accumulator is contiguous; O and dO have their strides (whole 16-byte chunks, so their
+    // element offsets are even).
+    let elem = TensorStrides::contiguous(s.n_q, s.heads_q, s.head_dim).offset(b, i, h) as usize;
+    let (o_word, d_o_word) = (
+        (p.strides.o.offset(b, i, h) / 2) as usize,
+        (p.strides.d_o.offset(b, i, h) / 2) as usize,
+    );
     let (o, d_o) = (p.o as *const u32, p.d_o as *const u32);
     let acc = p.dq_accum as *mut f32;
     let mut dot = 0.0f32;
@@ -63,7 +70,10 @@ unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
         let word = elem / 2 + at;
         // SAFETY: the row is inside O, dO and the accumulator (validated by the host).
         unsafe {
-            let (x, y) = (T::unpack(*o.add(word)), T::unpack(*d_o.add(word)));
+            let (x, y) = (
+                T::unpack(*o.add(o_word + at)),
+                T::unpack(*d_o.add(d_o_word + at)),
+            );
             dot += x[0] * y[0] + x[1] * y[1];
             *acc.add(2 * word) = 0.0;
             *acc.add(2 * word + 1) = 0.0;
@@ -116,14 +126,22 @@ pub unsafe extern "ptx-kernel" fn flash_tc_backward_d_sink(p: TensorCoreBackward
     unsafe { d_sink(&p) }
 }
 
-/// Eight elements per thread: `dQ = τ · accumulator`, rounded to the storage dtype.
+/// Eight elements per thread: `dQ = τ · accumulator`, rounded to the storage dtype. The
+/// accumulator is contiguous; dQ has its strides.
 #[inline(always)]
 unsafe fn convert_dq<T: MmaElem>(p: &TensorCoreBackwardParams) {
+    let s = p.shape;
     // Q can hold more than 2^32 / 8 groups of eight elements.
     let first = (block_x() as usize * block_dim_x() as usize + thread_x() as usize) * 8;
-    if first >= p.shape.q_elems() {
+    if first >= s.q_elems() {
         return;
     }
+    // Row `(b, i, h)` of the contiguous accumulator and the column `c` the eight elements start
+    // at (d is a multiple of 8: they are in one row).
+    let (row, c) = (first / s.head_dim as usize, first % s.head_dim as usize);
+    let (h, bi) = (row % s.heads_q as usize, row / s.heads_q as usize);
+    let (i, b) = (bi % s.n_q as usize, bi / s.n_q as usize);
+    let dst = p.strides.dq.offset(b as u32, i as u32, h as u32) + c as u64;
     // SAFETY: q_elems is a multiple of d (hence of 8); the eight elements are inside both tensors.
     unsafe {
         let x = *(p.dq_accum as *const [f32; 8]).add(first / 8);
@@ -131,7 +149,7 @@ unsafe fn convert_dq<T: MmaElem>(p: &TensorCoreBackwardParams) {
         for (k, w) in words.iter_mut().enumerate() {
             *w = T::pack(p.scale * x[2 * k], p.scale * x[2 * k + 1]);
         }
-        store_global_16(p.dq + first as u64 * 2, words);
+        store_global_16(p.dq + dst * 2, words);
     }
 }
 

@@ -166,28 +166,25 @@ unsafe fn forward<
     }
 
     // Rows in memory hold the real head dim; the tiles hold `d`, zeros past it.
-    let (row_bytes, real_chunks) = (s.head_dim as u64 * 2, s.head_dim / 8);
-    let q_stride = s.heads_q as u64 * row_bytes;
-    let kv_stride = s.heads_kv as u64 * row_bytes;
-    let q_row0 = seq.batch as u64 * s.n_q as u64 + seq.q_start as u64;
-    let k_row0 = seq.batch as u64 * s.n_k as u64 + seq.k_start as u64;
-    let q_off = q_row0 * q_stride + h as u64 * row_bytes;
-    let kv_off = k_row0 * kv_stride + s.kv_head(h) as u64 * row_bytes;
+    // Byte addresses of the sequence's row 0 of head h (K/V head) and byte strides between rows.
+    let (st, real_chunks) = (&p.strides, s.head_dim / 8);
+    let hk = s.kv_head(h);
     let q_rows = GlobalRows {
-        base: p.q + q_off,
-        stride: q_stride,
+        base: p.q + 2 * seq.q_row(&st.q, 0, h),
+        stride: 2 * st.q.seq,
         limit: seq.q_len,
         chunks: real_chunks,
     };
     // Keys past the sequence's length are never seen: they load as zeros and are masked.
     let k_rows = GlobalRows {
-        base: p.k + kv_off,
-        stride: kv_stride,
+        base: p.k + 2 * seq.k_row(&st.k, 0, hk),
+        stride: 2 * st.k.seq,
         limit: seq.k_len,
         chunks: real_chunks,
     };
     let v_rows = GlobalRows {
-        base: p.v + kv_off,
+        base: p.v + 2 * seq.k_row(&st.v, 0, hk),
+        stride: 2 * st.v.seq,
         ..k_rows
     };
 
@@ -332,7 +329,7 @@ unsafe fn forward<
     if poisoned {
         let v = Operand {
             base: v_rows.base,
-            stride: kv_stride,
+            stride: v_rows.stride,
             tiles: real_chunks,
         };
         // Every visited block: blocks the product already took non-finite values from add
@@ -352,12 +349,12 @@ unsafe fn forward<
         let (q_op, k_op) = (
             Operand {
                 base: q_rows.base,
-                stride: q_stride,
+                stride: q_rows.stride,
                 tiles: real_chunks,
             },
             Operand {
                 base: k_rows.base,
-                stride: kv_stride,
+                stride: k_rows.stride,
                 tiles: real_chunks,
             },
         );
@@ -405,9 +402,7 @@ unsafe fn forward<
     sync_threads();
     // The sequence again: read anew rather than kept in registers across the loop.
     let seq = locate();
-    let q_off =
-        (seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * q_stride + h as u64 * row_bytes;
-    let o_dst = p.o + q_off;
+    let (o_dst, o_stride) = (p.o + 2 * seq.q_row(&p.strides.o, 0, h), 2 * p.strides.o.seq);
     // The real head dim's chunks only (the staging tile may hold padding columns past them).
     let chunks = real_chunks;
     let mut i = tid;
@@ -419,7 +414,7 @@ unsafe fn forward<
         unsafe {
             let v = load_shared_16(staging.chunk_addr(r, c));
             if row < seq.q_len {
-                store_global_16(o_dst + row as u64 * q_stride + c as u64 * 16, v);
+                store_global_16(o_dst + row as u64 * o_stride + c as u64 * 16, v);
             }
         }
         i += threads;

@@ -24,6 +24,7 @@
 //! the two flags are independent. Instances without `GENERAL` take the sequence from the kernel
 //! parameters.
 
+use crate::abi::layout::TensorStrides;
 use crate::abi::params::TensorCoreBackwardParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
@@ -120,15 +121,9 @@ unsafe fn backward<
 
     // Rows in memory hold the real head dim `dr`; the tiles hold `d`, zeros past it.
     let (dr, real_chunks) = (s.head_dim, s.head_dim / 8);
-    let row_bytes = dr as u64 * 2;
-    let q_stride = s.heads_q as u64 * row_bytes;
-    let kv_stride = s.heads_kv as u64 * row_bytes;
-    let kv_off = ((seq.batch as u64 * s.n_k as u64 + seq.k_start as u64) * s.heads_kv as u64
-        + hk as u64)
-        * row_bytes;
-    // Element index of (the sequence's row 0, head 0) in Q-shaped tensors.
-    let q_batch =
-        (seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * s.heads_q as u64 * dr as u64;
+    let ts = &p.strides;
+    // Byte address of the sequence's key row 0 of head hk in K-shaped tensors.
+    let kv_at = |base: u64, strides: &TensorStrides| base + 2 * seq.k_row(strides, 0, hk);
     // Row of (the sequence's row 0, head h) in the padded statistics.
     let stats_row =
         |h: u32| (seq.batch * s.heads_q + h) as u64 * p.n_q_pad as u64 + seq.q_start as u64;
@@ -174,19 +169,21 @@ unsafe fn backward<
 
     let fill = |i: u32, st: u32| {
         let (h, q0) = (head_of(i), row0_of(i));
-        let src = (q_batch + h as u64 * dr as u64) * 2;
         // SAFETY: each stage holds `br` rows; rows below n_q are inside Q and dO; the statistics
         // are padded to whole Q blocks, so every chunk is inside them, and a packed sequence's
         // rows are copied one by one (its first row need not start a 16-byte chunk).
         unsafe {
-            let rows = |base: u64| GlobalRows {
-                base: base + src,
-                stride: q_stride,
+            // The sequence's first row recomputed here (`opaque`): hoisted out of the loop, Q's
+            // and dO's offsets would each hold a register pair across it.
+            let (batch, row0) = (opaque(seq.batch), opaque(seq.q_start));
+            let rows = |base: u64, strides: &TensorStrides| GlobalRows {
+                base: base + 2 * strides.offset(batch, row0, h),
+                stride: 2 * strides.seq,
                 limit: n_q,
                 chunks: real_chunks,
             };
-            q_tile(st).fill_async(rows(p.q), q0, br, tid, threads);
-            do_tile(st).fill_async(rows(p.d_o), q0, br, tid, threads);
+            q_tile(st).fill_async(rows(p.q, &ts.q), q0, br, tid, threads);
+            do_tile(st).fill_async(rows(p.d_o, &ts.d_o), q0, br, tid, threads);
             let row = stats_row(h) + q0 as u64;
             if GENERAL {
                 if tid < 2 * br {
@@ -218,14 +215,14 @@ unsafe fn backward<
     // SAFETY: the K and V tiles hold `bc` rows; rows below n_k are inside K and V. Keys past
     // the sequence's length load as zeros and are masked.
     unsafe {
-        let rows = |base: u64| GlobalRows {
-            base: base + kv_off,
-            stride: kv_stride,
+        let rows = |base: u64, strides: &TensorStrides| GlobalRows {
+            base: kv_at(base, strides),
+            stride: 2 * strides.seq,
             limit: n_k,
             chunks: real_chunks,
         };
-        k_tile.fill_async(rows(p.k), k0, bc, tid, threads);
-        v_tile.fill_async(rows(p.v), k0, bc, tid, threads);
+        k_tile.fill_async(rows(p.k, &ts.k), k0, bc, tid, threads);
+        v_tile.fill_async(rows(p.v, &ts.v), k0, bc, tid, threads);
     }
     if iters > 0 {
         fill(0, 0);
@@ -501,7 +498,8 @@ unsafe fn backward<
         // and n-tiles (w / 4)·ND / (WARPS / 4) onwards, `DQ` n-tiles (8 columns each) at a time,
         // so that the dQ part fits beside dK and dV in registers.
         let acc_row = |row: u32| {
-            p.dq_accum + (q_batch + (row as u64 * s.heads_q as u64 + h as u64) * dr as u64) * 4
+            // The accumulator is contiguous, in Q's shape.
+            p.dq_accum + seq.q_offset(&s, row, h) as u64 * 4
         };
         let (row_group, tile0) = (warp % 4, (warp / 4) as usize * (ND / (WARPS / 4)));
         for part in 0..ND / (WARPS / 4) / DQ {
@@ -577,7 +575,8 @@ unsafe fn backward<
     }
     sync_warp();
     let chunks = k_tile.chunks();
-    for (tile, dst) in [(k_tile, p.dk), (v_tile, p.dv)] {
+    for (tile, dst, strides) in [(k_tile, p.dk, &ts.dk), (v_tile, p.dv, &ts.dv)] {
+        let (dst, stride) = (kv_at(dst, strides), 2 * strides.seq);
         for n in 0..(16 * ND as u32 / 32) {
             let idx = 32 * n + lane;
             let (r, c) = (idx / chunks, idx % chunks);
@@ -587,7 +586,7 @@ unsafe fn backward<
             unsafe {
                 let v = load_shared_16(tile.chunk_addr(key_row + r, c));
                 if key < seq.k_rows && c < real_chunks {
-                    store_global_16(dst + kv_off + key as u64 * kv_stride + c as u64 * 16, v);
+                    store_global_16(dst + key as u64 * stride + c as u64 * 16, v);
                 }
             }
         }

@@ -98,34 +98,27 @@ unsafe fn forward<
     }
 
     // Rows in memory hold the real head dim; the tiles hold `d`, zeros past it.
-    let (row_bytes, real_chunks) = (s.head_dim as u64 * 2, s.head_dim / 8);
-    let q_stride = s.heads_q as u64 * row_bytes;
-    let kv_stride = s.heads_kv as u64 * row_bytes;
-    // Byte offset of (the sequence's row 0, head h) in Q and O.
-    let q_off_of = |seq: &Sequence| {
-        ((seq.batch as u64 * s.n_q as u64 + seq.q_start as u64) * s.heads_q as u64 + h as u64)
-            * row_bytes
-    };
-    let q_off = q_off_of(&seq);
-    let kv_off = ((seq.batch as u64 * s.n_k as u64 + seq.k_start as u64) * s.heads_kv as u64
-        + s.kv_head(h) as u64)
-        * row_bytes;
-    let o_dst = p.o + q_off;
+    let (st, real_chunks) = (&p.strides, s.head_dim / 8);
+    let hk = s.kv_head(h);
+    // Byte address of (the sequence's row 0, head h) in O.
+    // O's own offset is taken after the loop (held across it, it costs a register pair).
+    let o_dst_of = |seq: &Sequence| p.o + 2 * seq.q_row(&st.o, 0, h);
     let q_rows = GlobalRows {
-        base: p.q + q_off,
-        stride: q_stride,
+        base: p.q + 2 * seq.q_row(&st.q, 0, h),
+        stride: 2 * st.q.seq,
         limit: seq.q_len,
         chunks: real_chunks,
     };
     // Keys past the sequence's length are never seen: they load as zeros and are masked.
     let k_rows = GlobalRows {
-        base: p.k + kv_off,
-        stride: kv_stride,
+        base: p.k + 2 * seq.k_row(&st.k, 0, hk),
+        stride: 2 * st.k.seq,
         limit: seq.k_len,
         chunks: real_chunks,
     };
     let v_rows = GlobalRows {
-        base: p.v + kv_off,
+        base: p.v + 2 * seq.k_row(&st.v, 0, hk),
+        stride: 2 * st.v.seq,
         ..k_rows
     };
 
@@ -248,7 +241,7 @@ unsafe fn forward<
     if poisoned {
         let v = Operand {
             base: v_rows.base,
-            stride: kv_stride,
+            stride: v_rows.stride,
             tiles: real_chunks,
         };
         // Every visited block with a window: blocks the product already took non-finite values
@@ -268,12 +261,12 @@ unsafe fn forward<
         let (q_op, k_op) = (
             Operand {
                 base: q_rows.base,
-                stride: q_stride,
+                stride: q_rows.stride,
                 tiles: real_chunks,
             },
             Operand {
                 base: k_rows.base,
-                stride: kv_stride,
+                stride: k_rows.stride,
                 tiles: real_chunks,
             },
         );
@@ -314,12 +307,8 @@ unsafe fn forward<
     let t = lane % 4;
     // The general instances' sequence again: read anew rather than kept in registers across the
     // loop.
-    let (seq, o_dst) = if GENERAL {
-        let seq = locate();
-        (seq, p.o + q_off_of(&seq))
-    } else {
-        (seq, o_dst)
-    };
+    let seq = if GENERAL { locate() } else { seq };
+    let o_dst = o_dst_of(&seq);
     let chunks = q_tile.chunks();
     for i in 0..(16 * ND as u32 / 32) {
         let idx = 32 * i + lane;
@@ -330,7 +319,7 @@ unsafe fn forward<
         unsafe {
             let v = load_shared_16(q_tile.chunk_addr(warp_row + r, c));
             if row < seq.q_len && c < real_chunks {
-                store_global_16(o_dst + row as u64 * q_stride + c as u64 * 16, v);
+                store_global_16(o_dst + row as u64 * 2 * st.o.seq + c as u64 * 16, v);
             }
         }
     }
