@@ -145,7 +145,7 @@ mod tests {
         // Past 2^32 elements: the arithmetic is 64-bit.
         let wide = TensorStrides::contiguous(1 << 20, 64, 128);
         assert_eq!(wide.offset(3, 0, 0), 3 << 33);
-        assert_eq!(wide.offset(u32::MAX, 0, 0), (u32::MAX as u64) << 33);
+        assert_eq!(wide.offset((1 << 30) - 1, 0, 0), ((1u64 << 30) - 1) << 33);
     }
 
     #[test]
