@@ -93,6 +93,26 @@ pub struct Merged {
 /// `O = 0`, `LSE = −∞`; a NaN LSE makes its row NaN. More parts merge in stages (the merge is
 /// associative). The library's buffers live on device 0: a `Gpu` of another context is refused
 /// (it runs [`merge_on`]).
+///
+/// # Example
+///
+/// Cascade attention: the same query rows over a shared prefix and over their own keys, merged
+/// into attention over both.
+///
+/// ```no_run
+/// use attention_host::{AttentionShape, DeviceTensor, FlashOptions, PartShape, forward, merge};
+/// # fn run(gpu: &attention_host::Gpu, q: &DeviceTensor, prefix_kv: [&DeviceTensor; 2],
+/// #        own_kv: [&DeviceTensor; 2]) -> attention_host::Result<()> {
+/// let prefix = AttentionShape { batch: 1, n_q: 16, n_k: 8192, heads_q: 8, heads_kv: 8, head_dim: 128 };
+/// let own = AttentionShape { n_k: 300, ..prefix };
+/// let options = FlashOptions::default();
+/// let a = forward(gpu, &prefix, q, prefix_kv[0], prefix_kv[1], &options)?;
+/// let b = forward(gpu, &own, q, own_kv[0], own_kv[1], &options)?;
+/// let both = merge(gpu, &PartShape::of(&prefix), &[&a.o, &b.o], &[&a.lse, &b.lse])?;
+/// println!("merged O: {} elements", both.o.len());
+/// # Ok(())
+/// # }
+/// ```
 pub fn merge(
     gpu: &Gpu,
     shape: &PartShape,
@@ -119,6 +139,20 @@ pub fn merge(
 
 /// As [`merge`], into `o` (the parts' dtype) and `lse` the caller owns, distinct from every part,
 /// without waiting.
+///
+/// # Example
+///
+/// ```no_run
+/// use attention_host::{DeviceF32, DeviceTensor, ForwardOutput, PartShape, merge_into};
+/// # fn run(gpu: &attention_host::Gpu, shape: PartShape, a: &ForwardOutput, b: &ForwardOutput)
+/// #        -> attention_host::Result<()> {
+/// let o = DeviceTensor::poisoned(a.o.dtype(), shape.o_elems()?)?;
+/// let lse = DeviceF32::poisoned(shape.lse_elems()?)?;
+/// merge_into(gpu, &shape, &[&a.o, &b.o], &[&a.lse, &b.lse], &o, &lse)?;
+/// println!("{} rows merged", lse.to_vec()?.len()); // reading back waits for the merge
+/// # Ok(())
+/// # }
+/// ```
 pub fn merge_into(
     gpu: &Gpu,
     shape: &PartShape,
@@ -169,6 +203,33 @@ pub fn merge_into(
 ///
 /// Refused before launching: what [`merge_into`] refuses, strided views, a view shorter than
 /// its part, an LSE that is not f32, outputs overlapping a part or each other.
+///
+/// # Example
+///
+/// Two halves of the keys computed on two devices, merged on the first:
+///
+/// ```no_run
+/// use attention_host::borrowed::{TensorMut, TensorRef};
+/// use attention_host::{PartShape, merge_on};
+/// use cudarc::driver::CudaSlice;
+/// # fn run(gpu: &attention_host::Gpu, shape: PartShape, o_a: &CudaSlice<half::bf16>,
+/// #        lse_a: &CudaSlice<f32>, o_b_copied: &CudaSlice<half::bf16>,
+/// #        lse_b_copied: &CudaSlice<f32>) -> attention_host::Result<()> {
+/// let stream = gpu.context().new_stream().unwrap();
+/// let mut o = stream.alloc_zeros::<half::bf16>(shape.o_elems()?).unwrap();
+/// let mut lse = stream.alloc_zeros::<f32>(shape.lse_elems()?).unwrap();
+/// merge_on(
+///     gpu,
+///     &stream,
+///     &shape,
+///     &[&TensorRef::new(o_a, &stream), &TensorRef::new(o_b_copied, &stream)],
+///     &[&TensorRef::new(lse_a, &stream), &TensorRef::new(lse_b_copied, &stream)],
+///     &mut TensorMut::new(&mut o, &stream),
+///     &mut TensorMut::new(&mut lse, &stream),
+/// )?;
+/// # Ok(())
+/// # }
+/// ```
 pub fn merge_on(
     gpu: &Gpu,
     stream: &CudaStream,

@@ -27,6 +27,27 @@ use append::{Destination, check_geometry, grown_lengths, launch_append};
 
 /// A contiguous cache: K and V caches of `batch` sequences of at most `capacity` rows each
 /// (`[batch, capacity, heads_kv, head_dim]`).
+///
+/// # Example
+///
+/// A prompt of 5 and one of 3 rows appended, then one decode step (GQA 8/2, causal):
+///
+/// ```no_run
+/// use attention_host::{AttentionOptions, DType, DeviceTensor, FlashOptions, KvCache};
+/// # fn run(gpu: &attention_host::Gpu) -> attention_host::Result<()> {
+/// let (batch, heads_q, heads_kv, d) = (2, 8, 2, 128);
+/// let mut cache = KvCache::new(DType::Bf16, batch, 4096, heads_kv, d)?;
+/// let prompt = vec![0.5f32; (batch * 5 * heads_kv * d) as usize];
+/// let k = DeviceTensor::from_f32(DType::Bf16, &prompt)?;
+/// let v = DeviceTensor::from_f32(DType::Bf16, &prompt)?;
+/// cache.append(gpu, &k, &v, 5, &[5, 3])?;
+/// let q = DeviceTensor::from_f32(DType::Bf16, &vec![0.1f32; (batch * heads_q * d) as usize])?;
+/// let options = FlashOptions::new(AttentionOptions::new().causal(true));
+/// let out = cache.attend(gpu, &q, 1, heads_q, &options)?;
+/// println!("{} over lengths {:?}", out.plan.entry, cache.lengths());
+/// # Ok(())
+/// # }
+/// ```
 pub struct KvCache {
     k: DeviceTensor,
     v: DeviceTensor,

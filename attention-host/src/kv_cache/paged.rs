@@ -47,6 +47,30 @@ pub struct PagedLayout {
 }
 
 /// A paged cache of K and V rows (see the module docs).
+///
+/// # Example
+///
+/// Three sequences sharing a pool of 64 pages of 16 rows; each takes the pages it fills:
+///
+/// ```no_run
+/// use attention_host::{AttentionOptions, DType, DeviceTensor, FlashOptions};
+/// use attention_host::{PagedKvCache, PagedLayout};
+/// # fn run(gpu: &attention_host::Gpu) -> attention_host::Result<()> {
+/// let layout = PagedLayout {
+///     sequences: 3, pages_per_sequence: 32, pages: 64, page_size: 16, heads_kv: 2, head_dim: 64,
+/// };
+/// let mut cache = PagedKvCache::new(DType::F16, layout)?;
+/// cache.reserve(&[40, 7, 100])?;
+/// let rows = vec![0.25f32; (3 * 100 * 2 * 64) as usize];
+/// let k = DeviceTensor::from_f32(DType::F16, &rows)?;
+/// cache.append(gpu, &k, &k, 100, &[40, 7, 100])?;
+/// let q = DeviceTensor::from_f32(DType::F16, &vec![0.1f32; 3 * 8 * 64])?;
+/// let out = cache.attend(gpu, &q, 1, 8, &FlashOptions::new(AttentionOptions::new().causal(true)))?;
+/// cache.release(1)?; // sequence 1 finished: its page goes back to the pool
+/// println!("{}; {} pages free", out.plan.entry, cache.free_pages());
+/// # Ok(())
+/// # }
+/// ```
 pub struct PagedKvCache {
     k: DeviceTensor,
     v: DeviceTensor,
