@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs a binary of crates/candle (built with its `cuda` feature, so linked against the CUDA 13
-# libraries candle uses: libcublas, libcublasLt, libcurand, libnvrtc; libcuda from the driver) on
-# a machine without a CUDA toolkit: the libraries come from the pip wheels PyTorch installs
-# (site-packages/nvidia/**/lib), or from CANDLE_CUDA_LIBS (a ':' list of directories).
+# Runs a binary built with the `candle-cuda` feature (tests/gpu_candle.rs, crates/candle-gpt; so
+# linked against the CUDA 13 libraries candle uses: libcublas, libcublasLt, libcurand, libnvrtc;
+# libcuda from the driver) on a machine without a CUDA toolkit: the libraries come from the pip
+# wheels PyTorch installs (site-packages/nvidia/**/lib), or from CANDLE_CUDA_LIBS (a ':' list of
+# directories).
 #   scripts/candle-run.sh .device-run/candle/gpu_candle --test-threads=1 --nocapture
 set -euo pipefail
 bin=$1

@@ -29,27 +29,29 @@ for line in sys.stdin:
         shutil.copy(m["executable"], ".device-run/tests/" + name)
         print("prepared", name)
 '
-# crates/candle (a workspace of its own, candle with its `cuda` feature) when CANDLE=1: its GPU
-# test under .device-run/candle/, run there through candle-run.sh (`h200-check.sh candle`), and
-# its GPT training example as .device-run/gpt (`h200-check.sh gpt`). Needs
-# the CUDA 13.4 toolkit of scripts/candle-toolchain.sh; about 10 minutes on 2 cores the first time.
+# The candle op when CANDLE=1 (feature `candle-cuda`, candle with its CUDA backend): its GPU test
+# as .device-run/candle/gpu_candle, run there through candle-run.sh (`h200-check.sh candle`), and
+# the GPT of crates/candle-gpt (a workspace of its own) as .device-run/gpt (`h200-check.sh gpt`).
+# Needs the CUDA toolkit of scripts/candle-toolchain.sh; both builds share target/candle, so
+# candle is compiled once (about 10 minutes on 2 cores the first time).
 if [[ ${CANDLE:-0} == 1 ]]; then
   mkdir -p .device-run/candle
-  (cd crates/candle && source <(../../scripts/candle-toolchain.sh --env) \
-    && cargo test --release --features cuda --no-run --message-format=json 2>/dev/null) \
+  candle_target=$PWD/target/candle
+  (source <(scripts/candle-toolchain.sh --env) && CARGO_TARGET_DIR=$candle_target \
+    cargo test --release -p flash-attn --features candle-cuda --test gpu_candle --no-run \
+    --message-format=json 2>/dev/null) \
     | python3 -c '
 import json, shutil, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"] \
-            and m["target"]["kind"] == ["test"]:
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         shutil.copy(m["executable"], ".device-run/candle/" + m["target"]["name"])
         print("prepared candle/" + m["target"]["name"])
 '
   [[ -x .device-run/candle/gpu_candle ]] || { echo "device-prepare: the candle test did not build" >&2; exit 1; }
-  (cd crates/candle && source <(../../scripts/candle-toolchain.sh --env) \
-    && cargo build --release --features cuda --example gpt --quiet)
-  cp crates/candle/target/release/examples/gpt .device-run/gpt
+  (cd crates/candle-gpt && source <(../../scripts/candle-toolchain.sh --env) \
+    && CARGO_TARGET_DIR=$candle_target cargo build --release --features cuda --quiet)
+  cp "$candle_target/release/gpt" .device-run/gpt
   strip .device-run/candle/* .device-run/gpt
   cp scripts/candle-run.sh .device-run/
 fi

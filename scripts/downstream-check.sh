@@ -4,6 +4,7 @@
 # llvm-bitcode-linker), with no CUDA toolkit and no CUDA variable set. It must build, start, get
 # `NoDevice` from `flash_attn::gpu()` where no GPU answers, and plan a call on the CPU. Where the
 # machine lets it, the binary also runs once with libcuda hidden (a private mount namespace).
+# A second crate enables the `candle` feature and gets the op's refusal of CPU tensors.
 #   scripts/downstream-check.sh [TOOLCHAIN]     (default 1.96.0; installed if missing)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -75,4 +76,36 @@ if [ -n "$libs" ] && [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
 else
     echo "downstream-check: libcuda is absent here or cannot be hidden; the run above covered $([ -n "$libs" ] && echo 'the driver without a GPU' || echo 'no libcuda')"
 fi
+# The `candle` feature as a dependent enables it: candle's CPU backend builds with the same
+# toolchain and components, and the op refuses CPU tensors with an error (no device needed).
+mkdir -p "$dir/downstream-candle/src"
+cat > "$dir/downstream-candle/Cargo.toml" <<TOML
+[package]
+name = "downstream-candle"
+version = "0.1.0"
+edition = "2024"
+
+[dependencies]
+flash-attn = { path = "$root", features = ["candle"] }
+candle-core = { version = "=0.11.1", default-features = false }
+TOML
+cat > "$dir/downstream-candle/src/main.rs" <<'RUST'
+use candle_core::{DType, Device, Tensor};
+use flash_attn::{AttentionOptions, FlashOptions};
+
+fn main() -> candle_core::Result<()> {
+    let q = Tensor::randn(0f32, 1., (1, 16, 2, 64), &Device::Cpu)?.to_dtype(DType::BF16)?;
+    let options = FlashOptions::new(AttentionOptions::new().causal(true));
+    let err = flash_attn::candle::flash_attn(&q, &q, &q, &options).expect_err("CPU tensors");
+    assert!(err.to_string().contains("runs on CUDA devices"), "{err}");
+    println!("candle op on CPU tensors: refused ({})", err.to_string().lines().next().unwrap_or(""));
+    Ok(())
+}
+RUST
+cd "$dir/downstream-candle"
+start=$(date +%s%N)
+cargo "+$toolchain" build --quiet
+ms=$((($(date +%s%N) - start) / 1000000))
+printf 'downstream-check: with features = ["candle"], cargo +%s build took %d.%01d s\n' "$toolchain" $((ms / 1000)) $((ms % 1000 / 100))
+"$CARGO_TARGET_DIR/debug/downstream-candle"
 echo "downstream-check: ok"

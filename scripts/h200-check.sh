@@ -13,10 +13,10 @@
 #   window    issue 10 item 2's correctness runs alone: the score-modifier matrix and the
 #             non-finite cases (window scenarios included) per family; window-only cases of
 #             full-length sequences run sm90's `window` instances (the plan's CPU tests show which)
-#   candle    crates/candle's GPU test (the candle op against candle's f32 attention and the f64
+#   candle    tests/gpu_candle.rs (feature candle-cuda: the candle op against candle's f32 attention and the f64
 #             reference), when device-prepare.sh ran with CANDLE=1; CUDA libraries from PyTorch's
 #             wheels through candle-run.sh
-#   gpt       crates/candle/examples/gpt.rs: a small GPT trained with the flash op, with candle's
+#   gpt       crates/candle-gpt: a small GPT trained with the flash op, with candle's
 #             own attention and with candle's f32 attention (the bf16 noise reference), same seed
 #             and batches; its table, its check (exit 1: the curves disagree beyond bf16 noise)
 #             and gpt.json (every step's loss and time; scripts/plot-gpt.py draws it) into $OUT;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plots the JSON of crates/candle/examples/gpt.rs (`--attention both --out gpt.json`): every
+"""Plots the JSON of crates/candle-gpt's `gpt` (`--attention both --out gpt.json`): every
 run's loss curve (top) and the differences flash - candle and candle - candle-f32 (bottom, the
 second being the bf16 noise the example checks against), into a PNG; prints the max and mean
 |Δloss| over the last N steps (default the example's --check-last) and the timing table.

@@ -7,6 +7,8 @@
 //! `libcuda` at run time: building needs nothing of CUDA).
 
 pub mod api;
+#[cfg(feature = "candle")]
+pub mod candle;
 
 pub use attention_host::*;
 

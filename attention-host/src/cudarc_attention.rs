@@ -4,8 +4,8 @@
 //! queued on the one stream, allocated there in stream order (cudarc's `cuMemAllocAsync`), and
 //! never waited for: a training step of such calls can be captured into a CUDA graph.
 //!
-//! candle's `CustomOp` (crates/candle, a workspace of its own) sits on this, through the `_views`
-//! methods that take candle's strided storage in place.
+//! candle's `CustomOp` (`flash_attn::candle`, feature `candle-cuda`) sits on this, through the
+//! `_views` methods that take candle's strided storage in place.
 
 use std::sync::{Arc, Mutex, PoisonError};
 

@@ -3,14 +3,14 @@
 //! + softmax attention — and compares the loss curves, step time, tokens/s and peak memory.
 //!
 //! ```text
-//! cd crates/candle && source <(../../scripts/candle-toolchain.sh --env)
-//! cargo build --release --features cuda --example gpt
-//! ../../scripts/candle-run.sh target/release/examples/gpt --attention both --out gpt.json
+//! cd crates/candle-gpt && source <(../../scripts/candle-toolchain.sh --env)
+//! cargo build --release --features cuda
+//! ../../scripts/candle-run.sh target/release/gpt --attention both --out gpt.json
 //! python3 ../../scripts/plot-gpt.py gpt.json -o gpt.png
 //! ```
 //!
 //! The text is the opening of William Shakespeare's *Coriolanus* (public domain), the first 48 KB
-//! of the `tinyshakespeare` file of karpathy/char-rnn, in `examples/data/coriolanus.txt`.
+//! of the `tinyshakespeare` file of karpathy/char-rnn, in `src/data/coriolanus.txt`.
 //!
 //! Model: pre-LayerNorm blocks (attention, then a GELU MLP of width 4·d_model), learned
 //! positions, byte vocabulary (256), untied output head; AdamW (β = 0.9, 0.95, weight decay 0.1),
@@ -63,8 +63,8 @@ use std::time::Instant;
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use candle_nn::optim::{AdamW, Optimizer, ParamsAdamW};
 use candle_nn::{Embedding, Linear, Module};
+use flash_attn::candle::flash_attn;
 use flash_attn::{AttentionOptions, FlashOptions};
-use flash_attn_candle::flash_attn;
 
 const TEXT: &str = include_str!("data/coriolanus.txt");
 const VOCAB: usize = 256;

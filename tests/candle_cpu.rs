@@ -1,9 +1,9 @@
-//! What the op checks before any device work, on CPU tensors (with or without the `cuda`
-//! feature): the shapes it is given, and that it runs on CUDA devices only.
+//! What the candle op checks before any device work, on CPU tensors (feature `candle`, with or
+//! without `candle-cuda`): the shapes it is given, and that it runs on CUDA devices only.
 
 use candle_core::{DType, Device, Tensor};
 use flash_attn::FlashOptions;
-use flash_attn_candle::flash_attn;
+use flash_attn::candle::flash_attn;
 
 fn zeros(dims: (usize, usize, usize, usize)) -> Tensor {
     Tensor::zeros(dims, DType::BF16, &Device::Cpu).unwrap()

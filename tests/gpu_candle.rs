@@ -8,12 +8,11 @@
 //! own stored O (`backward_from_output`, as there: the rounding of O alone moves dQ and dK where
 //! `dP` and `D` cancel). Candle's f32 attention is first held to 1e-5 against the f64 reference,
 //! which shows it computes the same function, then ours to the dtype's bound against it.
-#![cfg(feature = "cuda")]
 
 use candle_core::{D, DType, Device, Result, Tensor, Var};
+use flash_attn::candle::flash_attn;
 use flash_attn::reference::{backward_from_output, forward};
 use flash_attn::{AttentionOptions, AttentionShape, FlashOptions, alibi_slopes};
-use flash_attn_candle::flash_attn;
 use flash_attn_testkit::testing::{rel_err, skip};
 
 fn device(test: &str) -> Option<Device> {

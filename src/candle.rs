@@ -12,13 +12,18 @@
 //! which candle then owns; nothing synchronises. The forward's LSE (f32 `[batch, heads_q, n_q]`)
 //! stays with the op in candle's graph until the backward reads it.
 //!
+//! Behind the cargo feature `candle` (off by default: without it nothing of candle is built or
+//! linked). With `candle` alone the op type-checks shapes and refuses CPU tensors; `candle-cuda`
+//! adds candle's CUDA backend and the op's forward and backward.
+//!
 //! Sink logits are host constants of the options, not candle tensors, so their gradients (which
 //! the backward computes) do not flow back into candle's graph.
 
 use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
-use flash_attn::{AttentionShape, FlashOptions};
+
+use crate::{AttentionShape, FlashOptions};
 
 /// `softmax(mask(τ·QKᵀ)) · V` under `options`, differentiable in Q, K and V through
 /// flash-attn's backward. CUDA tensors only: on another device it returns an error.
@@ -32,7 +37,7 @@ use flash_attn::{AttentionShape, FlashOptions};
 /// let dev = Device::new_cuda(0)?;
 /// let q = Tensor::randn(0f32, 1., (2, 128, 8, 64), &dev)?.to_dtype(DType::BF16)?;
 /// let options = FlashOptions::new(AttentionOptions::new().causal(true));
-/// let o = flash_attn_candle::flash_attn(&q, &q, &q, &options)?;
+/// let o = flash_attn::candle::flash_attn(&q, &q, &q, &options)?;
 /// # Ok(())
 /// # }
 /// ```
@@ -90,10 +95,10 @@ fn attention_shape(q: &[usize], k: &[usize], v: &[usize]) -> Result<AttentionSha
 /// One call's op in candle's graph: its options and, once the forward ran, its LSE.
 struct FlashAttention {
     // Without the `cuda` feature no forward runs, so nothing reads these.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
     options: FlashOptions,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    lse: Mutex<Option<flash_attn::cudarc::driver::CudaSlice<f32>>>,
+    #[cfg_attr(not(feature = "candle-cuda"), allow(dead_code))]
+    lse: Mutex<Option<crate::cudarc::driver::CudaSlice<f32>>>,
 }
 
 impl CustomOp3 for FlashAttention {
@@ -113,7 +118,7 @@ impl CustomOp3 for FlashAttention {
         candle_core::bail!("flash_attn runs on CUDA devices; these tensors are on the CPU")
     }
 
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "candle-cuda")]
     fn cuda_fwd(
         &self,
         s1: &candle_core::CudaStorage,
@@ -135,7 +140,7 @@ impl CustomOp3 for FlashAttention {
         }
     }
 
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "candle-cuda")]
     fn bwd(
         &self,
         q: &Tensor,
@@ -154,17 +159,17 @@ impl CustomOp3 for FlashAttention {
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "candle-cuda")]
 mod cuda {
     use std::sync::{Arc, Mutex, PoisonError};
 
     use candle_core::cuda_backend::{CudaDType, CudaStorage};
     use candle_core::op::BackpropOp;
     use candle_core::{Layout, Result, Shape, Storage, Tensor};
-    use flash_attn::cudarc::driver::{CudaStream, CudaView};
-    use flash_attn::{BackwardViews, CudarcAttention, Element, Strides, TensorRef};
 
     use super::{FlashAttention, attention_shape};
+    use crate::cudarc::driver::{CudaStream, CudaView};
+    use crate::{BackwardViews, CudarcAttention, Element, Strides, TensorRef};
 
     /// The kernels loaded once per candle stream (a candle `CudaDevice` and its clones share one),
     /// with their workspaces; kept for the program's life.
@@ -175,8 +180,7 @@ mod cuda {
         if let Some(a) = all.iter().find(|a| Arc::ptr_eq(a.stream(), &stream)) {
             return Ok(a.clone());
         }
-        let attention =
-            Arc::new(flash_attn::attention_on(stream).map_err(candle_core::Error::wrap)?);
+        let attention = Arc::new(crate::attention_on(stream).map_err(candle_core::Error::wrap)?);
         all.push(attention.clone());
         Ok(attention)
     }
@@ -201,7 +205,7 @@ mod cuda {
         Ok((view, strides))
     }
 
-    fn wrap(e: flash_attn::AttentionError) -> candle_core::Error {
+    fn wrap(e: crate::AttentionError) -> candle_core::Error {
         candle_core::Error::wrap(e)
     }
 
