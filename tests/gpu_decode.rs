@@ -1,10 +1,12 @@
 //! The split-KV decode family against the f64 reference, bf16 and f16, head dims 64 and 128,
 //! through `flash_attn::forward_into` (the plan must choose it on its own) into NaN-poisoned
 //! outputs: GQA ratios 1, 2, 4, 8, 16; one split, several, and more splits than a short
-//! sequence has key blocks (its trailing splits empty); ragged key lengths including 0 (empty
-//! rows: O = 0, LSE = −∞); N_k not a multiple of the 128-key step; causal with N_q > 1 (rows
-//! above the bottom-right diagonal empty); NaN/∞ in K and V past a key length and at causally
-//! masked keys (ignored), and a NaN Q row (its O and LSE NaN); the most splits (256). Every case
+//! sequence has key tiles (its trailing splits empty); ragged key lengths including 0 (empty
+//! rows: O = 0, LSE = −∞); N_k not a multiple of the 64-key tile; N_q > 1 rows filling the
+//! 16-row tile (GQA 8 × 2 rows, GQA 4 × 4 rows, 16 rows of one head), causal (rows above the
+//! bottom-right diagonal empty) and not; NaN/∞ in K and V past a key length and at causally
+//! masked keys (ignored), NaN and +∞ in V at keys every row of a diagonal tile sees (they reach
+//! every row), and a NaN Q row (its O and LSE NaN); 209 splits of one K/V head. Every case
 //! runs with both combines of the splits: the parallel combine (the default) and the strided
 //! merge (`DecodeCombine`).
 //!
@@ -70,8 +72,14 @@ fn cases(rng: &mut StdRng, d: u32) -> Vec<Case> {
         ..case(3, 1, 8192, 8, 2, d)
     });
     out.push(case(1, 1, 1, 4, 1, d));
-    // The most splits (MAX_SPLITS = 256: one K/V head, 256 steps of keys and more).
+    // Many splits of one K/V head (209 of 3 tiles on the H200).
     out.push(case(1, 1, 40_000, 4, 1, d));
+    // Several query rows per head filling the 16-row tile, without the causal mask.
+    out.push(case(2, 2, 1000, 16, 2, d));
+    out.push(Case {
+        key_lengths: Some(vec![777, 64]),
+        ..case(2, 4, 1000, 8, 2, d)
+    });
     // Causal chunks: N_q > 1, bottom-right aligned; with a key length shorter than N_q the first
     // rows see nothing.
     out.push(Case {
@@ -87,12 +95,23 @@ fn cases(rng: &mut StdRng, d: u32) -> Vec<Case> {
         causal: true,
         ..case(1, 16, 300, 4, 4, d)
     });
-    // Non-finite values where they must be ignored, and one NaN row.
+    out.push(Case {
+        causal: true,
+        ..case(1, 4, 2000, 16, 4, d)
+    });
+    // Non-finite values where they must be ignored or must arrive, and one NaN row; 12 rows
+    // and the full 16 (GQA 8 × 2 rows).
     out.push(Case {
         causal: true,
         key_lengths: Some(vec![300, 650]),
         non_finite: true,
         ..case(2, 3, 700, 4, 1, d)
+    });
+    out.push(Case {
+        causal: true,
+        key_lengths: Some(vec![129, 64]),
+        non_finite: true,
+        ..case(2, 2, 200, 16, 2, d)
     });
     out
 }
@@ -143,6 +162,11 @@ fn decode_matches_the_reference() {
                         // row's O (allowed there) and no other row.
                         let last = item + (lens[b] as usize - 1) * row;
                         v[last] = f32::NAN;
+                        // A key every row sees, in the same (diagonal) tile: NaN and +∞ reach
+                        // every row of the K/V head's group in their columns.
+                        let seen = item + (lens[b] - s.n_q) as usize * row;
+                        v[seen + 1] = f32::NAN;
+                        v[seen + 2] = f32::INFINITY;
                     }
                     q[..s.head_dim as usize].fill(f32::NAN);
                 }

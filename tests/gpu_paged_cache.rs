@@ -1,13 +1,14 @@
 //! The paged KV cache (`flash_attn::PagedKvCache`) beside the contiguous one: the same appends
 //! into both (a ragged prefill with an empty sequence, token-by-token steps with ragged appends, a
-//! 4-row speculative step), every step's attention into NaN-poisoned outputs against the f64
-//! reference and **bitwise** against the contiguous cache of the same capacity (the same decode
-//! kernel, splits and arithmetic; only the row translation differs), an empty cache first. Block
-//! tables start shuffled (non-monotone pages, spare pool pages) and grow by `reserve`; page
-//! sizes 1, 16, 32, 64 and 256, so appends and the decode's 128-key steps straddle pages; GQA
-//! ratios 1, 2, 4, 8, 16; bf16 and f16; d = 64 and 128. The pool is read back: every held row
-//! where the table puts it, every other row still NaN. Then the refusals that need a cache: bad
-//! tables, appends past the pages, attention the decode family cannot run.
+//! speculative step of up to 4 rows), every step's attention into NaN-poisoned outputs against
+//! the f64 reference and **bitwise** against the contiguous cache of the same capacity (the same
+//! decode kernel, splits and arithmetic; only the row translation differs), an empty cache
+//! first. Block tables start shuffled (non-monotone pages, spare pool pages) and grow by
+//! `reserve`; page sizes 1, 16, 32, 64 and 256, so appends straddle pages and the decode's
+//! 64-key tiles hold many pages, one, or part of one; GQA ratios 1, 2, 4, 8, 16; bf16 and f16;
+//! d = 64 and 128. The pool is read back: every held row where the table puts it, every other
+//! row still NaN. Then the refusals that need a cache: bad tables, appends past the pages,
+//! attention the decode family cannot run.
 //!
 //! Where no CUDA device answers, the tests print `SKIP` and return.
 
@@ -277,11 +278,11 @@ fn paged_cache_matches_the_reference_and_the_contiguous_cache_bitwise() {
             caches.append(&gpu, &mut rng, 1, &counts);
             failures.extend(caches.attend(&gpu, &mut rng, 1, true));
         }
-        // A big ragged append straddling many pages, and a speculative step where it fits the
-        // decode family's 16 rows per K/V head.
+        // A big ragged append straddling many pages, and a speculative step of up to 4 rows
+        // within the decode family's 16 rows per K/V head (GQA 8: 2 rows, the whole tile).
         let counts = [rng.gen_range(0..=300), 300, rng.gen_range(0..=300)];
         caches.append(&gpu, &mut rng, 300, &counts);
-        let n_q = if group * 4 <= 16 { 4 } else { 1 };
+        let n_q = (16 / group).min(4);
         caches.append(&gpu, &mut rng, n_q, &[n_q; 3]);
         failures.extend(caches.attend(&gpu, &mut rng, n_q, true));
         failures.extend(caches.attend(&gpu, &mut rng, n_q, false));

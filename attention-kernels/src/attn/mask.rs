@@ -352,6 +352,27 @@ mod device {
         pub tiles: u32,
     }
 
+    /// Rows of an operand as [`non_finite_part`] reads them: key `key`'s row of `8 · tiles()`
+    /// 16-bit elements starts at byte address `row_addr(key)` (a fixed stride, or a page pool's
+    /// rows found through a block table).
+    pub trait OperandRows: Copy {
+        /// # Safety
+        /// `key` is a key whose row exists (the caller of [`non_finite_part`] guarantees it).
+        unsafe fn row_addr(&self, key: u32) -> u64;
+        fn tiles(&self) -> u32;
+    }
+
+    impl OperandRows for Operand {
+        #[inline(always)]
+        unsafe fn row_addr(&self, key: u32) -> u64 {
+            self.base + key as u64 * self.stride
+        }
+        #[inline(always)]
+        fn tiles(&self) -> u32 {
+            self.tiles
+        }
+    }
+
     /// The non-finite part of `Σ_j w_j · x_j` over keys `keys.0 .. keys.1` for the lane's
     /// output elements (`m16n8` layout, `2·ND ≤ 64` owned columns), for [`Poison::apply`]: key
     /// `j` counts for row g (g + 8) when in `starts[0] .. ends[0]` (`starts[1] .. ends[1]`: a
@@ -368,13 +389,13 @@ mod device {
     /// (`in_support(row, key)` false): its value never reaches O, whatever it holds.
     ///
     /// # Safety
-    /// Every key below `max(ends)` is a readable row of `op` with `8 · op.tiles` elements.
+    /// Every key below `max(ends)` is a readable row of `op` with `8 · op.tiles()` elements.
     #[inline(never)]
     pub unsafe fn non_finite_part<T: Exponent, const ND: usize>(
         keys: (u32, u32),
         starts: [u32; 2],
         ends: [u32; 2],
-        op: Operand,
+        op: impl OperandRows,
         lane: u32,
         dropped: impl Fn(usize, u32) -> bool,
         in_support: impl Fn(usize, u32) -> bool,
@@ -389,9 +410,10 @@ mod device {
                 starts[0] <= key && key < ends[0],
                 starts[1] <= key && key < ends[1],
             );
-            let row = op.base + key as u64 * op.stride;
+            // SAFETY: an allowed key's row exists (caller).
+            let row = unsafe { op.row_addr(key) };
             // A run-time loop (bound through `opaque`): this is the slow path.
-            let cols = opaque(2 * op.tiles.min(ND as u32));
+            let cols = opaque(2 * op.tiles().min(ND as u32));
             let mut bit = 0;
             while bit < cols {
                 let col = 8 * (bit / 2) + 2 * t + bit % 2;

@@ -71,6 +71,13 @@ impl RowState {
         alpha
     }
 
+    /// `(m, ℓ)` of rows g and g + 8, `ℓ` summed over the quad: the state a split-KV kernel's
+    /// warps merge (every lane of the warp must call it).
+    #[inline(always)]
+    pub fn stats(&self) -> ([f32; 2], [f32; 2]) {
+        (self.m, [quad_sum(self.l[0]), quad_sum(self.l[1])])
+    }
+
     /// Normalises `o` by the row sums and returns the natural-log `LSE = m ln 2 + ln l` of rows
     /// g and g + 8; a row that saw no allowed key gets `O = 0`, `LSE = −∞`. With a sink logit
     /// (natural units) the sum and LSE include it (`score_mod::with_sink`): an empty row gets

@@ -45,6 +45,23 @@ pub fn wait_all() {
     unsafe { asm!("cp.async.wait_all;", options(nostack)) }
 }
 
+/// Closes the group of the `cp.async` this thread issued since the last commit (possibly none),
+/// for [`wait_groups`].
+#[inline(always)]
+pub fn commit() {
+    // SAFETY: committing has no preconditions.
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) }
+}
+
+/// Waits until at most `PENDING` of this thread's committed groups are still in flight (the
+/// most recent ones): with one group per tile, the oldest tiles have landed and the newest
+/// `PENDING` keep loading. Other threads see the data only after a barrier that follows.
+#[inline(always)]
+pub fn wait_groups<const PENDING: u32>() {
+    // SAFETY: waiting has no preconditions.
+    unsafe { asm!("cp.async.wait_group {n};", n = const PENDING, options(nostack)) }
+}
+
 /// Rows of a global tensor: row `r` starts at `base + r · stride` bytes and exists for `r < limit`;
 /// each holds `chunks` 16-byte chunks (the real head dim / 8: a tile wider than that, the compiled
 /// head dim of a padded call, fills its other chunks with zeros).

@@ -1,5 +1,5 @@
-//! The split-KV decode family (`attention_kernels::kernels::decode`): its plan (row tile, split
-//! count, workspace for the partials) and its launcher (partials, then the strided merge).
+//! The split-KV decode family (`attention_kernels::kernels::decode`): its plan (rows, split
+//! count, workspace for the partials) and its launcher (partials, then the combine).
 
 mod launch;
 mod plan;
