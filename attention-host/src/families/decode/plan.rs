@@ -22,9 +22,8 @@ use crate::problem::Problem;
 
 /// Split blocks of head dim `head_dim` resident on one SM of `device`: the fewer of what its
 /// shared memory holds (a block's window plus the 1 KiB the driver reserves per block, from the
-/// per-block opt-in limit plus that 1 KiB) and what the registers hold (ptxas: d = 128 takes
-/// 168 registers, 2 blocks of 128 threads in the 64 K registers; d = 64 takes 128, 4 blocks;
-/// `reports/PERF_LOG_DECODE.md`).
+/// per-block opt-in limit plus that 1 KiB) and what the 64 K registers hold (2 blocks of 128
+/// threads at d = 128, 4 at d = 64: the ptxas counts in `reports/PERF_LOG_DECODE.md`).
 pub fn blocks_per_sm(device: &DeviceCaps, head_dim: u32) -> u32 {
     const RESERVED: u32 = 1024;
     let by_shared = (device.max_shared_per_block + RESERVED) / (shared_bytes(head_dim) + RESERVED);

@@ -83,7 +83,11 @@ impl OperandRows for KeyRows {
 #[inline(always)]
 unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &DecodeParams) {
     // Two slots of key rows serve three stages (see the prologue).
-    const { assert!(ND == 2 * KD && (KD == 4 || KD == 8) && STAGES == 3) };
+    const {
+        assert!(ND == 2 * KD && (KD == 4 || KD == 8) && STAGES == 3);
+        // Whole rounds of the block's threads over the Q and K/V chunks.
+        assert!((MAX_ROWS * 2 * KD as u32) % THREADS == 0);
+    };
     let d = 16 * KD as u32;
     let chunks = d / 8;
     let s = p.shape;
@@ -162,11 +166,12 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
     // K and V of tile `tile` into `stage`, from the rows `set_rows` put in its slot; keys past
     // the split load as zeros. Chunks are assigned as `ChunkedTile::fill_async` assigns them
     // (`sanitize_own_chunks` relies on it), consecutive threads on consecutive chunks.
+    // A constant trip count, so that the loop unrolls.
     let fill = |tile: u32, stage: u32| {
         let first = k0 + tile * BLOCK_KEYS;
         let (kt, vt) = (k_tile(stage), v_tile(stage));
-        let mut i = tid;
-        while i < BLOCK_KEYS * chunks {
+        for n in 0..BLOCK_KEYS * chunks / THREADS {
+            let i = tid + n * THREADS;
             let (r, c) = (i / chunks, i % chunks);
             let valid = first + r < k1;
             let at = if valid {
@@ -181,13 +186,12 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
                 copy16(kt.chunk_addr(r, c), k_rows.base + at, valid);
                 copy16(vt.chunk_addr(r, c), v_rows.base + at, valid);
             }
-            i += THREADS;
         }
     };
 
     // Q into the 16-row tile (zero rows past the group's), with tiles 0 and 1 in flight.
-    let mut i = tid;
-    while i < MAX_ROWS * chunks {
+    for n in 0..MAX_ROWS * chunks / THREADS {
+        let i = tid + n * THREADS;
         let (r, c) = (i / chunks, i % chunks);
         let valid = r < rows;
         let at = if valid {
@@ -197,7 +201,6 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
         };
         // SAFETY: row r < rows is a query row of the sequence; the tile holds 16 rows.
         unsafe { copy16(q_tile.chunk_addr(r, c), p.q + at, valid) };
-        i += THREADS;
     }
     set_rows(0, tile_row(0));
     set_rows(1, tile_row(1));
