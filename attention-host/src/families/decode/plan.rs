@@ -23,11 +23,16 @@ use crate::problem::Problem;
 /// Split blocks of head dim `head_dim` resident on one SM of `device`: the fewer of what its
 /// shared memory holds (a block's window plus the 1 KiB the driver reserves per block, from the
 /// per-block opt-in limit plus that 1 KiB) and what the 64 K registers hold (2 blocks of 128
-/// threads at d = 128, 4 at d = 64: the ptxas counts in `reports/PERF_LOG_DECODE.md`).
+/// threads at d = 128; at d = 64, 4 with the `sm_90a` module's kernel and 3 with the base
+/// module's: the ptxas counts in `reports/PERF_LOG_DECODE.md`).
 pub fn blocks_per_sm(device: &DeviceCaps, head_dim: u32) -> u32 {
     const RESERVED: u32 = 1024;
     let by_shared = (device.max_shared_per_block + RESERVED) / (shared_bytes(head_dim) + RESERVED);
-    let by_registers = if head_dim > 64 { 2 } else { 4 };
+    let by_registers = match (head_dim > 64, device.wgmma) {
+        (true, _) => 2,
+        (false, true) => 4,
+        (false, false) => 3,
+    };
     by_shared.min(by_registers).max(1)
 }
 
@@ -341,6 +346,9 @@ mod tests {
         assert_eq!(blocks_per_sm(&h200, 64), 4);
         assert_eq!(blocks_per_sm(&a100, 128), 1);
         assert_eq!(blocks_per_sm(&a100, 64), 3);
+        // The base module's d = 64 kernel takes more registers than the sm_90a one.
+        let base_module = DeviceCaps::for_arch("sm_90", false).unwrap();
+        assert_eq!(blocks_per_sm(&base_module, 64), 3);
         // sm_86/sm_89: 99 KiB per block still takes d = 128.
         assert!(shared_bytes(128) <= 99 * 1024);
     }
