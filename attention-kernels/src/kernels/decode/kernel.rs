@@ -165,8 +165,8 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
     };
     // K and V of tile `tile` into `stage`, from the rows `set_rows` put in its slot; keys past
     // the split load as zeros. Chunks are assigned as `ChunkedTile::fill_async` assigns them
-    // (`sanitize_own_chunks` relies on it), consecutive threads on consecutive chunks.
-    // A constant trip count, so that the loop unrolls.
+    // (`sanitize_own_chunks` relies on it), consecutive threads on consecutive chunks, in a
+    // loop of constant trip count so that it unrolls.
     let fill = |tile: u32, stage: u32| {
         let first = k0 + tile * BLOCK_KEYS;
         let (kt, vt) = (k_tile(stage), v_tile(stage));
@@ -289,6 +289,7 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
     wait_all();
     sync_threads();
     let (m, l) = state.stats();
+    // SAFETY: the statistics hold WARPS · 16 m, then as many ℓ.
     let (m_s, l_s) = (stats, unsafe { stats.add((WARPS * MAX_ROWS) as usize) });
     let at = |w: u32, r: u32| (w * MAX_ROWS + r) as usize;
     if t == 0 {
