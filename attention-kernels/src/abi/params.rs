@@ -314,7 +314,7 @@ pub struct DecodeParams {
     /// Where each sequence's key rows are: contiguous, or pages of a paged cache.
     pub pages: KeyPages,
     pub shape: AttentionShape,
-    /// Keys of one split (a multiple of the kernel's 64-key tile); split `p` owns keys
+    /// Keys of one split (a multiple of the kernel's step); split `p` owns keys
     /// `p · keys_per_split .. (p + 1) · keys_per_split` of its sequence.
     pub keys_per_split: u32,
     /// `τ · log2 e`: scores go straight to the base-2 exponent.

@@ -1,420 +1,357 @@
-//! The split-KV decode kernel (see `super`). Scores are base 2 (`τ·log2 e` applied to S).
+//! The split-KV decode kernel (see `super`). Scores are base 2 (`τ·log2 e` folded into Q).
 
-use crate::abi::layout::KeyPages;
 use crate::abi::params::DecodeParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{
-    block_x, block_y, block_z, exp2, log2, shared_base, shared_window, sync_threads,
-    sync_threads_or, thread_x,
+    block_x, block_y, block_z, exp2, log2, shared_base, shfl_xor, sync_threads, sync_warp,
+    thread_x, warp_sum,
 };
-use crate::attn::mask::{
-    Exponent, OperandRows, non_finite_part, row_is_empty, sanitize_own_chunks,
-};
+use crate::attn::mask::{Exponent, MASKED, allowed_weight, contribution, row_is_empty};
+use crate::attn::online_state::Real;
 use crate::attn::sequence::Sequence;
-use crate::attn::softmax::{RowState, rescale};
-use crate::tile::SwizzledTile;
-use crate::tile::cp_async::{commit, copy16, wait_all, wait_groups};
-use crate::tile::mma::{FragA, FragC, MmaElem};
 
-use super::{BLOCK_KEYS, MAX_ROWS, STAGES, THREADS, merge_stride};
+use super::{STEP_KEYS, THREADS};
 
-const WARPS: u32 = THREADS / 32;
-/// Keys of a tile per warp: two n-tiles of `S`, one k-step of `P·V`.
-const WARP_KEYS: u32 = BLOCK_KEYS / WARPS;
-
-/// Two f32, one 8-byte shared store.
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct Cols2([f32; 2]);
-
-/// Four f32, one 16-byte load or store.
+/// Sixteen bytes of K or V: eight 16-bit elements, one vector load.
 #[repr(C, align(16))]
 #[derive(Clone, Copy)]
-struct Cols4([f32; 4]);
+struct Chunk([u32; 4]);
 
-/// One K/V head's rows of a sequence in K or V, contiguous or paged.
+/// Eight f32 of the Q tile, two 16-byte shared loads.
+#[repr(C, align(16))]
 #[derive(Clone, Copy)]
-struct KeyRows {
-    base: u64,
-    pages: KeyPages,
-    batch: u32,
-    /// The sequence's first tensor row in a contiguous layout.
-    first_row: u64,
-    heads_kv: u32,
-    head: u32,
-    head_dim: u32,
+struct Q8([f32; 8]);
+
+/// Most 16-byte chunks of K or V one thread holds at once: a batch of loads is issued before the
+/// first is used, so a thread keeps up to 256 bytes in flight (a d = 128 K row while scoring; one
+/// chunk of each of its `d/8` keys in `P·V`).
+const IN_FLIGHT: usize = 16;
+
+/// Chunks per batch of loads for `R` rows and head dim `D`: all `D/8` while the `R` rows'
+/// accumulators leave room (`64 / R` chunks: 256 words of chunks and accumulators together).
+const fn in_flight(d: usize, r: usize) -> usize {
+    let room = 64 / r;
+    if d / 8 < room { d / 8 } else { room }
 }
 
-impl KeyRows {
-    /// Byte offset of tensor row `row`'s K/V head from the tensor's start (tensor rows are
-    /// below 2^31, host-checked for both layouts).
-    #[inline(always)]
-    fn offset(&self, row: u32) -> u64 {
-        2 * ((row as u64 * self.heads_kv as u64 + self.head as u64) * self.head_dim as u64)
-    }
-
-    /// The tensor row of the sequence's key `j`.
-    ///
-    /// # Safety
-    /// `j` is below the sequence's key length.
-    #[inline(always)]
-    unsafe fn tensor_row(&self, j: u32) -> u32 {
-        // SAFETY: the caller's contract; the host checked every sequence's rows against its
-        // pages when paged.
-        unsafe { self.pages.row(self.batch, self.first_row, j) as u32 }
-    }
-}
-
-impl OperandRows for KeyRows {
-    #[inline(always)]
-    unsafe fn row_addr(&self, key: u32) -> u64 {
-        // SAFETY: forwarded to the caller.
-        self.base + self.offset(unsafe { self.tensor_row(key) })
-    }
-    #[inline(always)]
-    fn tiles(&self) -> u32 {
-        self.head_dim / 8
-    }
-}
-
-/// Grid `(splits, heads_kv, sequences)`, block [`THREADS`], shared `super::shared_bytes(d)`, `d =
-/// 16·KD`, `ND = 2·KD` n-tiles of O. Row `r < group · n_q` of the 16-row tile is query head
-/// `hk · group + r / n_q`, query row `r % n_q`; the host keeps `group · n_q ≤ MAX_ROWS`.
+/// The eight 16-bit elements at element offset `at` (a multiple of 8).
+///
+/// # Safety
+/// The elements are inside the tensor at `base`; rows are 16-byte aligned (`d % 8 == 0`).
 #[inline(always)]
-unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &DecodeParams) {
-    // Two slots of key rows serve three stages (see the prologue).
-    const {
-        assert!(ND == 2 * KD && (KD == 4 || KD == 8) && STAGES == 3);
-        // Whole rounds of the block's threads over the Q and K/V chunks.
-        assert!((MAX_ROWS * 2 * KD as u32) % THREADS == 0);
-    };
-    let d = 16 * KD as u32;
-    let chunks = d / 8;
+unsafe fn load_chunk(base: u64, at: usize) -> [u32; 4] {
+    // SAFETY: the caller's contract.
+    unsafe { (*((base as *const u16).add(at) as *const Chunk)).0 }
+}
+
+/// Eight elements widened to f32.
+#[inline(always)]
+fn widen8<T: Exponent>(w: [u32; 4]) -> [f32; 8] {
+    let mut out = [0.0; 8];
+    for (k, &word) in w.iter().enumerate() {
+        let [lo, hi] = T::widen_pair(word);
+        out[2 * k] = lo;
+        out[2 * k + 1] = hi;
+    }
+    out
+}
+
+/// Warp maximum that keeps a NaN (a NaN or `+∞` score makes the row NaN).
+#[inline(always)]
+pub(super) fn warp_max_nan(mut x: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        x = x.max_nan(shfl_xor(x, m));
+        m >>= 1;
+    }
+    x
+}
+
+/// Grid `(splits, heads_kv, sequences)`, block [`THREADS`], shared `super::shared_bytes(R, D)`.
+/// Row `r < group · n_q` of the tile is query head `hk · group + r / n_q`, query row `r % n_q`.
+#[inline(always)]
+unsafe fn decode<T: Exponent, const D: usize, const R: usize>(p: &DecodeParams) {
+    const { assert!(D % 8 == 0 && THREADS as usize % (D / 8) == 0 && D / 8 <= IN_FLIGHT) };
     let s = p.shape;
     let (split, hk) = (block_x(), block_y());
     // SAFETY: the host launched one block row per sequence of the layout.
     let seq = unsafe { Sequence::locate(&p.layout, &s, block_z()) };
-    let (tid, warp, lane) = (thread_x(), thread_x() / 32, thread_x() % 32);
-    let (g, t) = (lane / 4, lane % 4);
+    let t = thread_x() as usize;
+    let (warp, lane) = (t / 32, t % 32);
     let group = s.heads_q / s.heads_kv;
-    let rows = group * seq.q_len;
-    let head = |r: u32| hk * group + r / seq.q_len;
-    let local_row = |r: u32| r % seq.q_len;
-    let causal = p.causal != 0;
-    // This split owns keys `k0 .. k1`; row r sees those below `end(r)` (causal bottom-right per
-    // sequence, key lengths), padding rows none.
+    let rows = (group * seq.q_len) as usize;
+    let head = |r: usize| hk * group + r as u32 / seq.q_len;
+    let local_row = |r: usize| r as u32 % seq.q_len;
+
+    let q_s = shared_base() as *mut f32;
+    // SAFETY: the window holds R·(D + STEP_KEYS + 3) f32 and STEP_KEYS u32
+    // (super::shared_bytes).
+    let (score, stats) = unsafe {
+        let score = q_s.add(R * D);
+        (score, score.add(R * STEP_KEYS as usize))
+    };
+    let (row_max, row_sum, rescale) = unsafe { (stats, stats.add(R), stats.add(2 * R)) };
+    // The K/V tensor row of each key of the step, translated once (while scoring) for `P·V`.
+    let key_rows = unsafe { stats.add(3 * R) } as *mut u32;
+    // Tensor rows fit u32: below 2^31 (host-checked, contiguous and paged).
+    let first_row = seq.batch as u64 * s.n_k as u64 + seq.k_start as u64;
+    let row_offset = |row: u32| (row as usize * s.heads_kv as usize + hk as usize) * D;
+
+    let mut i = t;
+    while i < R * D {
+        let (r, c) = (i / D, i % D);
+        let x = if r < rows {
+            let off = seq.q_offset(&s, local_row(r), head(r)) + c;
+            // SAFETY: row r is a query row of the sequence.
+            T::widen(unsafe { *(p.q as *const u16).add(off) } as u32) * p.scale_log2
+        } else {
+            0.0
+        };
+        // SAFETY: inside the Q tile.
+        unsafe { *q_s.add(i) = x };
+        i += THREADS as usize;
+    }
+    if t < R {
+        // SAFETY: inside the statistics.
+        unsafe {
+            *row_max.add(t) = f32::NEG_INFINITY;
+            *row_sum.add(t) = 0.0;
+        }
+    }
+    // Row r sees keys below `key_end[r]` (causal bottom-right per sequence, key lengths); this
+    // split owns keys `k0 .. k1`.
+    let mut key_end = [0u32; R];
+    for (r, e) in key_end.iter_mut().enumerate() {
+        *e = if r < rows {
+            seq.key_end(local_row(r), p.causal != 0)
+        } else {
+            0
+        };
+    }
     let k0 = split * p.keys_per_split;
     let k1 = seq.k_len.min(k0.saturating_add(p.keys_per_split));
-    let tiles = if k1 > k0 {
-        (k1 - k0).div_ceil(BLOCK_KEYS)
-    } else {
-        0
-    };
-    let end = |r: u32| {
-        if r < rows {
-            seq.key_end(local_row(r), causal).min(k1)
-        } else {
-            0
-        }
-    };
-    let ends = [end(g), end(g + 8)];
-    // Keys from `lo` on are hidden from some rows (the causal diagonal of an `N_q > 1` step):
-    // a non-finite V there must not reach them through `0 · NaN` in `P·V`.
-    let lo = end(0);
+    let lanes_per_key = D / 8;
+    let (key_group, col) = (t / lanes_per_key, t % lanes_per_key);
+    let key_groups = THREADS as usize / lanes_per_key;
+    let mut acc = [[0.0f32; 8]; R];
+    sync_threads();
 
-    let smem = shared_window();
-    let kv_bytes = BLOCK_KEYS * d * 2;
-    let k_tile = |stage: u32| SwizzledTile::new(smem + stage * 2 * kv_bytes, d);
-    let v_tile = |stage: u32| SwizzledTile::new(smem + stage * 2 * kv_bytes + kv_bytes, d);
-    // Q lives in the last stage's K tile, which tile 2 first fills after every warp has taken
-    // its Q fragments (the first loop barrier).
-    let q_tile = k_tile(STAGES - 1);
-    let merge_bytes = WARPS * MAX_ROWS * merge_stride(d) * 4;
-    let rows_offset = (STAGES * 2 * kv_bytes).max(merge_bytes) as usize;
-    // SAFETY (both): inside the window (`super::shared_bytes`): two tiles' key rows, then each
-    // warp's m and ℓ per row.
-    let key_rows = unsafe { shared_base().add(rows_offset) } as *mut u32;
-    let stats = unsafe { key_rows.add(2 * BLOCK_KEYS as usize) } as *mut f32;
-
-    let kv = |base| KeyRows {
-        base,
-        pages: p.pages,
-        batch: seq.batch,
-        first_row: seq.batch as u64 * s.n_k as u64 + seq.k_start as u64,
-        heads_kv: s.heads_kv,
-        head: hk,
-        head_dim: d,
-    };
-    let (k_rows, v_rows) = (kv(p.k), kv(p.v));
-    // Thread `tid < BLOCK_KEYS` translates key `tid` of a tile (0 past the split) a tile
-    // before its copies are issued, so that a block-table lookup never delays them.
-    let tile_row = |tile: u32| {
-        let j = k0 + tile * BLOCK_KEYS + tid;
-        if tid < BLOCK_KEYS && j < k1 {
-            // SAFETY: j < k1 ≤ k_len.
-            unsafe { k_rows.tensor_row(j) }
-        } else {
-            0
+    let mut step = k0;
+    while step < k1 {
+        // Scores: thread t takes key `step + t`, whole rows of K against every row of Q.
+        let j = step + t as u32;
+        let mut dots = [0.0f32; R];
+        if j < k1 {
+            // SAFETY: key j < k_len is inside the sequence's rows (host-checked against its
+            // pages when paged).
+            let row = unsafe { p.pages.row(seq.batch, first_row, j) } as u32;
+            // SAFETY: inside the step's rows.
+            unsafe { *key_rows.add(t) = row };
+            let k_row = row_offset(row);
+            let mut words = [[0u32; 4]; IN_FLIGHT];
+            let mut c0 = 0;
+            while c0 < D / 8 {
+                each_chunk!(c < in_flight(D, R) => {
+                    // SAFETY: key j < k_len is a key row of the sequence.
+                    words[c] = unsafe { load_chunk(p.k, k_row + 8 * (c0 + c)) };
+                });
+                each_chunk!(c < in_flight(D, R) => {
+                    let k = widen8::<T>(words[c]);
+                    for (r, dot) in dots.iter_mut().enumerate() {
+                        // SAFETY: inside the Q tile, 32-byte aligned (D % 8 == 0).
+                        let Q8(q) = unsafe { *(q_s.add(r * D + 8 * (c0 + c)) as *const Q8) };
+                        for (&qe, &x) in q.iter().zip(&k) {
+                            *dot += qe * x;
+                        }
+                    }
+                });
+                c0 += in_flight(D, R);
+            }
         }
-    };
-    let set_rows = |tile: u32, row: u32| {
-        if tid < BLOCK_KEYS {
-            // SAFETY: inside the two tiles' key rows.
-            unsafe { *key_rows.add(((tile & 1) * BLOCK_KEYS + tid) as usize) = row };
-        }
-    };
-    // K and V of tile `tile` into `stage`, from the rows `set_rows` put in its slot; keys past
-    // the split load as zeros. Chunks are assigned as `ChunkedTile::fill_async` assigns them
-    // (`sanitize_own_chunks` relies on it), consecutive threads on consecutive chunks, in a
-    // loop of constant trip count so that it unrolls.
-    let fill = |tile: u32, stage: u32| {
-        let first = k0 + tile * BLOCK_KEYS;
-        let (kt, vt) = (k_tile(stage), v_tile(stage));
-        for n in 0..BLOCK_KEYS * chunks / THREADS {
-            let i = tid + n * THREADS;
-            let (r, c) = (i / chunks, i % chunks);
-            let valid = first + r < k1;
-            let at = if valid {
-                // SAFETY: inside the slot of `tile`'s rows.
-                let row = unsafe { *key_rows.add(((tile & 1) * BLOCK_KEYS + r) as usize) };
-                k_rows.offset(row) + 16 * c as u64
-            } else {
-                0
-            };
-            // SAFETY: each stage holds BLOCK_KEYS rows; a key below k1 is a row of K and V.
+        for (r, &dot) in dots.iter().enumerate() {
+            let allowed = j < k1 && j < key_end[r];
+            // SAFETY: inside the score tile.
             unsafe {
-                copy16(kt.chunk_addr(r, c), k_rows.base + at, valid);
-                copy16(vt.chunk_addr(r, c), v_rows.base + at, valid);
+                *score.add(r * STEP_KEYS as usize + t) =
+                    if allowed { dot } else { f32::NEG_INFINITY }
+            };
+        }
+        sync_threads();
+        // Online softmax, one warp per row: the step's maximum, weights, and the rescale of
+        // what the row held.
+        let mut r = warp;
+        while r < R {
+            let row = unsafe { score.add(r * STEP_KEYS as usize) };
+            let mut m = f32::NEG_INFINITY;
+            let mut x = [0.0f32; STEP_KEYS as usize / 32];
+            for (e, v) in x.iter_mut().enumerate() {
+                // SAFETY: inside the score tile.
+                *v = unsafe { *row.add(e * 32 + lane) };
+                if *v != f32::NEG_INFINITY {
+                    m = m.max_nan(*v);
+                }
             }
-        }
-    };
-
-    // Q into the 16-row tile (zero rows past the group's), with tiles 0 and 1 in flight.
-    for n in 0..MAX_ROWS * chunks / THREADS {
-        let i = tid + n * THREADS;
-        let (r, c) = (i / chunks, i % chunks);
-        let valid = r < rows;
-        let at = if valid {
-            2 * seq.q_offset(&s, local_row(r), head(r)) as u64 + 16 * c as u64
-        } else {
-            0
-        };
-        // SAFETY: row r < rows is a query row of the sequence; the tile holds 16 rows.
-        unsafe { copy16(q_tile.chunk_addr(r, c), p.q + at, valid) };
-    }
-    set_rows(0, tile_row(0));
-    set_rows(1, tile_row(1));
-    sync_threads();
-    for tile in 0..STAGES - 1 {
-        if tile < tiles {
-            fill(tile, tile);
-        }
-        commit();
-    }
-    let next = tile_row(STAGES - 1);
-    // Every thread has read tile 0's rows before tile 2's replace them.
-    sync_threads();
-    set_rows(STAGES - 1, next);
-    wait_groups::<{ STAGES - 2 }>();
-    sync_threads();
-    let mut q_frag = [FragA::default(); KD];
-    for (kk, f) in q_frag.iter_mut().enumerate() {
-        // SAFETY: the 16 rows are the Q tile's.
-        *f = unsafe { q_tile.load_a(0, kk as u32, lane) };
-    }
-
-    let mut o = [FragC::default(); ND];
-    let mut state = RowState::new();
-    let mut poisoned = false;
-    let mut stage = 0;
-    let key0 = WARP_KEYS * warp;
-    let mut tile = 0;
-    while tile < tiles {
-        // Tile `tile` has landed (the newer ones may still load), and every warp is done with
-        // the stage the next fill overwrites. A diagonal tile's V is sanitized as it lands
-        // (each thread its own chunks, before the barrier that publishes them; the barrier
-        // votes whether any was non-finite), and the allowed keys' non-finite part is added
-        // after the loop.
-        wait_groups::<{ STAGES - 2 }>();
-        let first = k0 + tile * BLOCK_KEYS;
-        let diagonal = lo < k1 && first + BLOCK_KEYS > lo;
-        // SAFETY: the thread's own copies of the stage's V have landed.
-        let bad = diagonal
-            && unsafe { sanitize_own_chunks::<T, _>(&v_tile(stage), BLOCK_KEYS, tid, THREADS) };
-        poisoned |= sync_threads_or(bad);
-        if tile + STAGES - 1 < tiles {
-            let ahead = if stage == 0 { STAGES - 1 } else { stage - 1 };
-            fill(tile + STAGES - 1, ahead);
-        }
-        commit();
-        let next = tile_row(tile + STAGES);
-
-        // S = Q·Kᵀ over the warp's 16 keys, scaled and masked.
-        let (kt, vt) = (k_tile(stage), v_tile(stage));
-        let mut sc = [FragC::default(); 2];
-        for (kk, qf) in q_frag.iter().enumerate() {
-            // SAFETY: keys key0 .. key0 + 16 are inside the K tile.
-            let [b0, b1] = unsafe { kt.load_b_pair(key0, kk as u32, lane) };
-            T::mma(&mut sc[0], qf, &b0);
-            T::mma(&mut sc[1], qf, &b1);
-        }
-        let own = first + key0 + 2 * t;
-        for (n, f) in sc.iter_mut().enumerate() {
-            for (e, x) in f.0.iter_mut().enumerate() {
-                let key = own + 8 * n as u32 + (e as u32 & 1);
-                *x = if key < ends[e / 2] {
-                    *x * p.scale_log2
+            // SAFETY: inside the statistics.
+            let m_old = unsafe { *row_max.add(r) };
+            let m_new = m_old.max_nan(warp_max_nan(m));
+            let mut sum = 0.0;
+            for (e, &v) in x.iter().enumerate() {
+                let w = if v == f32::NEG_INFINITY {
+                    MASKED
                 } else {
-                    f32::NEG_INFINITY
+                    allowed_weight(exp2(v - m_new))
                 };
+                sum += w;
+                // SAFETY: inside the score tile.
+                unsafe { *row.add(e * 32 + lane) = w };
+            }
+            let sum = warp_sum(sum);
+            // Every lane has read `row_max[r]` before lane 0 rewrites it (racecheck does not
+            // count the shuffles as ordering).
+            sync_warp();
+            if lane == 0 {
+                // Nothing allowed yet: nothing to rescale (and `−∞ − −∞` is never evaluated).
+                let alpha = if m_new == f32::NEG_INFINITY {
+                    1.0
+                } else {
+                    exp2(m_old - m_new)
+                };
+                // SAFETY: inside the statistics.
+                unsafe {
+                    *row_max.add(r) = m_new;
+                    *row_sum.add(r) = alpha * *row_sum.add(r) + sum;
+                    *rescale.add(r) = alpha;
+                }
+            }
+            r += THREADS as usize / 32;
+        }
+        sync_threads();
+        // O += P·V: `lanes_per_key` lanes read one V row with 16-byte loads; key groups take
+        // every `key_groups`-th key of the step.
+        for (r, a) in acc.iter_mut().enumerate() {
+            // SAFETY: inside the statistics.
+            let alpha = unsafe { *rescale.add(r) };
+            for x in a.iter_mut() {
+                *x *= alpha;
             }
         }
-        let alpha = state.fold(&mut sc);
-        rescale(&mut o, alpha);
-        let pa = T::pack_a(&sc[0], &sc[1]);
-        for dp in 0..KD {
-            // SAFETY: keys key0 .. key0 + 16 and chunks 2 dp, 2 dp + 1 are inside the V tile.
-            let [b0, b1] = unsafe { vt.load_b_pair_trans(key0, 2 * dp as u32, lane) };
-            T::mma(&mut o[2 * dp], &pa, &b0);
-            T::mma(&mut o[2 * dp + 1], &pa, &b1);
+        // This thread's keys of the step: `key_group + g · key_groups`, `g < d/8`.
+        let key = |g: usize| key_group + g * key_groups;
+        let mut words = [[0u32; 4]; IN_FLIGHT];
+        let mut g0 = 0;
+        while g0 < D / 8 {
+            each_chunk!(g < in_flight(D, R) => {
+                let j = step + key(g0 + g) as u32;
+                if j < k1 {
+                    // SAFETY: key j < k_len is a key row of the sequence, its row translated
+                    // while scoring.
+                    words[g] = unsafe {
+                        let row = *key_rows.add(key(g0 + g));
+                        load_chunk(p.v, row_offset(row) + 8 * col)
+                    };
+                }
+            });
+            each_chunk!(g < in_flight(D, R) => {
+                if step + (key(g0 + g) as u32) < k1 {
+                    let v = widen8::<T>(words[g]);
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: inside the score tile.
+                        let w = unsafe { *score.add(r * STEP_KEYS as usize + key(g0 + g)) };
+                        for (x, &y) in a.iter_mut().zip(&v) {
+                            *x += contribution(w, y);
+                        }
+                    }
+                }
+            });
+            g0 += in_flight(D, R);
         }
-
-        set_rows(tile + STAGES, next);
-        stage = if stage + 1 == STAGES { 0 } else { stage + 1 };
-        tile += 1;
+        sync_threads();
+        step += STEP_KEYS;
     }
 
-    // The warps' states merged: each warp's O and ℓ rescaled to the rows' common maximum, the
-    // accumulators staged in the stages' place (f32, rows `merge_stride` apart), summed.
-    wait_all();
-    sync_threads();
-    let (m, l) = state.stats();
-    // SAFETY: the statistics hold WARPS · 16 m, then as many ℓ.
-    let (m_s, l_s) = (stats, unsafe { stats.add((WARPS * MAX_ROWS) as usize) });
-    let at = |w: u32, r: u32| (w * MAX_ROWS + r) as usize;
-    if t == 0 {
-        // SAFETY: inside the statistics.
-        unsafe {
-            *m_s.add(at(warp, g)) = m[0];
-            *m_s.add(at(warp, g + 8)) = m[1];
-        }
+    // The key groups' sums, added one group at a time into the Q tile's place.
+    let o_s = q_s;
+    let mut i = t;
+    while i < R * D {
+        // SAFETY: inside the tile.
+        unsafe { *o_s.add(i) = 0.0 };
+        i += THREADS as usize;
     }
     sync_threads();
-    // The row maximum over the warps; a row with nothing allowed keeps −∞ (and subtracts 0).
-    let row_max = |r: u32| {
-        let mut x = f32::NEG_INFINITY;
-        for w in 0..WARPS {
-            // SAFETY: inside the statistics.
-            x = x.max(unsafe { *m_s.add(at(w, r)) });
+    for g in 0..key_groups {
+        if g == key_group {
+            for (r, a) in acc.iter().enumerate() {
+                for (e, &x) in a.iter().enumerate() {
+                    // SAFETY: inside the tile.
+                    unsafe { *o_s.add(r * D + 8 * col + e) += x };
+                }
+            }
         }
-        x
-    };
-    let mut factor = [0.0f32; 2];
-    for (k, f) in factor.iter_mut().enumerate() {
-        let top = row_max(g + 8 * k as u32);
-        *f = exp2(m[k] - if top == f32::NEG_INFINITY { 0.0 } else { top });
+        sync_threads();
     }
-    rescale(&mut o, factor);
-    if poisoned && warp == 0 {
-        // Every key from the first diagonal tile on: keys of other tiles whose non-finite
-        // values the product already took change nothing when added again. A key a row
-        // allows counts whatever its score (the weight is positive or `0 · NaN`).
-        let from = k0 + lo.saturating_sub(k0) / BLOCK_KEYS * BLOCK_KEYS;
-        // SAFETY: every key below k1 is a row of V.
-        let poison = unsafe {
-            non_finite_part::<T, ND>(
-                (from, k1),
-                [0, 0],
-                ends,
-                v_rows,
-                lane,
-                |_, _| false,
-                |_, _| true,
-            )
-        };
-        poison.apply(&mut o);
-    }
-    let stride = merge_stride(d) as usize;
-    // The stage region holds WARPS · 16 rows of `stride` f32 (super::shared_bytes).
-    let o_s = shared_base() as *mut f32;
-    // SAFETY: inside the stage region.
-    let mine = unsafe { o_s.add(at(warp, 0) * stride) };
-    for (n, f) in o.iter().enumerate() {
-        let col = 8 * n + 2 * t as usize;
-        // SAFETY: rows g, g + 8 of the warp's rows, 8-byte aligned (even column and stride).
-        unsafe {
-            *(mine.add(g as usize * stride + col) as *mut Cols2) = Cols2([f.0[0], f.0[1]]);
-            *(mine.add((g as usize + 8) * stride + col) as *mut Cols2) = Cols2([f.0[2], f.0[3]]);
-        }
-    }
-    if t == 0 {
-        // SAFETY: inside the statistics.
-        unsafe {
-            *l_s.add(at(warp, g)) = l[0] * factor[0];
-            *l_s.add(at(warp, g + 8)) = l[1] * factor[1];
-        }
-    }
-    sync_threads();
-    let row_sum = |r: u32| {
-        let mut x = 0.0;
-        for w in 0..WARPS {
-            // SAFETY: inside the statistics.
-            x += unsafe { *l_s.add(at(w, r)) };
-        }
-        x
-    };
-
     // Partial O = u / ℓ (0 for a row with nothing allowed in this split), LSE = (m + log2 ℓ)·ln 2.
     let part = split as usize;
     let o_part = (p.o_part as *mut f32).wrapping_add(part * s.q_elems());
     let lse_part = (p.lse_part as *mut f32).wrapping_add(part * s.row_elems());
-    let quads = d / 4;
-    let mut i = tid;
-    while i < rows * quads {
-        let (r, c) = (i / quads, 4 * (i % quads) as usize);
-        let l = row_sum(r);
-        let inv = if row_is_empty(l) { 0.0 } else { 1.0 / l };
-        let mut sum = [0.0f32; 4];
-        for w in 0..WARPS {
-            // SAFETY: row r of warp w's staged rows, 16-byte aligned.
-            let Cols4(x) = unsafe { *(o_s.add(at(w, r) * stride + c) as *const Cols4) };
-            for (a, &y) in sum.iter_mut().zip(&x) {
-                *a += y;
-            }
-        }
-        let out = Cols4(sum.map(|x| x * inv));
-        // SAFETY: row r is a query row of the sequence; 16-byte aligned (rows of d f32).
+    let mut i = t;
+    while i < rows * D {
+        let (r, c) = (i / D, i % D);
+        // SAFETY: inside the statistics and the tile; row r is a row of the sequence.
         unsafe {
-            *(o_part.add(seq.q_offset(&s, local_row(r), head(r)) + c) as *mut Cols4) = out;
+            let l = *row_sum.add(r);
+            let o = if row_is_empty(l) {
+                0.0
+            } else {
+                *o_s.add(i) / l
+            };
+            *o_part.add(seq.q_offset(&s, local_row(r), head(r)) + c) = o;
         }
-        i += THREADS;
+        i += THREADS as usize;
     }
-    if tid < rows {
-        let l = row_sum(tid);
-        let lse = if row_is_empty(l) {
-            f32::NEG_INFINITY
-        } else {
-            (row_max(tid) + log2(l)) * core::f32::consts::LN_2
-        };
+    if t < rows {
         // SAFETY: as above.
-        unsafe { *lse_part.add(seq.row_index(&s, local_row(tid), head(tid))) = lse };
+        unsafe {
+            let l = *row_sum.add(t);
+            let lse = if row_is_empty(l) {
+                f32::NEG_INFINITY
+            } else {
+                (*row_max.add(t) + log2(l)) * core::f32::consts::LN_2
+            };
+            *lse_part.add(seq.row_index(&s, local_row(t), head(t))) = lse;
+        }
     }
 }
 
 macro_rules! decode_entries {
-    ($($name:ident => $t:ty, $d:literal;)*) => {$(
+    ($($name:ident => $t:ty, $d:literal, $r:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: DecodeParams) {
             // SAFETY: the host validated the tensors and the workspace against `p`.
-            unsafe { decode::<$t, { $d / 16 }, { $d / 8 }>(&p) }
+            unsafe { decode::<$t, $d, $r>(&p) }
         }
     )*};
 }
 
 // Named as `attention_host::instances::decode` formats them.
 decode_entries! {
-    flash_decode_mma_bf16_d64 => Bf16, 64;
-    flash_decode_mma_bf16_d128 => Bf16, 128;
-    flash_decode_mma_f16_d64 => F16, 64;
-    flash_decode_mma_f16_d128 => F16, 128;
+    flash_decode_bf16_d64_r1 => Bf16, 64, 1;
+    flash_decode_bf16_d64_r2 => Bf16, 64, 2;
+    flash_decode_bf16_d64_r4 => Bf16, 64, 4;
+    flash_decode_bf16_d64_r8 => Bf16, 64, 8;
+    flash_decode_bf16_d64_r16 => Bf16, 64, 16;
+    flash_decode_bf16_d128_r1 => Bf16, 128, 1;
+    flash_decode_bf16_d128_r2 => Bf16, 128, 2;
+    flash_decode_bf16_d128_r4 => Bf16, 128, 4;
+    flash_decode_bf16_d128_r8 => Bf16, 128, 8;
+    flash_decode_bf16_d128_r16 => Bf16, 128, 16;
+    flash_decode_f16_d64_r1 => F16, 64, 1;
+    flash_decode_f16_d64_r2 => F16, 64, 2;
+    flash_decode_f16_d64_r4 => F16, 64, 4;
+    flash_decode_f16_d64_r8 => F16, 64, 8;
+    flash_decode_f16_d64_r16 => F16, 64, 16;
+    flash_decode_f16_d128_r1 => F16, 128, 1;
+    flash_decode_f16_d128_r2 => F16, 128, 2;
+    flash_decode_f16_d128_r4 => F16, 128, 4;
+    flash_decode_f16_d128_r8 => F16, 128, 8;
+    flash_decode_f16_d128_r16 => F16, 128, 16;
 }
