@@ -7,7 +7,7 @@
 //!
 //! With the `candidates` feature (not yet run on a GPU) the family runs the candidate
 //! `mma.sync` split kernel instead (`kernels::decode::mma`: the same rows as one 16-row MMA
-//! tile), with one wave of splits ([`blocks_per_sm`], [`choose_splits_one_wave`]).
+//! tile), with one wave of splits (`blocks_per_sm`, `choose_splits_one_wave`).
 
 use attention_kernels::abi::grid::MAX_GRID_YZ;
 use attention_kernels::kernels::decode::DecodeConfig;

@@ -15,8 +15,8 @@
 //! pipes keep up with memory and the kernel stays bandwidth bound; `R = 16` is at the balance
 //! point. The plan takes this family only up to [`MAX_ROW_TILE`] rows.
 //!
-//! With the `candidates` feature the PTX also holds [`mma`]'s split kernel on `mma.sync` tensor
-//! cores (not yet run on a GPU), and the plan picks it instead of this one.
+//! With the `candidates` feature the PTX also holds the split kernel of `mma` (`decode/mma/`) on
+//! `mma.sync` tensor cores (not yet run on a GPU), and the plan picks it instead of this one.
 
 #[cfg(target_arch = "nvptx64")]
 /// `body` for `c = 0, 1, …` below `n` (at most 16), each with a constant `c`: the
@@ -47,7 +47,7 @@ pub mod mma;
 pub struct DecodeConfig {
     pub head_dim: u32,
     /// The rows the split kernel computes: the smallest of [`ROW_TILES`] holding `H_q / H_kv ·
-    /// N_q` (the candidate [`mma`] kernel, the `candidates` feature: its 16-row MMA tile, always).
+    /// N_q` (the candidate `mma` kernel, the `candidates` feature: its 16-row MMA tile, always).
     pub row_tile: u32,
     pub splits: u32,
     pub keys_per_split: u32,
