@@ -241,6 +241,40 @@ mod tests {
         )
     }
 
+    /// Which calls go to the decode family, whichever split kernel it runs.
+    #[test]
+    fn auto_routes_few_rows_per_kv_head_to_decode_and_the_rest_elsewhere() {
+        let h200 = DeviceCaps::for_arch("sm_90", true).unwrap();
+        let fwd = |dev, s, o| select_on(dev, s, DType::Bf16, o, Direction::Forward).unwrap();
+        // Causal chunks of a few rows, GQA 16, key lengths: still decode.
+        let causal = FlashOptions::new(AttentionOptions::new().causal(true));
+        assert_eq!(
+            fwd(&h200, shape(2, 4, 1000, 8, 2), causal).family,
+            Family::Decode
+        );
+        assert_eq!(
+            fwd(&h200, shape(2, 1, 1000, 16, 1), FlashOptions::default()).family,
+            Family::Decode
+        );
+        let lengths = FlashOptions::new(AttentionOptions::new().key_lengths(vec![0, 7]));
+        assert_eq!(
+            fwd(&h200, shape(2, 1, 300, 4, 4), lengths).family,
+            Family::Decode
+        );
+        // Prefill, too many rows per K/V head, and the backward go elsewhere.
+        for s in [shape(1, 512, 32768, 32, 8), shape(1, 5, 4096, 32, 8)] {
+            assert_eq!(fwd(&h200, s, FlashOptions::default()).family, Family::Sm90);
+        }
+        let b = select_on(
+            &h200,
+            shape(1, 1, 4096, 32, 8),
+            DType::Bf16,
+            FlashOptions::default(),
+            Direction::Backward,
+        );
+        assert_eq!(b.unwrap().family, Family::Sm90);
+    }
+
     #[cfg(not(feature = "candidates"))]
     #[test]
     fn auto_takes_decode_for_few_rows_per_kv_head() {
@@ -282,33 +316,6 @@ mod tests {
         assert!(merge.to_string().contains("combine: Merge"), "{merge}");
         let a = fwd(&a100, shape(1, 1, 32768, 32, 8), FlashOptions::default());
         assert_eq!((a.family, a.grid), (Family::Decode, (52, 8, 1)));
-        // Causal chunks of a few rows, GQA 16, key lengths: still decode.
-        let causal = FlashOptions::new(AttentionOptions::new().causal(true));
-        assert_eq!(
-            fwd(&h200, shape(2, 4, 1000, 8, 2), causal).family,
-            Family::Decode
-        );
-        assert_eq!(
-            fwd(&h200, shape(2, 1, 1000, 16, 1), FlashOptions::default()).family,
-            Family::Decode
-        );
-        let lengths = FlashOptions::new(AttentionOptions::new().key_lengths(vec![0, 7]));
-        assert_eq!(
-            fwd(&h200, shape(2, 1, 300, 4, 4), lengths).family,
-            Family::Decode
-        );
-        // Prefill, too many rows per K/V head, and the backward go elsewhere.
-        for s in [shape(1, 512, 32768, 32, 8), shape(1, 5, 4096, 32, 8)] {
-            assert_eq!(fwd(&h200, s, FlashOptions::default()).family, Family::Sm90);
-        }
-        let b = select_on(
-            &h200,
-            shape(1, 1, 4096, 32, 8),
-            DType::Bf16,
-            FlashOptions::default(),
-            Direction::Backward,
-        );
-        assert_eq!(b.unwrap().family, Family::Sm90);
     }
 
     #[cfg(feature = "candidates")]
@@ -366,33 +373,6 @@ mod tests {
                 ("flash_decode_mma_bf16_d128", 16, 16)
             );
         }
-        // Causal chunks of a few rows, GQA 16, key lengths: still decode.
-        let causal = FlashOptions::new(AttentionOptions::new().causal(true));
-        assert_eq!(
-            fwd(&h200, shape(2, 4, 1000, 8, 2), causal).family,
-            Family::Decode
-        );
-        assert_eq!(
-            fwd(&h200, shape(2, 1, 1000, 16, 1), FlashOptions::default()).family,
-            Family::Decode
-        );
-        let lengths = FlashOptions::new(AttentionOptions::new().key_lengths(vec![0, 7]));
-        assert_eq!(
-            fwd(&h200, shape(2, 1, 300, 4, 4), lengths).family,
-            Family::Decode
-        );
-        // Prefill, too many rows per K/V head, and the backward go elsewhere.
-        for s in [shape(1, 512, 32768, 32, 8), shape(1, 5, 4096, 32, 8)] {
-            assert_eq!(fwd(&h200, s, FlashOptions::default()).family, Family::Sm90);
-        }
-        let b = select_on(
-            &h200,
-            shape(1, 1, 4096, 32, 8),
-            DType::Bf16,
-            FlashOptions::default(),
-            Direction::Backward,
-        );
-        assert_eq!(b.unwrap().family, Family::Sm90);
     }
 
     #[test]
