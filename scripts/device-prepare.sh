@@ -14,6 +14,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The binaries embed ptx/: refuse to carry PTX that the kernel sources no longer produce.
 scripts/regen-ptx.sh --check
+# Copies the test executables of the `cargo test --no-run --message-format=json` on stdin into
+# DEST under stable names (a library's unit tests as NAME-unit); with NAMES, only those.
+copy_tests() {
+  python3 -c '
+import json, shutil, sys
+dest, wanted = sys.argv[1], set(sys.argv[2:])
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        name = m["target"]["name"] + ("-unit" if m["target"]["kind"] == ["lib"] else "")
+        if not wanted or name in wanted:
+            shutil.copy(m["executable"], dest + "/" + name)
+            print("prepared", dest + "/" + name)
+' "$@"
+}
 rm -rf .device-run && mkdir -p .device-run/tests
 cargo build --release --bins --quiet
 cp target/release/flash-attn .device-run/
@@ -23,34 +38,20 @@ cp target/release/examples/decode_bench target/release/examples/generate .device
 cargo build --release --example large_tensors --quiet
 cp target/release/examples/large_tensors .device-run/
 cargo test --workspace --release --no-run --message-format=json 2>/dev/null \
-  | python3 -c '
-import json, shutil, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        name = m["target"]["name"] + ("-unit" if m["target"]["kind"] == ["lib"] else "")
-        shutil.copy(m["executable"], ".device-run/tests/" + name)
-        print("prepared", name)
-'
+  | copy_tests .device-run/tests
 # The candle op when CANDLE=1 (feature `candle-cuda`, candle with its CUDA backend): its GPU test
 # as .device-run/candle/gpu_candle, run there through candle-run.sh (`h200-check.sh candle`), and
 # the GPT of crates/candle-gpt (a workspace of its own) as .device-run/gpt (`h200-check.sh gpt`).
-# Needs the CUDA toolkit of scripts/candle-toolchain.sh; both builds share target/candle, so
-# candle is compiled once (about 10 minutes on 2 cores the first time).
+# Needs the CUDA toolkit of scripts/candle-toolchain.sh. Both builds use target/candle, but the
+# GPT's workspace resolves its dependencies' features apart, so candle (its nvcc kernels too) is
+# compiled twice: 39 and 32 minutes cold on 2 cores (2026-12-01).
 if [[ ${CANDLE:-0} == 1 ]]; then
   mkdir -p .device-run/candle
   candle_target=$PWD/target/candle
   (source <(scripts/candle-toolchain.sh --env) && CARGO_TARGET_DIR=$candle_target \
     cargo test --release -p flash-attn --features candle-cuda --test gpu_candle --no-run \
     --message-format=json 2>/dev/null) \
-    | python3 -c '
-import json, shutil, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        shutil.copy(m["executable"], ".device-run/candle/" + m["target"]["name"])
-        print("prepared candle/" + m["target"]["name"])
-'
+    | copy_tests .device-run/candle
   [[ -x .device-run/candle/gpu_candle ]] || { echo "device-prepare: the candle test did not build" >&2; exit 1; }
   (cd crates/candle-gpt && source <(../../scripts/candle-toolchain.sh --env) \
     && CARGO_TARGET_DIR=$candle_target cargo build --release --features cuda --quiet)
@@ -68,17 +69,8 @@ if [[ ${CANDIDATES:-0} == 1 ]]; then
   cp target/release/flash-attn target/release/examples/decode_bench .device-run/candidates/
   cargo test --release -p flash-attn -p attention-host --features flash-attn/candidates --no-run \
     --message-format=json 2>/dev/null \
-    | python3 -c '
-import json, shutil, sys
-wanted = {"gpu_decode", "gpu_paged_cache", "gpu_kv_cache", "ptx_entries", "attention_host-unit"}
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        name = m["target"]["name"] + ("-unit" if m["target"]["kind"] == ["lib"] else "")
-        if name in wanted:
-            shutil.copy(m["executable"], ".device-run/candidates/tests/" + name)
-            print("prepared candidates/" + name)
-'
+    | copy_tests .device-run/candidates/tests gpu_decode gpu_paged_cache gpu_kv_cache ptx_entries \
+      attention_host-unit
   [[ -x .device-run/candidates/tests/gpu_decode ]] || { echo "device-prepare: the candidate tests did not build" >&2; exit 1; }
   strip .device-run/candidates/flash-attn .device-run/candidates/decode_bench .device-run/candidates/tests/*
 fi
