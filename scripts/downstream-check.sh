@@ -55,15 +55,20 @@ fn main() -> Result<(), AttentionError> {
 }
 RUST
 
+# Builds the crate in the current directory with $toolchain and says how long it took.
+timed_build() {
+    local start ms
+    start=$(date +%s%N)
+    cargo "+$toolchain" build --quiet
+    ms=$((($(date +%s%N) - start) / 1000000))
+    printf 'downstream-check: cargo +%s build %s took %d.%01d s\n' "$toolchain" "$1" $((ms / 1000)) $((ms % 1000 / 100))
+}
 cd "$dir/downstream"
 # Nothing of CUDA or of the project's own build environment reaches this build.
 unset CUDA_LIBRARY_PATH CUDA_PATH CUDA_HOME CUDA_ROOT CUDA_TOOLKIT_ROOT_DIR RUSTC_BOOTSTRAP \
     RUSTUP_TOOLCHAIN RUSTFLAGS CARGO_BUILD_RUSTFLAGS FLASH_ATTN_ARCH
 export CARGO_TARGET_DIR="$dir/target"
-start=$(date +%s%N)
-cargo "+$toolchain" build --quiet
-ms=$((($(date +%s%N) - start) / 1000000))
-printf 'downstream-check: cargo +%s build (debug, fresh target dir) took %d.%01d s\n' "$toolchain" $((ms / 1000)) $((ms % 1000 / 100))
+timed_build "(debug, fresh target dir)"
 bin="$CARGO_TARGET_DIR/debug/downstream"
 "$bin"
 
@@ -103,9 +108,6 @@ fn main() -> candle_core::Result<()> {
 }
 RUST
 cd "$dir/downstream-candle"
-start=$(date +%s%N)
-cargo "+$toolchain" build --quiet
-ms=$((($(date +%s%N) - start) / 1000000))
-printf 'downstream-check: with features = ["candle"], cargo +%s build took %d.%01d s\n' "$toolchain" $((ms / 1000)) $((ms % 1000 / 100))
+timed_build "with features = [\"candle\"]"
 "$CARGO_TARGET_DIR/debug/downstream-candle"
 echo "downstream-check: ok"
