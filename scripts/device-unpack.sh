@@ -10,4 +10,5 @@ else
   python3 -c 'import lzma, sys, shutil; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' \
     .device-pack/run.txz | tar xf -
 fi
+touch .device-run/.unpacked  # h200-check.sh: this pack is unpacked
 echo "unpacked .device-run, built from $(cat .device-run/COMMIT)"
