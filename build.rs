@@ -7,7 +7,7 @@
 //! in `ptx/kernel-sources.sha256`: building needs no child build, no nightly feature and no
 //! component beyond a default toolchain's, so a dependent builds with any toolchain from the MSRV.
 //!
-//! With the `rebuild-ptx` feature (implied by `tuning` and `candidates`), this script compiles
+//! With the `rebuild-ptx` feature (implied by `tuning`), this script compiles
 //! them from the sources instead, with rustc's NVPTX backend. The child build uses the pinned
 //! toolchain of `rust-toolchain.toml` with `-Zbuild-std=core` (no prebuilt `rust-std` exists for
 //! `nvptx64-nvidia-cuda`), `RUSTC_BOOTSTRAP=1` for the unstable device features, and a target
@@ -57,7 +57,7 @@ fn main() {
         );
         let target_root = target_root(&out_dir);
         // Embedded from OUT_DIR, which is this feature set's own; `target/ptx` is shared by every
-        // build (with and without `tuning` or `candidates`) and only for reading.
+        // build (with and without `tuning`) and only for reading.
         let write = |arch: &str, wgmma: bool, embedded: &str| {
             let ptx = build_ptx(&kernel_dir, &target_root, arch, wgmma);
             fs::write(out_dir.join(embedded), &ptx).expect("write OUT_DIR PTX");
@@ -125,21 +125,18 @@ fn target_root(out_dir: &Path) -> PathBuf {
     }
 }
 
-/// Compiles the kernel crate for `arch` in `<target-dir>/ptx-build/<arch>[-tuning][-candidates]`;
+/// Compiles the kernel crate for `arch` in `<target-dir>/ptx-build/<arch>[-tuning]`;
 /// `wgmma` adds the `flash_attn_sm90a` cfg.
 fn build_ptx(kernel_dir: &Path, target_root: &Path, arch: &str, wgmma: bool) -> String {
-    // The root package's `tuning` feature compiles the candidate tiles into the PTX too, and its
-    // `candidates` feature the candidate kernels (not yet verified on a GPU). Each feature set
-    // has its own target directory: the PTX file carries no feature hash in its name, so a build
-    // that shared the directory could find its unit fresh and read another feature set's PTX.
-    let features: Vec<&str> = [
-        ("tuning", "CARGO_FEATURE_TUNING"),
-        ("candidates", "CARGO_FEATURE_CANDIDATES"),
-    ]
-    .into_iter()
-    .filter(|(_, var)| env::var_os(var).is_some())
-    .map(|(feature, _)| feature)
-    .collect();
+    // The root package's `tuning` feature compiles the candidate tiles into the PTX too. Each
+    // feature set has its own target directory: the PTX file carries no feature hash in its
+    // name, so a build that shared the directory could find its unit fresh and read another
+    // feature set's PTX.
+    let features: Vec<&str> = [("tuning", "CARGO_FEATURE_TUNING")]
+        .into_iter()
+        .filter(|(_, var)| env::var_os(var).is_some())
+        .map(|(feature, _)| feature)
+        .collect();
     let mut dir = arch.to_owned();
     for feature in &features {
         dir.push('-');

@@ -5,9 +5,7 @@
 # sample) and the peers' JSON go to $OUT (or reports/bench/), at most five files, since the
 # device tool returns eight; the ratio table is printed and saved. Then the memory measurements.
 # `decode`: the decode rows of issue 11 (examples/decode_bench.rs) and the PyTorch SDPA peers on
-# the same rows (scripts/peers/decode_bench.py), pipelined timing, raw samples in JSON. When
-# device-prepare.sh ran with CANDIDATES=1, the candidate build's decode_bench too (into
-# $out/candidates/, its table beside the same peers in $out/candidates/decode-table.md).
+# the same rows (scripts/peers/decode_bench.py), pipelined timing, raw samples in JSON.
 # `headdims`: the head-dim table of issue 10 (d = 32, 80, 96, 160, 192, 256 at N = 4096, causal
 # and not; `flash-attn bench --shapes headdims`) against the same SDPA peers, its ratio table in
 # $out/headdim-table.md.
@@ -22,16 +20,8 @@ fa=.device-run/flash-attn
 export PYTHONUNBUFFERED=1
 if [ "$what" = decode ]; then
   .device-run/decode_bench --out "$out" "$@"
-  if [ -x .device-run/candidates/decode_bench ]; then
-    mkdir -p "$out/candidates"
-    .device-run/candidates/decode_bench --out "$out/candidates" "$@"
-  fi
   OUT="$out" python3 scripts/peers/decode_bench.py
   python3 scripts/peers/decode_table.py "$out" | tee "$out/decode-table.md"
-  if [ -d "$out/candidates" ]; then
-    cp "$out/sdpa-decode.json" "$out/candidates/"
-    python3 scripts/peers/decode_table.py "$out/candidates" | tee "$out/candidates/decode-table.md"
-  fi
   exit
 fi
 if [ "$what" = headdims ]; then

@@ -3,9 +3,6 @@
 # the release `flash-attn` binary and every test binary of the workspace under stable names. (The
 # timing examples tc_bench and tc_backward_bench compare the tuning candidates: build them with
 # `cargo build --release --features tuning --examples` and carry them yourself.)
-# CANDIDATES=1 also builds, with `--features candidates` (kernels not yet verified on a GPU,
-# compiled into a rebuilt PTX: the pinned toolchain's child build), the decode tests, the host's
-# unit tests, decode_bench and the CLI into .device-run/candidates/ (see below).
 # The GPU machine has no Rust. The binaries (two PTX modules each) outgrow what the device tool
 # carries, so they also go packed into .device-pack/run.txz (git-ignored; xz with a dictionary
 # larger than a binary, so the PTX every binary embeds is stored once): pass `.device-pack` in
@@ -58,21 +55,6 @@ if [[ ${CANDLE:-0} == 1 ]]; then
   cp "$candle_target/release/gpt" .device-run/gpt
   strip .device-run/candle/* .device-run/gpt
   cp scripts/candle-run.sh .device-run/
-fi
-# The candidate kernels when CANDIDATES=1 (feature `candidates`; README, "How the kernel build
-# works"): after the default binaries were copied (the feature rebuilds target/release/flash-attn
-# and the examples in place). scripts/device-run.sh runs .device-run/candidates/tests/* after
-# the default tests; `.device-run/candidates/decode_bench` times the candidate decode kernel.
-if [[ ${CANDIDATES:-0} == 1 ]]; then
-  mkdir -p .device-run/candidates/tests
-  cargo build --release --features candidates --bins --example decode_bench --quiet
-  cp target/release/flash-attn target/release/examples/decode_bench .device-run/candidates/
-  cargo test --release -p flash-attn -p attention-host --features flash-attn/candidates --no-run \
-    --message-format=json 2>/dev/null \
-    | copy_tests .device-run/candidates/tests gpu_decode gpu_paged_cache gpu_kv_cache ptx_entries \
-      attention_host-unit
-  [[ -x .device-run/candidates/tests/gpu_decode ]] || { echo "device-prepare: the candidate tests did not build" >&2; exit 1; }
-  strip .device-run/candidates/flash-attn .device-run/candidates/decode_bench .device-run/candidates/tests/*
 fi
 # Symbols are not needed there and the carried folder is limited in size.
 strip .device-run/flash-attn .device-run/decode_bench .device-run/generate .device-run/large_tensors \

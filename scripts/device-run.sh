@@ -17,13 +17,6 @@ for t in .device-run/tests/*; do
   "$t" --test-threads=1 --show-output 2>&1 | tee -a "$out/gpu-tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 done
-# The candidate kernels' tests (`CANDIDATES=1 scripts/device-prepare.sh`), when built.
-for t in .device-run/candidates/tests/*; do
-  [ -x "$t" ] || continue
-  echo "## candidates/$(basename "$t")" | tee -a "$out/gpu-tests.log"
-  "$t" --test-threads=1 --show-output 2>&1 | tee -a "$out/gpu-tests.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
-done
 .device-run/flash-attn run "$@" 2>&1 | tee "$out/main-job.log"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 echo "device-run status: $status"

@@ -21,9 +21,8 @@
 #             and batches; its table, its check (exit 1: the curves disagree beyond bf16 noise)
 #             and gpt.json (every step's loss and time; scripts/plot-gpt.py draws it) into $OUT;
 #             GPT_ARGS adds options (e.g. "--steps 500"). Prepared by device-prepare.sh CANDLE=1
-#   candidates the candidate kernels' tests (device-prepare.sh CANDIDATES=1), GPU tests for real
-# usage: h200-check.sh [tests] [job] [memcheck] [racecheck] [window] [candle] [gpt] [candidates]
-#        (default: the first four, and candle, gpt and candidates where they were prepared)
+# usage: h200-check.sh [tests] [job] [memcheck] [racecheck] [window] [candle] [gpt]   (default: the
+#        first four, and candle and gpt where they were prepared)
 # Unpacks .device-pack unless .device-run already holds that pack, so two instances with different
 # OUT may run at once after one unpack (correctness steps only: timings want the GPU alone).
 set -uo pipefail
@@ -32,7 +31,7 @@ dest=${OUT:-reports/device}
 mkdir -p "$dest"
 out=$(mktemp -d)
 [ .device-run/.unpacked -nt .device-pack/run.txz ] || scripts/device-unpack.sh
-steps=${*:-tests job memcheck racecheck $([ -d .device-run/candle ] && echo candle) $([ -x .device-run/gpt ] && echo gpt) $([ -d .device-run/candidates ] && echo candidates)}
+steps=${*:-tests job memcheck racecheck $([ -d .device-run/candle ] && echo candle) $([ -x .device-run/gpt ] && echo gpt)}
 status=0
 note() { echo "$*" | tee -a "$out/summary.txt"; }
 note "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); built from $(cat .device-run/COMMIT)"
@@ -47,14 +46,6 @@ tests)
     note "test $name: exit $rc, $(grep -h 'test result' "$out/test-$name.log" | tail -1)"
   done
   grep -h "ran [0-9]* of\|SKIP" "$out"/test-*.log | tee -a "$out/summary.txt";;
-candidates)
-  for t in .device-run/candidates/tests/*; do
-    name=$(basename "$t")
-    timeout 240 "$t" --test-threads=1 --show-output > "$out/candidates-$name.log" 2>&1
-    rc=$?; [ $rc = 0 ] || status=1
-    note "candidates $name: exit $rc, $(grep -h 'test result' "$out/candidates-$name.log" | tail -1)"
-  done
-  grep -h "ran [0-9]* of\|SKIP" "$out"/candidates-*.log | tee -a "$out/summary.txt";;
 candle)
   for t in .device-run/candle/*; do
     name=$(basename "$t")

@@ -1,16 +1,14 @@
 //! The split-KV decode family against the f64 reference, bf16 and f16, head dims 64 and 128,
 //! through `flash_attn::forward_into` (the plan must choose it on its own) into NaN-poisoned
-//! outputs: GQA ratios 1, 2, 4, 8, 16; one split, several, and more splits than a short
-//! sequence has key blocks (its trailing splits empty); ragged key lengths including 0 (empty
-//! rows: O = 0, LSE = −∞); N_k not a multiple of the kernel's key block (the SIMT kernel's
-//! 128-key step, the candidate `mma.sync` kernel's 64-key tile); N_q > 1 rows filling the 16-row
-//! tile (GQA 8 × 2 rows, GQA 4 × 4 rows, 16 rows of one head), causal (rows above the
-//! bottom-right diagonal empty) and not; NaN/∞ in K and V past a key length and at causally
-//! masked keys (ignored), NaN and +∞ in V at keys every row sees, in the block of the causal
-//! diagonal (they reach every row), and a NaN Q row (its O and LSE NaN); many splits of one K/V
-//! head. Every case runs with both combines of the splits: the parallel combine (the default)
-//! and the strided merge (`DecodeCombine`). The expectations are the reference's, the same for
-//! the default SIMT split kernel and the `candidates` feature's `mma.sync` one.
+//! outputs: GQA ratios 1, 2, 4, 8, 16; one split, several, and more splits than a short sequence
+//! has key blocks (its trailing splits empty); ragged key lengths including 0 (empty rows: O = 0,
+//! LSE = −∞); N_k not a multiple of the kernel's 64-key tile; N_q > 1 rows filling the 16-row tile
+//! (GQA 8 × 2 rows, GQA 4 × 4 rows, 16 rows of one head), causal (rows above the bottom-right
+//! diagonal empty) and not; NaN/∞ in K and V past a key length and at causally masked keys
+//! (ignored), NaN and +∞ in V at keys every row sees, in the block of the causal diagonal (they
+//! reach every row), and a NaN Q row (its O and LSE NaN); many splits of one K/V head. Every case
+//! runs with both combines of the splits: the parallel combine (the default) and the strided merge
+//! (`DecodeCombine`). The expectations are the reference's.
 //!
 //! Where no CUDA device answers, the test prints `SKIP` and returns.
 
@@ -74,8 +72,7 @@ fn cases(rng: &mut StdRng, d: u32) -> Vec<Case> {
         ..case(3, 1, 8192, 8, 2, d)
     });
     out.push(case(1, 1, 1, 4, 1, d));
-    // Many splits of one K/V head (on the H200: 157 of 2 steps with the SIMT kernel, 209 of 3
-    // tiles with the candidate's one wave).
+    // Many splits of one K/V head (on the H200: 209 of 3 tiles, one wave).
     out.push(case(1, 1, 40_000, 4, 1, d));
     // Several query rows per head filling the 16-row tile, without the causal mask.
     out.push(case(2, 2, 1000, 16, 2, d));

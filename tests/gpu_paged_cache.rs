@@ -1,16 +1,13 @@
-//! The paged KV cache (`flash_attn::PagedKvCache`) beside the contiguous one: the same appends
-//! into both (a ragged prefill with an empty sequence, token-by-token steps with ragged appends, a
-//! speculative step of up to 4 rows), every step's attention into NaN-poisoned outputs against
-//! the f64 reference and **bitwise** against the contiguous cache of the same capacity (the same
-//! decode kernel, splits and arithmetic; only the row translation differs), an empty cache
-//! first. Block tables start shuffled (non-monotone pages, spare pool pages) and grow by
-//! `reserve`; page sizes 1, 16, 32, 64 and 256, so appends straddle pages and the decode's key
-//! blocks (the SIMT kernel's 128-key steps, the `candidates` feature's 64-key `mma.sync` tiles)
-//! hold many pages, one, or part of one; GQA ratios 1, 2, 4, 8, 16; bf16 and f16; d = 64 and
-//! 128. The pool is read back: every held row where the table puts it, every other row still
-//! NaN. Then the refusals that need a cache: bad tables, appends past the pages, attention the
-//! decode family cannot run. The expectations hold for the default SIMT split kernel and the
-//! `candidates` feature's `mma.sync` one alike.
+//! The paged KV cache (`flash_attn::PagedKvCache`) beside the contiguous one: the same appends into
+//! both (a ragged prefill with an empty sequence, token-by-token steps with ragged appends, a
+//! speculative step of up to 4 rows), every step's attention into NaN-poisoned outputs against the
+//! f64 reference and **bitwise** against the contiguous cache of the same capacity (the same decode
+//! kernel, splits and arithmetic; only the row translation differs), an empty cache first. Block
+//! tables start shuffled (non-monotone pages, spare pool pages) and grow by `reserve`; page sizes
+//! 1, 16, 32, 64 and 256, so appends straddle pages and the decode's 64-key tiles hold many
+//! pages, one, or part of one; GQA ratios 1, 2, 4, 8, 16; bf16 and f16; d = 64 and 128. The pool is
+//! read back: every held row where the table puts it, every other row still NaN. Then the refusals
+//! that need a cache: bad tables, appends past the pages, attention the decode family cannot run.
 //!
 //! Where no CUDA device answers, the tests print `SKIP` and return.
 

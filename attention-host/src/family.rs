@@ -6,10 +6,8 @@ use std::fmt;
 /// A kernel family: kernels that share an architecture's matrix instructions and tile layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Family {
-    /// Split-KV decode (SIMT, sm_80+), bf16/f16, head dims 64 and 128, at most 16 query rows per
-    /// K/V head; partials merged by the combine kernel. With the `candidates` feature: the
-    /// candidate `mma.sync` split kernel (a K/V head's query rows as one 16-row tile), not yet
-    /// run on a GPU.
+    /// Split-KV decode (`mma.sync`, sm_80+), bf16/f16, head dims 64 and 128, at most 16 query
+    /// rows per K/V head (one 16-row tile); partials merged by the combine kernel.
     Decode,
     /// Hopper warpgroup tensor cores (`wgmma`, `sm_90a` module), bf16/f16, head dims every
     /// multiple of 8 from 32 to 256 forward and to 128 backward (compiled for 64, 128, 192 and
@@ -36,10 +34,9 @@ impl Family {
 
     pub(crate) fn describe(self) -> &'static str {
         match self {
-            Family::Decode if cfg!(feature = "candidates") => {
-                "split-KV decode on mma.sync (candidate: a K/V head's query rows as one 16-row tile), partials merged by the combine kernel"
+            Family::Decode => {
+                "split-KV decode on mma.sync (a K/V head's query rows as one 16-row tile), partials merged by the combine kernel"
             }
-            Family::Decode => "split-KV decode, SIMT, partials merged by the combine kernel",
             Family::Sm90 => "wgmma tensor cores, sm_90a module",
             Family::Sm80 => "mma.sync tensor cores",
             Family::Exact => "exact SIMT kernels, f32 tiles",

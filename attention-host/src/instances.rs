@@ -157,15 +157,9 @@ pub fn tensor_core_nan_rows(dtype: DType) -> String {
     format!("flash_tc_backward_nan_rows_{dtype}")
 }
 
-/// The split-KV decode kernel for head dim `head_dim` and `row_tile` query rows per K/V head.
-pub fn decode(dtype: DType, head_dim: u32, row_tile: u32) -> String {
-    format!("flash_decode_{dtype}_d{head_dim}_r{row_tile}")
-}
-
-/// The candidate split-KV decode kernel on `mma.sync` (the `candidates` feature; up to 16 query
-/// rows per K/V head as one 16-row tile) for head dim `head_dim`.
-#[cfg(feature = "candidates")]
-pub fn decode_mma(dtype: DType, head_dim: u32) -> String {
+/// The split-KV decode kernel on `mma.sync` (up to 16 query rows per K/V head as one 16-row
+/// tile) for head dim `head_dim`.
+pub fn decode(dtype: DType, head_dim: u32) -> String {
     format!("flash_decode_mma_{dtype}_d{head_dim}")
 }
 
@@ -221,11 +215,7 @@ pub fn entry_points() -> Vec<Entry> {
     push(Family::Sm80, tensor_core_d_sink());
     for dtype in HALF_DTYPES {
         for d in decode::HEAD_DIMS {
-            for r in decode::ROW_TILES {
-                push(Family::Decode, self::decode(dtype, d, r));
-            }
-            #[cfg(feature = "candidates")]
-            push(Family::Decode, decode_mma(dtype, d));
+            push(Family::Decode, self::decode(dtype, d));
             push(Family::Decode, decode_combine(dtype, d));
         }
         for &cfg in sm80::forward::VARIANTS {

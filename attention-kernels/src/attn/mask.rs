@@ -354,10 +354,7 @@ mod device {
 
     /// Rows of an operand as [`non_finite_part`] reads them: key `key`'s row of `8 · tiles()`
     /// 16-bit elements starts at byte address `row_addr(key)` (a fixed stride, or a page pool's
-    /// rows found through a block table). With the `candidates` feature only (the candidate
-    /// `mma.sync` decode kernel reads V through a block table); without it `non_finite_part`
-    /// takes an [`Operand`] and compiles exactly as before.
-    #[cfg(feature = "candidates")]
+    /// rows found through a block table: the decode kernel reads V through one).
     pub trait OperandRows: Copy {
         /// # Safety
         /// `key` is a key whose row exists (the caller of [`non_finite_part`] guarantees it).
@@ -365,7 +362,6 @@ mod device {
         fn tiles(&self) -> u32;
     }
 
-    #[cfg(feature = "candidates")]
     impl OperandRows for Operand {
         #[inline(always)]
         unsafe fn row_addr(&self, key: u32) -> u64 {
@@ -393,14 +389,13 @@ mod device {
     /// (`in_support(row, key)` false): its value never reaches O, whatever it holds.
     ///
     /// # Safety
-    /// Every key below `max(ends)` is a readable row of `op` with `8 · op.tiles` elements.
+    /// Every key below `max(ends)` is a readable row of `op` with `8 · op.tiles()` elements.
     #[inline(never)]
     pub unsafe fn non_finite_part<T: Exponent, const ND: usize>(
         keys: (u32, u32),
         starts: [u32; 2],
         ends: [u32; 2],
-        #[cfg(feature = "candidates")] op: impl OperandRows,
-        #[cfg(not(feature = "candidates"))] op: Operand,
+        op: impl OperandRows,
         lane: u32,
         dropped: impl Fn(usize, u32) -> bool,
         in_support: impl Fn(usize, u32) -> bool,
@@ -415,15 +410,9 @@ mod device {
                 starts[0] <= key && key < ends[0],
                 starts[1] <= key && key < ends[1],
             );
-            #[cfg(not(feature = "candidates"))]
-            let row = op.base + key as u64 * op.stride;
             // SAFETY: an allowed key's row exists (caller).
-            #[cfg(feature = "candidates")]
             let row = unsafe { op.row_addr(key) };
             // A run-time loop (bound through `opaque`): this is the slow path.
-            #[cfg(not(feature = "candidates"))]
-            let cols = opaque(2 * op.tiles.min(ND as u32));
-            #[cfg(feature = "candidates")]
             let cols = opaque(2 * op.tiles().min(ND as u32));
             let mut bit = 0;
             while bit < cols {

@@ -11,11 +11,23 @@
 
 use crate::abi::params::MergeParams;
 use crate::abi::storage::{Bf16, F16, Storage};
-use crate::arch::{block_dim_x, block_x, exp, ln, shared_base, sync_threads, thread_x, warp_sum};
+use crate::arch::{
+    block_dim_x, block_x, exp, ln, shared_base, shfl_xor, sync_threads, thread_x, warp_sum,
+};
 use crate::attn::online_state::Real;
 
 use super::MAX_SPLITS;
-use super::kernel::warp_max_nan;
+
+/// Warp maximum that keeps a NaN (a NaN LSE makes the row NaN).
+#[inline(always)]
+fn warp_max_nan(mut x: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        x = x.max_nan(shfl_xor(x, m));
+        m >>= 1;
+    }
+    x
+}
 
 /// LSEs per lane: every part of the row, `MAX_SPLITS` at most.
 const LSES_PER_LANE: usize = MAX_SPLITS as usize / 32;

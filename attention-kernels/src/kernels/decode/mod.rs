@@ -1,54 +1,34 @@
 //! Split-KV decode: few query rows per sequence (decode steps, speculative or chunked steps).
 //! One block per (key split, K/V head, sequence) computes the partial `(O, LSE)` of **every**
-//! query row of the K/V head's group (`H_q / H_kv` heads × `N_q` rows, padded to a row tile) over
-//! its key range, reading each K and V row once; `kernels::merge`'s strided combine then merges
-//! the splits. The split count fills the machine when batch × K/V heads alone would not.
+//! query row of the K/V head's group (`H_q / H_kv` heads × `N_q` rows, at most [`MAX_ROWS`]) over
+//! its key range, reading each K and V row once; the parallel combine (`combine`) or
+//! `kernels::merge`'s strided merge then merges the splits. The split count fills the machine
+//! when batch × K/V heads alone would not.
+//!
+//! On the tensor cores (`split`: `mma.sync` m16n8k16, f32 accumulators): the group's rows are the
+//! 16 rows of the A tile (`S = Q·Kᵀ`, then `O += P·V` with P from registers), padded with zero
+//! rows that see no key. K/V tiles of [`BLOCK_KEYS`] keys stream through [`STAGES`] shared stages
+//! (`cp.async`, two tiles in flight while one is computed, one barrier per tile); each of the
+//! four warps takes 16 keys of a tile with its own online softmax state, and the warps' states
+//! are merged once at the end. The keys' flops are `4·16·d` per key whatever the group, on `4·d`
+//! bytes: 16 flops per byte, which `mma.sync` sustains far above HBM bandwidth, so every group
+//! size stays bandwidth bound.
 //!
 //! K and V are either contiguous or the page pool of a paged cache: each key's tensor row comes
-//! from `abi::layout::KeyPages` (the identity, or a block-table lookup), translated once per
-//! step while scoring and kept in shared memory for `P·V`, so both layouts run the same code and
-//! the same arithmetic in the same order.
-//!
-//! SIMT, not tensor cores: per key the block does `4·R·d` flops (`S = QKᵀ` and `PV` for `R`
-//! rows) on `4·d` bytes of K and V, i.e. `R` flops per byte. The H200's f32 FMA rate (~67
-//! TFLOP/s) over its HBM bandwidth (~4.8 TB/s) is ~14 flops per byte, so up to `R = 8` the f32
-//! pipes keep up with memory and the kernel stays bandwidth bound; `R = 16` is at the balance
-//! point. The plan takes this family only up to [`MAX_ROW_TILE`] rows.
-//!
-//! With the `candidates` feature the PTX also holds the split kernel of `mma` (`decode/mma/`) on
-//! `mma.sync` tensor cores (not yet run on a GPU), and the plan picks it instead of this one.
-
-#[cfg(target_arch = "nvptx64")]
-/// `body` for `c = 0, 1, …` below `n` (at most 16), each with a constant `c`: the
-/// chunk arrays are indexed only by constants and stay in registers (a rolled loop would index
-/// them at run time and move them to local memory; LLVM does not unroll bodies this large).
-macro_rules! each_chunk {
-    ($c:ident < $n:expr => $body:block) => {
-        each_chunk!(@ $c, $n, $body, 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
-    };
-    (@ $c:ident, $n:expr, $body:block, $($i:literal)*) => {$(
-        if $i < $n {
-            let $c: usize = $i;
-            $body
-        }
-    )*};
-}
+//! from `abi::layout::KeyPages` (the identity, or a block-table lookup), translated a tile ahead
+//! into shared memory, so both layouts run the same code and the same arithmetic in the same
+//! order.
 
 #[cfg(target_arch = "nvptx64")]
 mod combine;
 #[cfg(target_arch = "nvptx64")]
-mod kernel;
-#[cfg(feature = "candidates")]
-pub mod mma;
+mod split;
 
-/// One decode launch: the row tile, and the keys split over `splits` blocks per (K/V head,
-/// sequence), `keys_per_split` each.
+/// One decode launch: the keys split over `splits` blocks per (K/V head, sequence),
+/// `keys_per_split` each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeConfig {
     pub head_dim: u32,
-    /// The rows the split kernel computes: the smallest of [`ROW_TILES`] holding `H_q / H_kv ·
-    /// N_q` (the candidate `mma` kernel, the `candidates` feature: its 16-row MMA tile, always).
-    pub row_tile: u32,
     pub splits: u32,
     pub keys_per_split: u32,
     /// How the splits' partials become O and LSE.
@@ -96,23 +76,28 @@ pub const fn combine_shared_bytes(warps: u32, head_dim: u32) -> u32 {
 
 /// Threads per block: four warps.
 pub const THREADS: u32 = 128;
-/// Keys per step: one per thread while scoring.
-pub const STEP_KEYS: u32 = THREADS;
-/// The compiled row tiles (`H_q / H_kv · N_q` rows, rounded up to one of these).
-pub const ROW_TILES: [u32; 5] = [1, 2, 4, 8, 16];
-/// The largest row tile: more rows per K/V head go to the prefill families.
-pub const MAX_ROW_TILE: u32 = 16;
+/// Keys per K/V tile (one shared stage); splits are whole tiles.
+pub const BLOCK_KEYS: u32 = 64;
+/// Shared K/V stages: tiles `j + 1` and `j + 2` load while tile `j` is computed.
+pub const STAGES: u32 = 3;
+/// Most query rows per K/V head: the rows of one `mma.sync` A tile. More are prefill.
+pub const MAX_ROWS: u32 = 16;
 /// The compiled head dims.
 pub const HEAD_DIMS: [u32; 2] = [64, 128];
 
-/// The smallest compiled row tile holding `rows` rows.
-pub fn row_tile(rows: u32) -> Option<u32> {
-    ROW_TILES.into_iter().find(|&t| t >= rows)
+/// Row stride (f32) of a warp's staged output accumulator in the final merge: 8 words of padding
+/// put the 8 rows of a fragment store in different banks.
+pub const fn merge_stride(head_dim: u32) -> u32 {
+    head_dim + 8
 }
 
-/// Dynamic shared memory of one block: Q (later the output accumulator) `R × d` f32, the step's
-/// scores `R × STEP_KEYS` f32, per row `m`, `ℓ` and the step's rescale factor, and the tensor row
-/// of each of the step's keys (`u32`, translated through the block table when paged).
-pub const fn shared_bytes(row_tile: u32, head_dim: u32) -> u32 {
-    4 * row_tile * (head_dim + STEP_KEYS + 3) + 4 * STEP_KEYS
+/// Dynamic shared memory of one block: the [`STAGES`] K and V tiles (16-bit elements; the Q tile
+/// shares the last stage's K tile, and after the key loop the stages hold the warps' f32 output
+/// accumulators for their merge), the tensor rows of two tiles' keys (`u32`), and each warp's
+/// `m` and `ℓ` per row (f32): 97 KiB at d = 128, within the 99 KiB of sm_86/sm_89 blocks.
+pub const fn shared_bytes(head_dim: u32) -> u32 {
+    let stages = STAGES * 2 * BLOCK_KEYS * head_dim * 2;
+    let merge = (THREADS / 32) * MAX_ROWS * merge_stride(head_dim) * 4;
+    let kv = if stages > merge { stages } else { merge };
+    kv + 2 * BLOCK_KEYS * 4 + 2 * (THREADS / 32) * MAX_ROWS * 4
 }

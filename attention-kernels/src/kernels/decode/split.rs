@@ -1,4 +1,4 @@
-//! The `mma.sync` split-KV decode kernel (see `super`; a candidate, the `candidates` feature).
+//! The split-KV decode kernel on `mma.sync` (see `super`).
 //! Scores are base 2 (`τ·log2 e` applied to S).
 
 use crate::abi::layout::KeyPages;
@@ -412,7 +412,7 @@ macro_rules! decode_entries {
     )*};
 }
 
-// Named as `attention_host::instances::decode_mma` formats them.
+// Named as `attention_host::instances::decode` formats them.
 decode_entries! {
     flash_decode_mma_bf16_d64 => Bf16, 64;
     flash_decode_mma_bf16_d128 => Bf16, 128;
