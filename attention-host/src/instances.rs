@@ -235,7 +235,7 @@ pub fn entry_points() -> Vec<Entry> {
                 push(Family::Sm80, sm80_backward_mods(dtype, &cfg, true));
             }
         }
-        for d in [64, 128] {
+        for d in [64, 128, 192, 256] {
             push(Family::Sm80, tensor_core_preprocess(dtype, d));
         }
         push(Family::Sm80, tensor_core_convert_dq(dtype));

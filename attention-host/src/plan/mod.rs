@@ -12,9 +12,7 @@ use std::fmt;
 
 use attention_kernels::abi::shape::AttentionShape;
 use attention_kernels::attn::backward::{PREPROCESS_WARPS, Q_BLOCK, n_q_pad};
-use attention_kernels::kernels::{
-    MAX_TENSOR_CORE_BACKWARD_HEAD_DIM, MAX_TENSOR_CORE_HEAD_DIM, sm80, sm90, tensor_core_head_dim,
-};
+use attention_kernels::kernels::{MAX_TENSOR_CORE_HEAD_DIM, sm80, sm90, tensor_core_head_dim};
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
@@ -92,16 +90,16 @@ fn plan_family(
             Tiles::Exact(b)
         }
         (Family::Sm90, Direction::Forward) => {
-            Tiles::Sm90Forward(sm90::config(d).ok_or_else(|| head_dims(d, direction))?)
+            Tiles::Sm90Forward(sm90::config(d).ok_or_else(|| head_dims(d))?)
         }
         (Family::Sm80, Direction::Forward) => {
-            Tiles::Sm80Forward(sm80::forward::config(d).ok_or_else(|| head_dims(d, direction))?)
+            Tiles::Sm80Forward(sm80::forward::config(d).ok_or_else(|| head_dims(d))?)
         }
         (Family::Sm90, Direction::Backward) => {
-            Tiles::Sm90Backward(sm90::backward_config(d).ok_or_else(|| head_dims(d, direction))?)
+            Tiles::Sm90Backward(sm90::backward_config(d).ok_or_else(|| head_dims(d))?)
         }
         (Family::Sm80, Direction::Backward) => {
-            Tiles::Sm80Backward(sm80::backward::config(d).ok_or_else(|| head_dims(d, direction))?)
+            Tiles::Sm80Backward(sm80::backward::config(d).ok_or_else(|| head_dims(d))?)
         }
         (Family::Decode, _) => unreachable!("the decode family plans itself"),
     };
@@ -391,18 +389,11 @@ pub(crate) fn preprocess_blocks(s: &AttentionShape) -> u64 {
     padded.div_ceil(PREPROCESS_WARPS as u64)
 }
 
-fn head_dims(d: u32, direction: Direction) -> String {
-    match direction {
-        Direction::Forward => format!(
-            "runs head_dim a multiple of 8 from 32 to {MAX_TENSOR_CORE_HEAD_DIM} forward (compiled \
-             for 64, 128, 192 and 256, zero-padded in between), not {d}"
-        ),
-        Direction::Backward => format!(
-            "runs head_dim a multiple of 8 from 32 to {MAX_TENSOR_CORE_BACKWARD_HEAD_DIM} backward \
-             (compiled for 64 and 128, zero-padded in between; dK and dV of larger ones do not \
-             fit in registers), not {d}"
-        ),
-    }
+fn head_dims(d: u32) -> String {
+    format!(
+        "runs head_dim a multiple of 8 from 32 to {MAX_TENSOR_CORE_HEAD_DIM} (compiled for 64, \
+         128, 192 and 256, zero-padded in between), not {d}"
+    )
 }
 
 /// Device scratch of the call besides its outputs, f32 pieces in launch order.
@@ -553,11 +544,7 @@ mod tests {
             assert_eq!(family(&a, shape(64), DType::Bf16, plain()), Family::Sm80);
             assert_eq!(family(&a, shape(64), DType::Bf16, masked()), Family::Sm80);
             assert_eq!(family(&h, shape(96), DType::Bf16, plain()), Family::Sm90);
-            let wide = match direction {
-                Direction::Forward => Family::Sm90,
-                Direction::Backward => Family::Exact,
-            };
-            assert_eq!(family(&h, shape(136), DType::Bf16, plain()), wide);
+            assert_eq!(family(&h, shape(136), DType::Bf16, plain()), Family::Sm90);
             assert_eq!(family(&h, shape(36), DType::Bf16, plain()), Family::Exact);
             assert_eq!(family(&h, shape(128), DType::F32, plain()), Family::Exact);
             let paper = plain().schedule(Schedule::Paper);
@@ -581,8 +568,8 @@ mod tests {
         }
     }
 
-    /// Every multiple of 8 from 32 to 256 (forward) or 128 (backward) runs on the next compiled
-    /// head dim (64, 128, 192, 256) of each tensor-core family on the H200 and the A100; the
+    /// Every multiple of 8 from 32 to 256 runs forward and backward on the next compiled head
+    /// dim (64, 128, 192, 256) of each tensor-core family on the H200 and the A100; the
     /// preprocess that the backward launches is that instance's. Others fall to the exact
     /// kernels.
     #[test]
@@ -590,11 +577,7 @@ mod tests {
         let (h, a) = (h200(), a100());
         for d in (8..=256u32).step_by(8) {
             for direction in [Direction::Forward, Direction::Backward] {
-                let max = match direction {
-                    Direction::Forward => 256,
-                    Direction::Backward => 128,
-                };
-                let padded = (32..=max).contains(&d).then(|| d.next_multiple_of(64));
+                let padded = (32..=256).contains(&d).then(|| d.next_multiple_of(64));
                 for (dev, family) in [(&h, Family::Sm90), (&a, Family::Sm80), (&h, Family::Sm80)] {
                     let o = FlashOptions::default().kernel(KernelChoice::Only(family));
                     let p = select_on(dev, shape(d), DType::Bf16, o, direction);
@@ -646,17 +629,14 @@ mod tests {
         assert!(e.contains("multiple of 8") && e.contains("not 44"), "{e}");
         let e = select_on(
             &h,
-            shape(192),
+            shape(44),
             DType::Bf16,
             only(Family::Sm80),
             Direction::Backward,
         )
         .unwrap_err()
         .to_string();
-        assert!(
-            e.contains("to 128 backward") && e.contains("not 192"),
-            "{e}"
-        );
+        assert!(e.contains("to 256") && e.contains("not 44"), "{e}");
         let e = refusal(&h, shape(64), DType::F32, only(Family::Sm90));
         assert!(e.contains("not f32"), "{e}");
         let dropout = FlashOptions::new(AttentionOptions::new().dropout(0.1, 1, 0));

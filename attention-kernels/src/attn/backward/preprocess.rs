@@ -180,6 +180,10 @@ preprocess_entries! {
     flash_tc_backward_preprocess_f16_d64 => F16, 1;
     flash_tc_backward_preprocess_bf16_d128 => Bf16, 2;
     flash_tc_backward_preprocess_f16_d128 => F16, 2;
+    flash_tc_backward_preprocess_bf16_d192 => Bf16, 3;
+    flash_tc_backward_preprocess_f16_d192 => F16, 3;
+    flash_tc_backward_preprocess_bf16_d256 => Bf16, 4;
+    flash_tc_backward_preprocess_f16_d256 => F16, 4;
 }
 
 convert_entries! {

@@ -31,8 +31,16 @@
 //! order: a semaphore per (batch, head, Q block) counts the K/V blocks that have added theirs
 //! (`attn::backward::dq_adds_before`); one thread waits for its count, the block adds, and one
 //! thread releases the count + 1. Their barriers sit on compile-time paths only.
-//! Generic over `KD = d / 16`, `ND = d / 8` (fragments of dK, dV), `WG` and `DQ = ND / WG`
-//! (fragments of the warpgroup's dQ part), so every register array has a compile-time size.
+//! The `SLICED` instances (d = 192, 256) split the head dim instead of the keys: both warpgroups
+//! own the block's 64 keys and each recomputes `Sᵀ`, `Pᵀ`, `dPᵀ` and `dSᵀ` over the whole head
+//! dim, but accumulates dK, dV and dQ of its own slice of 128 columns only
+//! (`BACKWARD_SLICE_COLS`), so the accumulators fit in registers; warpgroup 0 writes the `dSᵀ`
+//! tile. The tiles are 256 columns wide at d = 192 too, the last 64 zeros that only the second
+//! slice's products read: a 64-column product there would sit in a branch on the warpgroup,
+//! which ptxas cannot tell uniform, and it serializes every `wgmma` of such a kernel (C7520).
+//! Generic over `KD = d / 16`, `ND` (fragments of dK, dV: `d / 8`, or a slice's 16), `WG` and
+//! `DQ` (fragments of one dQ chain, [`WgBackwardConfig::dq_cols`]), so every register array has
+//! a compile-time size.
 
 use crate::abi::layout::TensorStrides;
 use crate::abi::params::TensorCoreBackwardParams;
@@ -50,11 +58,12 @@ use crate::attn::mask::{
 };
 use crate::attn::score_mod::{ScoreMod, Window, key_range};
 use crate::attn::sequence::Sequence;
+use crate::kernels::BACKWARD_SLICE_COLS;
 use crate::kernels::sm90::WgBackwardConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{
-    load_shared_f32x2, red_add_f32x4, release_store, wait_equal_acquire,
+    load_shared_f32x2, load_shared_u32, red_add_f32x4, release_store, wait_equal_acquire,
 };
 use crate::tile::mma::{FragA, FragC, each_fragment};
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
@@ -77,6 +86,7 @@ unsafe fn backward<
     const WINDOW: bool,
     const MODS: bool,
     const DETERMINISTIC: bool,
+    const SLICED: bool,
 >(
     p: &TensorCoreBackwardParams,
 ) where
@@ -84,14 +94,21 @@ unsafe fn backward<
     [FragC; NQ]: Accumulator,
     [FragC; DQ]: Accumulator,
 {
-    const { assert!(ND == 2 * KD && KD >= 4 && WG > 0 && DQ * WG == ND) };
+    const {
+        assert!(KD >= 4 && WG > 0);
+        assert!(if SLICED {
+            16 * KD <= 128 * WG && ND == 16 && DQ == 8 && WG == KD.div_ceil(8) && !CARRY_DQ
+        } else {
+            ND == 2 * KD && DQ * WG == ND
+        });
+    };
     const { assert!(!DETERMINISTIC || !(CARRY_DQ || GENERAL || WINDOW)) };
     const { assert!(WINDOW || !MODS) };
     let cfg = WgBackwardConfig {
         head_dim: 16 * KD as u32,
         warpgroups: WG as u32,
     };
-    let (d, bc, br) = (cfg.head_dim, cfg.block_keys(), cfg.block_rows());
+    let (d, bc, br) = (cfg.tile_cols(), cfg.block_keys(), cfg.block_rows());
     let threads = cfg.threads();
     let s = p.shape;
     let tid = thread_x();
@@ -132,16 +149,17 @@ unsafe fn backward<
     let (kv_bytes, q_bytes) = (bc * d * 2, br * d * 2);
     let k_tile = |base: u32| PanelTile::new(base, bc, d);
     let v_tile = |base: u32| PanelTile::new(base + kv_bytes, bc, d);
+    let stages = cfg.stages();
     let stage = |base: u32, st: u32| base + 2 * kv_bytes + st * 2 * q_bytes;
     let q_tile = |base: u32, st: u32| PanelTile::new(stage(base, st), br, d);
     let do_tile = |base: u32, st: u32| PanelTile::new(stage(base, st) + q_bytes, br, d);
-    let ds_base = |base: u32| base + 2 * kv_bytes + 3 * 2 * q_bytes;
+    let ds_base = |base: u32| base + 2 * kv_bytes + stages * 2 * q_bytes;
     // dSᵀ, per stage: one key per row, one query per column.
     let ds_tile = |base: u32, st: u32| PanelTile::new(ds_base(base) + st * bc * br * 2, bc, br);
     // Per stage: `LSE · log2 e` of the block's rows, then their `D`.
     let stats = |base: u32, st: u32| ds_base(base) + 2 * bc * br * 2 + st * 2 * br * 4;
     // Q/dO/statistics stage and dSᵀ buffer of step i.
-    let stage_of = |i: u32| i % 3;
+    let stage_of = |i: u32| i % stages;
     let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
     // The window (`WINDOW` instances only; the others compile without it): the K/V block visits
@@ -222,10 +240,16 @@ unsafe fn backward<
         fill(0, 0);
     }
 
-    let group_key = 64 * group;
+    let group_key = if SLICED { 0 } else { 64 * group };
     let key_row = group_key + 16 * warp;
     let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
-    let dq_col0 = group * cfg.dq_cols();
+    // The group's columns of dK and dV: all of them, or (SLICED) its slice.
+    let (col0, cols) = if SLICED {
+        (BACKWARD_SLICE_COLS * group, BACKWARD_SLICE_COLS)
+    } else {
+        (0, d)
+    };
+    let dq_col0 = if SLICED { col0 } else { group * cfg.dq_cols() };
     // A key whose K row holds a non-finite value scores non-finite against every query: rows
     // that allow it have a NaN LSE (made empty by the preprocess; `nan_rows` writes their
     // gradients) or leave it out of their support (a −∞ score). Its K row is zeroed once here
@@ -239,12 +263,24 @@ unsafe fn backward<
         sync_threads();
         let kt = k_tile(smem);
         for (bit, row) in [(0, key_row + g), (1, key_row + g + 8)] {
-            // SAFETY: the lane's quarter of its own key rows of the K tile, which only this
-            // quad touches before the barrier below.
-            let bad = unsafe { sanitize_row_part::<T>(|c| kt.chunk_addr(row, c), kt.chunks(), t) };
+            // SAFETY: the lane's quarter of its own key rows of the K tile (of the group's
+            // columns, SLICED), which only this quad touches before the barrier below.
+            let bad = unsafe {
+                sanitize_row_part::<T>(|c| kt.chunk_addr(row, col0 / 8 + c), cols / 8, t)
+            };
             k_poison |= (bad as u32) << bit;
         }
         k_poison = quad_any(k_poison);
+        if SLICED {
+            // The other group sanitized the other columns of the same keys: trade the bits
+            // through the `dSᵀ` buffers, unused until the loop's first barrier.
+            // SAFETY: word `tid` (and the other group's `tid ± 128`) of the `dSᵀ` buffers.
+            unsafe {
+                store_shared_u32(ds_base(smem) + 4 * tid, k_poison);
+                sync_threads();
+                k_poison |= load_shared_u32(ds_base(smem) + 4 * ((tid + 128) % 256));
+            }
+        }
         if k_poison != 0 {
             wgmma::fence_proxy_async();
         }
@@ -255,7 +291,7 @@ unsafe fn backward<
     // dQ of the previous step: in flight until this step's first wait, then reduced.
     let mut dq = [FragC::default(); DQ];
     let mut dq_at = (0u32, 0u32);
-    let reduce_dq = |dq: &[FragC; DQ], (h, q0): (u32, u32)| {
+    let reduce_dq = |dq: &[FragC; DQ], (h, q0): (u32, u32), dq_col0: u32| {
         // Lanes t and t ^ 1 trade halves so that each holds four consecutive columns of one row
         // (even t: row g, columns 2t ..; odd t: row g + 8, columns 2t − 2 ..): one 16-byte vector
         // reduction per fragment instead of four scalar ones.
@@ -346,7 +382,7 @@ unsafe fn backward<
         s_t.pin();
         if CARRY_DQ && i > 0 {
             dq.pin();
-            reduce_dq(&dq, dq_at);
+            reduce_dq(&dq, dq_at, dq_col0);
         }
 
         // Pᵀ into `s_t`. Keys past n_k (zero rows of K) and causally hidden pairs are masked; rows
@@ -442,8 +478,9 @@ unsafe fn backward<
         }
         wgmma::fence();
         for (k, a) in pt_a.iter().enumerate() {
+            let b = desc(dot.mn_major(16 * k as u32, col0));
             // SAFETY: queries 16k .. 16k + 16 of the stage's dO are filled.
-            unsafe { dv.mma_rs_trans_b::<T>(a, desc(dot.mn_major(16 * k as u32, 0))) };
+            unsafe { dv.mma_rs_trans_b::<T>(a, b) };
         }
         wgmma::commit();
         wgmma::wait::<1>();
@@ -476,25 +513,29 @@ unsafe fn backward<
             // operand: chunks 2k and 2k + 1 of rows key_row + g and key_row + g + 8.
             let a = ds_a[k].0;
             let c = 2 * k as u32;
-            // SAFETY: the warp's own key rows of the tile.
-            unsafe {
-                store_shared_u32(dst.chunk_addr(key_row + g, c) + 4 * t, a[0]);
-                store_shared_u32(dst.chunk_addr(key_row + g + 8, c) + 4 * t, a[1]);
-                store_shared_u32(dst.chunk_addr(key_row + g, c + 1) + 4 * t, a[2]);
-                store_shared_u32(dst.chunk_addr(key_row + g + 8, c + 1) + 4 * t, a[3]);
+            // SAFETY: the warp's own key rows of the tile (group 0's, SLICED: the groups'
+            // `dSᵀ` are the same).
+            if !SLICED || group == 0 {
+                unsafe {
+                    store_shared_u32(dst.chunk_addr(key_row + g, c) + 4 * t, a[0]);
+                    store_shared_u32(dst.chunk_addr(key_row + g + 8, c) + 4 * t, a[1]);
+                    store_shared_u32(dst.chunk_addr(key_row + g, c + 1) + 4 * t, a[2]);
+                    store_shared_u32(dst.chunk_addr(key_row + g + 8, c + 1) + 4 * t, a[3]);
+                }
             }
         }
         wgmma::fence_proxy_async();
         wgmma::fence();
         for (k, a) in ds_a.iter().enumerate() {
+            let b = desc(qt.mn_major(16 * k as u32, col0));
             // SAFETY: queries 16k .. 16k + 16 of the stage's Q are filled.
-            unsafe { dk.mma_rs_trans_b::<T>(a, desc(qt.mn_major(16 * k as u32, 0))) };
+            unsafe { dk.mma_rs_trans_b::<T>(a, b) };
         }
         wgmma::commit();
         // dQ reads every warpgroup's dSᵀ rows.
         sync_threads();
 
-        let issue_dq = |dq: &mut [FragC; DQ]| {
+        let issue_dq = |dq: &mut [FragC; DQ], dq_col0: u32| {
             wgmma::fence();
             for kk in 0..(bc / 16) {
                 // SAFETY: keys 16kk .. 16kk + 16 of the dSᵀ and K tiles are written.
@@ -509,26 +550,33 @@ unsafe fn backward<
             wgmma::commit();
         };
         if CARRY_DQ {
-            issue_dq(&mut dq);
+            issue_dq(&mut dq, dq_col0);
             dq_at = (h, q0);
         } else {
-            let mut dq_now = [FragC::default(); DQ];
-            issue_dq(&mut dq_now);
-            wgmma::wait::<0>();
-            dq_now.pin();
             let semaphore = |h: u32| {
                 p.dq_semaphores + 4 * dq_semaphore(seq.batch * s.heads_q + h, q0 / br, p.n_q_pad)
             };
-            if DETERMINISTIC {
-                if tid == 0 {
-                    // Blocks start in grid order and the waited-for blocks have lower x (same y
-                    // and z): each is resident or done, so the wait ends.
-                    // SAFETY: the semaphore of (batch, h, Q block) exists; the preprocess zeroed it.
-                    unsafe { wait_equal_acquire(semaphore(h), dq_adds_before(kv_block)) };
+            // One chain of `DQ` fragments at a time: all of the group's columns, or (SLICED) 64
+            // of its slice.
+            let dq_cols = 8 * DQ as u32;
+            for part in 0..if SLICED { cols / dq_cols } else { 1 } {
+                let col = dq_col0 + part * dq_cols;
+                let mut dq_now = [FragC::default(); DQ];
+                issue_dq(&mut dq_now, col);
+                wgmma::wait::<0>();
+                dq_now.pin();
+                if DETERMINISTIC && part == 0 {
+                    if tid == 0 {
+                        // Blocks start in grid order and the waited-for blocks have lower x
+                        // (same y and z): each is resident or done, so the wait ends.
+                        // SAFETY: the semaphore of (batch, h, Q block) exists; the preprocess
+                        // zeroed it.
+                        unsafe { wait_equal_acquire(semaphore(h), dq_adds_before(kv_block)) };
+                    }
+                    sync_threads();
                 }
-                sync_threads();
+                reduce_dq(&dq_now, (h, q0), col);
             }
-            reduce_dq(&dq_now, (h, q0));
             if DETERMINISTIC {
                 // Every thread's adds precede the barrier; the release publishes them.
                 sync_threads();
@@ -546,7 +594,7 @@ unsafe fn backward<
     dk.pin();
     dv.pin();
     if CARRY_DQ && iters > 0 {
-        reduce_dq(&dq, dq_at);
+        reduce_dq(&dq, dq_at, dq_col0);
     }
 
     // Stage dK (× τ) and dV row-major through the K and V tiles once every warpgroup is done
@@ -558,8 +606,8 @@ unsafe fn backward<
         SwizzledTile::new(smem + kv_bytes, d),
     );
     for (tile, acc, scale) in [(k_out, &dk, p.scale), (v_out, &dv, 1.0)] {
-        // SAFETY: the warp's 16 key rows and all ND chunks are inside the tile.
-        unsafe { stage_fragments::<T, ND>(tile, key_row, acc, scale, lane) };
+        // SAFETY: the warp's 16 key rows and the group's chunks are inside the tile.
+        unsafe { stage_fragments::<T, ND>(tile, (key_row, col0 / 8), acc, scale, lane) };
     }
     sync_threads();
     // The real head dim's chunks only (the tiles may hold padding columns past them).
@@ -598,7 +646,7 @@ macro_rules! entry_points {
                 backward::<
                     $t,
                     { $cfg.head_dim as usize / 16 },
-                    { $cfg.head_dim as usize / 8 },
+                    { $cfg.slice_cols() as usize / 8 },
                     { $cfg.warpgroups as usize },
                     { $cfg.dq_cols() as usize / 8 },
                     { $cfg.carry_dq() && !$det },
@@ -606,6 +654,7 @@ macro_rules! entry_points {
                     $window,
                     $mods,
                     $det,
+                    { $cfg.sliced() },
                 >(&p)
             }
         }
@@ -633,4 +682,24 @@ entry_points! {
     flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, true;
     flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, true;
     flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, true;
+    flash_wgmma_backward_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, false;
+    flash_wgmma_backward_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, false;
+    flash_wgmma_backward_general_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, false, false, false;
+    flash_wgmma_backward_general_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, false, false, false;
+    flash_wgmma_backward_mods_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, true, true, false;
+    flash_wgmma_backward_mods_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, true, true, false;
+    flash_wgmma_backward_window_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, true, false, false;
+    flash_wgmma_backward_window_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, true, false, false;
+    flash_wgmma_backward_det_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, true;
+    flash_wgmma_backward_det_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, true;
+    flash_wgmma_backward_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, false;
+    flash_wgmma_backward_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, false;
+    flash_wgmma_backward_general_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, false, false, false;
+    flash_wgmma_backward_general_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, false, false, false;
+    flash_wgmma_backward_mods_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, true, true, false;
+    flash_wgmma_backward_mods_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, true, true, false;
+    flash_wgmma_backward_window_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, true, false, false;
+    flash_wgmma_backward_window_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, true, false, false;
+    flash_wgmma_backward_det_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, true;
+    flash_wgmma_backward_det_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, true;
 }

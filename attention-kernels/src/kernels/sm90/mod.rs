@@ -13,6 +13,7 @@ mod backward;
 mod forward;
 
 use crate::attn::backward::Q_BLOCK;
+use crate::kernels::BACKWARD_SLICE_COLS;
 
 /// Tiles of one kernel instance: `warpgroups` groups of 4 warps, each owning 64 query rows, and
 /// K/V blocks of `block_keys` keys in two shared stages.
@@ -115,7 +116,11 @@ pub const fn config(head_dim: u32) -> Option<WgConfig> {
 
 /// Tiles of the backward's main kernel: `warpgroups` groups of 4 warps, each owning 64 keys of the
 /// K/V block for `Sᵀ`, `dPᵀ`, dK and dV; Q blocks of 64 rows, whose dQ the groups split by
-/// columns (each reads every group's `dSᵀ` rows).
+/// columns (each reads every group's `dSᵀ` rows). Past d = 128 the block is [`sliced`]: both
+/// groups own the same 64 keys, group `w` the head-dim slice `w` of their dK, dV and dQ
+/// ([`BACKWARD_SLICE_COLS`]), each recomputing `Sᵀ` and `dPᵀ`.
+///
+/// [`sliced`]: WgBackwardConfig::sliced
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgBackwardConfig {
     pub head_dim: u32,
@@ -123,8 +128,16 @@ pub struct WgBackwardConfig {
 }
 
 impl WgBackwardConfig {
+    /// Whether the warpgroups split the head dim (one slice each) instead of the keys.
+    pub const fn sliced(&self) -> bool {
+        self.head_dim > BACKWARD_SLICE_COLS
+    }
     pub const fn block_keys(&self) -> u32 {
-        64 * self.warpgroups
+        if self.sliced() {
+            64
+        } else {
+            64 * self.warpgroups
+        }
     }
     pub const fn block_rows(&self) -> u32 {
         Q_BLOCK
@@ -132,20 +145,53 @@ impl WgBackwardConfig {
     pub const fn threads(&self) -> u32 {
         128 * self.warpgroups
     }
+    /// Columns of the shared tiles: the head dim, or (sliced) whole slices, zeros past the head
+    /// dim (see the kernel).
+    pub const fn tile_cols(&self) -> u32 {
+        if self.sliced() {
+            self.warpgroups * BACKWARD_SLICE_COLS
+        } else {
+            self.head_dim
+        }
+    }
+    /// Columns of dK and dV each warpgroup accumulates: all, or (sliced) a slice's.
+    pub const fn slice_cols(&self) -> u32 {
+        if self.sliced() {
+            BACKWARD_SLICE_COLS
+        } else {
+            self.head_dim
+        }
+    }
     /// Whether dQ of one step is carried into the next (see the kernel): only where registers
     /// allow, d = 64.
     pub const fn carry_dq(&self) -> bool {
         self.head_dim <= 64
     }
-    /// dQ columns each warpgroup computes.
+    /// dQ columns of one `wgmma` chain: each warpgroup's share, or (sliced) 64 at a time of
+    /// its slice, so that they fit beside the slice's dK and dV.
     pub const fn dq_cols(&self) -> u32 {
-        self.head_dim / self.warpgroups
+        if self.sliced() {
+            64
+        } else {
+            self.head_dim / self.warpgroups
+        }
     }
-    /// K and V; three stages of Q and dO; two of `dSᵀ`; three stages of the rows' `LSE · log2 e`
-    /// and `D`.
+    /// Shared stages of Q, dO and their rows' statistics: three where dQ is carried into the
+    /// next step (its `dSᵀ` and the stage it was issued with are still read), two otherwise
+    /// (every product of a step is waited for within it), which d = 256 needs to fit.
+    pub const fn stages(&self) -> u32 {
+        if self.sliced() { 2 } else { 3 }
+    }
+    /// K and V; the stages of Q and dO; two `dSᵀ` buffers; the stages of the rows'
+    /// `LSE · log2 e` and `D`.
     pub const fn shared_bytes(&self) -> u32 {
-        let (bc, br, d) = (self.block_keys(), self.block_rows(), self.head_dim);
-        2 * bc * d * 2 + 6 * br * d * 2 + 2 * bc * br * 2 + 3 * 2 * br * 4
+        let (bc, br, d, st) = (
+            self.block_keys(),
+            self.block_rows(),
+            self.tile_cols(),
+            self.stages(),
+        );
+        2 * bc * d * 2 + st * 2 * br * d * 2 + 2 * bc * br * 2 + st * 2 * br * 4
     }
 }
 
@@ -158,17 +204,30 @@ pub const BACKWARD_D128: WgBackwardConfig = WgBackwardConfig {
     head_dim: 128,
     warpgroups: 2,
 };
+/// d = 192 and 256: 64 keys × 64 query rows, one warpgroup per 128-column head-dim slice (tiles
+/// of 256 columns at both): 209 KiB of shared memory (two stages), one block per SM.
+pub const BACKWARD_D192: WgBackwardConfig = WgBackwardConfig {
+    head_dim: 192,
+    warpgroups: 2,
+};
+pub const BACKWARD_D256: WgBackwardConfig = WgBackwardConfig {
+    head_dim: 256,
+    warpgroups: 2,
+};
 
 /// Every backward configuration compiled into the sm_90a PTX. Measured against them on the H200
 /// and dropped (reports/PERF_LOG_BACKWARD.md): dQ split by keys instead of columns, and one
 /// warpgroup per block at d = 64 (two independent blocks per SM).
-pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[BACKWARD_D64, BACKWARD_D128];
+pub const BACKWARD_VARIANTS: &[WgBackwardConfig] =
+    &[BACKWARD_D64, BACKWARD_D128, BACKWARD_D192, BACKWARD_D256];
 
 /// The default backward configuration for a head dimension (padded as [`config`]).
 pub const fn backward_config(head_dim: u32) -> Option<WgBackwardConfig> {
     match super::tensor_core_head_dim(head_dim) {
         Some(64) => Some(BACKWARD_D64),
         Some(128) => Some(BACKWARD_D128),
+        Some(192) => Some(BACKWARD_D192),
+        Some(256) => Some(BACKWARD_D256),
         _ => None,
     }
 }

@@ -12,10 +12,15 @@
 mod mainloop;
 
 use crate::attn::backward::{Q_BLOCK, first_q_block, n_q_pad, needs_mask};
+use crate::kernels::BACKWARD_SLICE_COLS;
 
 /// Tiles of the main kernel: `warps` warps (4 or 8), each owning 16 keys of the K/V block (so
 /// `block_keys = 16 · warps`) for S, dP, dK, dV; Q blocks of 64 rows, of which each warp computes
-/// 16 rows of dQ (all columns with 4 warps, half with 8).
+/// 16 rows of dQ (all columns with 4 warps, half with 8). Past d = 128 the block is [`sliced`]:
+/// 64 keys, warps `w` and `w + 4` own the same 16, warp `w` the head-dim slice `w / 4` of their
+/// dK, dV and dQ ([`BACKWARD_SLICE_COLS`]).
+///
+/// [`sliced`]: TcBackwardConfig::sliced
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcBackwardConfig {
     pub head_dim: u32,
@@ -23,8 +28,24 @@ pub struct TcBackwardConfig {
 }
 
 impl TcBackwardConfig {
+    /// Whether the warps split the head dim (a slice per 4 warps) as well as the keys.
+    pub const fn sliced(&self) -> bool {
+        self.head_dim > BACKWARD_SLICE_COLS
+    }
     pub const fn block_keys(&self) -> u32 {
-        16 * self.warps
+        if self.sliced() { 64 } else { 16 * self.warps }
+    }
+    /// Columns of dK and dV each warp accumulates: all, or (sliced) a slice's.
+    pub const fn slice_cols(&self) -> u32 {
+        if self.sliced() {
+            BACKWARD_SLICE_COLS
+        } else {
+            self.head_dim
+        }
+    }
+    /// `dSᵀ` tiles: one, or (sliced) one per slice, each written and read by its own warps.
+    pub const fn ds_tiles(&self) -> u32 {
+        if self.sliced() { self.warps / 4 } else { 1 }
     }
     pub const fn block_rows(&self) -> u32 {
         Q_BLOCK
@@ -35,7 +56,11 @@ impl TcBackwardConfig {
     /// dQ n-tiles a warp computes and sends to the accumulator at a time: at most 4 (16 registers
     /// beside dK and dV; 8 spilled at d = 128 with 8 warps), at most its share of the columns.
     pub const fn dq_tiles(&self) -> u32 {
-        let share = self.head_dim / 8 / (self.warps / 4);
+        let share = if self.sliced() {
+            self.slice_cols() / 8
+        } else {
+            self.head_dim / 8 / (self.warps / 4)
+        };
         if share < 4 { share } else { 4 }
     }
 
@@ -53,10 +78,22 @@ impl TcBackwardConfig {
         needs_mask(q0, k0, self.block_keys(), n_q, n_k, causal)
     }
 
-    /// K and V; two stages of Q and dO; `dSᵀ`; two stages of the rows' `LSE · log2 e` and `D`.
+    /// Shared stages of Q, dO and their rows' statistics: two, or one at d = 256, so that it
+    /// fits in the A100's 163 KiB per block (two take 209 KiB).
+    pub const fn stages(&self) -> u32 {
+        if self.head_dim > 192 { 1 } else { 2 }
+    }
+
+    /// K and V; the stages of Q and dO; the `dSᵀ` tiles; the stages of the rows' `LSE · log2 e`
+    /// and `D`.
     pub const fn shared_bytes(&self) -> u32 {
-        let (bc, br, d) = (self.block_keys(), self.block_rows(), self.head_dim);
-        2 * bc * d * 2 + 4 * br * d * 2 + bc * br * 2 + 2 * 2 * br * 4
+        let (bc, br, d, st) = (
+            self.block_keys(),
+            self.block_rows(),
+            self.head_dim,
+            self.stages(),
+        );
+        2 * bc * d * 2 + st * 2 * br * d * 2 + self.ds_tiles() * bc * br * 2 + st * 2 * br * 4
     }
 }
 
@@ -69,6 +106,17 @@ pub const D64: TcBackwardConfig = TcBackwardConfig {
 pub const D128: TcBackwardConfig = TcBackwardConfig {
     head_dim: 128,
     warps: 4,
+};
+/// d = 192 and 256: 8 warps, 64 keys × 64 query rows, two head-dim slices (128 + 64 and
+/// 128 + 128 columns): 161 KiB of shared memory (two stages) and 144.5 KiB (one), inside the
+/// A100's 163 KiB per block.
+pub const D192: TcBackwardConfig = TcBackwardConfig {
+    head_dim: 192,
+    warps: 8,
+};
+pub const D256: TcBackwardConfig = TcBackwardConfig {
+    head_dim: 256,
+    warps: 8,
 };
 
 /// Every configuration compiled into the PTX: the defaults, and with the `tuning` feature the
@@ -85,9 +133,11 @@ pub const VARIANTS: &[TcBackwardConfig] = if cfg!(feature = "tuning") {
             head_dim: 128,
             warps: 8,
         },
+        D192,
+        D256,
     ]
 } else {
-    &[D64, D128]
+    &[D64, D128, D192, D256]
 };
 
 /// The configuration for a head dimension (padded as [`super::forward::config`]), `None` where
@@ -96,6 +146,8 @@ pub const fn config(head_dim: u32) -> Option<TcBackwardConfig> {
     match crate::kernels::tensor_core_head_dim(head_dim) {
         Some(64) => Some(D64),
         Some(128) => Some(D128),
+        Some(192) => Some(D192),
+        Some(256) => Some(D256),
         _ => None,
     }
 }
