@@ -1,7 +1,8 @@
 //! `FlashOptions::deterministic(true)`: the backward's dQ, dK and dV bitwise identical from run to
 //! run, on every family (exact: a row-owned dQ pass; sm80 and sm90: dQ atomics ordered by a
 //! semaphore per Q block; a family the device cannot run says so in a visible line). Fresh random
-//! inputs with many K/V blocks adding to each Q block (700 keys, GQA; head dims 64, 80, 128),
+//! inputs with many K/V blocks adding to each Q block (700 keys, GQA; head dims 64, 80, 128 and
+//! the head-dim-sliced 160, 192, 256),
 //! four runs into fresh NaN-poisoned buffers, each checked against the f64 reference too (bounds
 //! as in `tests/gpu_matrix.rs`: ‖out − ref‖/‖ref‖ ≤ 1e-2 for bf16).
 
@@ -26,8 +27,9 @@ fn deterministic_gradients_are_bitwise_identical_across_runs() {
     let dtype = DType::Bf16;
     let mut failures = Vec::new();
     let mut ran = 0;
-    // 80: a head dim zero-padded to the compiled 128 (its dQ adds skip the padding columns).
-    for head_dim in [64, 80, 128] {
+    // 80 and 160: head dims zero-padded to the compiled 128 and 192 (their dQ adds skip the
+    // padding columns); 160, 192 and 256 add dQ in head-dim slices, each in key order.
+    for head_dim in [64, 80, 128, 160, 192, 256] {
         for causal in [false, true] {
             let s = AttentionShape {
                 batch: 2,

@@ -21,7 +21,8 @@
 //!
 //! A fourth list runs every tensor-core head dim (multiples of 8 from 32 to 128, zero-padded to
 //! the compiled 64 or 128) over the same axes, one case in four with the window and every
-//! score modifier; a fifth the forward alone at head dims 136 … 256 (compiled 192 and 256).
+//! score modifier; a fifth head dims 136 … 256 (compiled 192 and 256; the backward in head-dim
+//! slices), forward and backward, over the same axes.
 //!
 //! A third list crosses the local window (left/right 0, one-sided, wider than N, with and without
 //! causal), softcap, ALiBi and sink logits (alone and together) with the axes above; the sink
@@ -37,7 +38,7 @@ use flash_attn::{
     AttentionOptions, AttentionShape, DType, DeviceCaps, Direction, Family, FlashOptions, Gpu,
     KernelChoice, Problem, Schedule,
 };
-use flash_attn_testkit::family_run::{HostCase, run_case, run_forward};
+use flash_attn_testkit::family_run::{HostCase, run_case};
 use flash_attn_testkit::testing::{
     LengthMode, MATRIX_SIZES, families, fresh_seed, gpu_or_skip, lse_err, rel_err, skip,
 };
@@ -147,12 +148,12 @@ fn tensor_core_cases() -> Vec<Case> {
         .collect()
 }
 
-/// Every head dim the tensor-core families run forward and backward: the multiples of 8 from 32
-/// to 128, padded to the compiled 64 or 128 (zero columns on load, only the real ones stored).
+/// The tensor-core head dims from 32 to 128: the multiples of 8, padded to the compiled 64 or
+/// 128 (zero columns on load, only the real ones stored).
 const TENSOR_CORE_HEAD_DIMS: [u32; 13] = [32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128];
-/// Head dims they run forward only (padded to the compiled 192 or 256): every multiple of 8
-/// between 128 and 192 and a spread above it.
-const FORWARD_HEAD_DIMS: [u32; 11] = [136, 144, 152, 160, 168, 176, 184, 192, 200, 232, 256];
+/// The wide ones (padded to the compiled 192 or 256, whose backward runs in head-dim slices):
+/// every multiple of 8 between 128 and 192 and a spread above it.
+const WIDE_HEAD_DIMS: [u32; 11] = [136, 144, 152, 160, 168, 176, 184, 192, 200, 232, 256];
 
 /// Twice each of `dims`, so that each meets both dtypes, over causal, GQA/MQA, tails, length
 /// modes, dropout, and the window with every score modifier (the `mods_` instances pad too).
@@ -292,13 +293,11 @@ struct Reference {
     d_sink_scale: Vec<f64>,
 }
 
-/// `forward_only`: the backward's reference is left empty.
 fn reference(
     shape: &AttentionShape,
     options: &AttentionOptions,
     dt: DType,
     rng: &mut StdRng,
-    forward_only: bool,
 ) -> Reference {
     let mut draw = |n: usize, amp: f32| -> Vec<f32> {
         (0..n)
@@ -312,18 +311,9 @@ fn reference(
         draw(shape.q_elems(), 1.0),
     );
     let f = forward_f32(shape, &q, &k, &v, options).unwrap();
-    let g = if forward_only {
-        flash_attn::reference::Gradients {
-            dq: vec![],
-            dk: vec![],
-            dv: vec![],
-            d_sinks: None,
-        }
-    } else {
-        // The kernels read O rounded to the dtype; the reference takes D from that same O.
-        let stored_o: Vec<f32> = f.o.iter().map(|&x| dt.round(x as f32)).collect();
-        backward_from_output_f32(shape, (&q, &k, &v), &stored_o, &d_o, options).unwrap()
-    };
+    // The kernels read O rounded to the dtype; the reference takes D from that same O.
+    let stored_o: Vec<f32> = f.o.iter().map(|&x| dt.round(x as f32)).collect();
+    let g = backward_from_output_f32(shape, (&q, &k, &v), &stored_o, &d_o, options).unwrap();
     let d = shape.head_dim as usize;
     let mut d_sink_scale = vec![0.0; shape.heads_q as usize];
     if let Some(sinks) = &options.sinks {
@@ -372,15 +362,14 @@ fn d_sink_err(got: &Option<Vec<f32>>, r: &Reference) -> f64 {
     }
 }
 
-/// Forward and backward (`forward_only`: the forward) of one case on one family, each error by
-/// name; `None` where the family does not admit the case (the plan says why).
+/// Forward and backward of one case on one family, each error by name; `None` where the family
+/// does not admit the case (the plan says why).
 fn run_family(
     gpu: &Gpu,
     shape: &AttentionShape,
     options: &FlashOptions,
     dt: DType,
     r: &Reference,
-    forward_only: bool,
 ) -> Option<Vec<(&'static str, f64)>> {
     let case = HostCase {
         q: &r.q,
@@ -390,13 +379,6 @@ fn run_family(
         o: &r.o,
         lse: &r.lse,
     };
-    if forward_only {
-        let (o, lse) = run_forward(gpu, shape, options, dt, &case)?;
-        return Some(vec![
-            ("o", rel_err(&o, &r.o)),
-            ("lse", lse_err(&lse, &r.lse)),
-        ]);
-    }
     let got = run_case(gpu, shape, options, dt, &case)?;
     Some(vec![
         ("o", rel_err(&got.o, &r.o)),
@@ -408,8 +390,8 @@ fn run_family(
     ])
 }
 
-/// Runs `list` on every family (`forward_only`: the forward pass alone).
-fn run_matrix(test: &str, list: Vec<Case>, forward_only: bool) {
+/// Runs `list` on every family.
+fn run_matrix(test: &str, list: Vec<Case>) {
     let Some(gpu) = gpu_or_skip(test) else {
         return;
     };
@@ -432,16 +414,10 @@ fn run_matrix(test: &str, list: Vec<Case>, forward_only: bool) {
     let mut ran = vec![0usize; families.len()];
     for case in &list {
         let (shape, options) = case.shape_and_options(&mut rng);
-        let r = reference(
-            &shape,
-            &options.attention,
-            case.dtype,
-            &mut rng,
-            forward_only,
-        );
+        let r = reference(&shape, &options.attention, case.dtype, &mut rng);
         for (i, &family) in families.iter().enumerate() {
             let forced = options.clone().kernel(KernelChoice::Only(family));
-            let Some(errs) = run_family(&gpu, &shape, &forced, case.dtype, &r, forward_only) else {
+            let Some(errs) = run_family(&gpu, &shape, &forced, case.dtype, &r) else {
                 continue;
             };
             ran[i] += 1;
@@ -487,7 +463,7 @@ fn exact_domain_on_every_family() {
     for d in EXACT_HEAD_DIMS {
         assert!(list.iter().any(|c| c.head_dim == d), "head dim {d} missing");
     }
-    run_matrix("exact_domain_on_every_family", list, false);
+    run_matrix("exact_domain_on_every_family", list);
 }
 
 #[test]
@@ -505,7 +481,7 @@ fn score_modifiers_on_every_family() {
                 .any(|c| c.causal == causal && matches!(c.mods, Mods::Window(..) | Mods::All(..)))
         );
     }
-    run_matrix("score_modifiers_on_every_family", list, false);
+    run_matrix("score_modifiers_on_every_family", list);
 }
 
 #[test]
@@ -522,7 +498,7 @@ fn tensor_core_domain_on_every_family() {
             );
         }
     }
-    run_matrix("tensor_core_domain_on_every_family", list, false);
+    run_matrix("tensor_core_domain_on_every_family", list);
 }
 
 /// `list` covers every head dim of `dims` in both dtypes, with a case on the default instances.
@@ -546,16 +522,16 @@ fn assert_head_dims_covered(list: &[Case], dims: &[u32]) {
 fn tensor_core_head_dims_on_every_family() {
     let list = head_dim_cases(&TENSOR_CORE_HEAD_DIMS);
     assert_head_dims_covered(&list, &TENSOR_CORE_HEAD_DIMS);
-    run_matrix("tensor_core_head_dims_on_every_family", list, false);
+    run_matrix("tensor_core_head_dims_on_every_family", list);
 }
 
-/// The head dims past the tensor-core backward's (forward only: the backward of these runs on
-/// the exact kernels, which the exact list checks).
+/// The wide head dims, forward and backward (the backward's head-dim slices: 128 + 64 columns
+/// at the compiled 192, 128 + 128 at 256).
 #[test]
-fn tensor_core_forward_head_dims_on_every_family() {
-    let list = head_dim_cases(&FORWARD_HEAD_DIMS);
-    assert_head_dims_covered(&list, &FORWARD_HEAD_DIMS);
-    run_matrix("tensor_core_forward_head_dims_on_every_family", list, true);
+fn tensor_core_wide_head_dims_on_every_family() {
+    let list = head_dim_cases(&WIDE_HEAD_DIMS);
+    assert_head_dims_covered(&list, &WIDE_HEAD_DIMS);
+    run_matrix("tensor_core_wide_head_dims_on_every_family", list);
 }
 
 /// Every case of the tensor-core lists (the half-precision, row-owned ones of the modifiers'
@@ -569,7 +545,7 @@ fn tensor_core_lists_run_on_both_tensor_core_families() {
     let lists = [
         (tensor_core_cases(), &both[..]),
         (head_dim_cases(&TENSOR_CORE_HEAD_DIMS), &both[..]),
-        (head_dim_cases(&FORWARD_HEAD_DIMS), &both[..1]),
+        (head_dim_cases(&WIDE_HEAD_DIMS), &both[..]),
         (
             score_mod_cases().into_iter().filter(half).collect(),
             &both[..],

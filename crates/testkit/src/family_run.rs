@@ -70,25 +70,6 @@ pub fn run_case(
     })
 }
 
-/// The forward alone of `case` (for head dims a family runs forward only); `None` where the plan
-/// refuses it. Returns O and LSE, downloaded.
-pub fn run_forward(
-    gpu: &Gpu,
-    shape: &AttentionShape,
-    options: &FlashOptions,
-    dt: DType,
-    case: &HostCase,
-) -> Option<(Vec<f32>, Vec<f32>)> {
-    let up = |x: &[f32]| DeviceTensor::from_f32(dt, x).unwrap();
-    forward_on(
-        gpu,
-        shape,
-        options,
-        dt,
-        (&up(case.q), &up(case.k), &up(case.v)),
-    )
-}
-
 /// `forward_into` into NaN-poisoned O and LSE, checked to run the plan `plan` gives.
 fn forward_on(
     gpu: &Gpu,
