@@ -106,7 +106,7 @@ unsafe fn stage_slice<T: Pair, const N: usize>(
     }
 }
 
-/// Generic over `KD = d / 16`, `ND` (n-tiles of dK, dV: `d / 8`, or a slice's 16),
+/// Generic over `KD = d / 16`, `ND` (n-tiles of dK, dV: `d / 8`, or a slice's 16), `STAGES`,
 /// `NQ = block_rows / 8` (n-tiles of `Sᵀ`),
 /// `NQP = NQ / 2` (k-steps over the Q block), `WARPS`, and `DQ` (dQ n-tiles computed and sent to
 /// the accumulator at a time), so every register array has a compile-time size and every loop over
@@ -124,6 +124,7 @@ unsafe fn backward<
     const MODS: bool,
     const DETERMINISTIC: bool,
     const SLICED: bool,
+    const STAGES: u32,
 >(
     p: &TensorCoreBackwardParams,
 ) {
@@ -136,23 +137,17 @@ unsafe fn backward<
         } else {
             ND == 2 * KD && (ND / (WARPS / 4)).is_multiple_of(DQ)
         });
-        assert!(DQ.is_multiple_of(2));
+        assert!(DQ.is_multiple_of(2) && (STAGES == 1 || STAGES == 2));
         assert!(!(DETERMINISTIC && (GENERAL || MODS)));
     };
-    let cfg = TcBackwardConfig {
-        head_dim: 16 * KD as u32,
-        warps: WARPS as u32,
-    };
-    // Constants for rustc itself, so that no call site of `fill` is left for LLVM to fold
-    // (the d = 128 instances spilled while it was).
-    let (bc, stages, ds_tiles) = const {
-        let cfg = TcBackwardConfig {
-            head_dim: 16 * KD as u32,
-            warps: WARPS as u32,
-        };
-        (cfg.block_keys(), cfg.stages(), cfg.ds_tiles())
-    };
-    let (d, br) = (cfg.head_dim, 8 * NQ as u32);
+    // `TcBackwardConfig::block_keys` and `ds_tiles` of the generics, spelled out: a call left
+    // for LLVM to fold reordered the d = 128 instances' code enough for ptxas to spill.
+    let (d, bc, br) = (
+        16 * KD as u32,
+        if SLICED { 64 } else { 16 * WARPS as u32 },
+        8 * NQ as u32,
+    );
+    let ds_tiles = if SLICED { WARPS as u32 / 4 } else { 1 };
     let threads = 32 * WARPS as u32;
     let s = p.shape;
     let (tid, warp, lane) = (thread_x(), thread_x() / 32, thread_x() % 32);
@@ -191,7 +186,7 @@ unsafe fn backward<
     let stage_base = smem + 2 * kv_bytes;
     let q_tile = |st: u32| SwizzledTile::new(stage_base + st * 2 * q_bytes, d);
     let do_tile = |st: u32| SwizzledTile::new(stage_base + st * 2 * q_bytes + q_bytes, d);
-    let ds_base = stage_base + stages * 2 * q_bytes;
+    let ds_base = stage_base + STAGES * 2 * q_bytes;
     // The warp's head-dim slice (SLICED): its columns of dK, dV and dQ, and its `dSᵀ` tile.
     let slice = if SLICED { warp / 4 } else { 0 };
     let (col0, cols) = if SLICED {
@@ -205,6 +200,11 @@ unsafe fn backward<
     let ds_tile = SwizzledTile::new(ds_base + slice * bc * br * 2, br);
     // Per stage: `LSE · log2 e` of the block's rows, then their `D`.
     let stats = |st: u32| ds_base + ds_tiles * bc * br * 2 + st * 2 * br * 4;
+
+    let cfg = TcBackwardConfig {
+        head_dim: d,
+        warps: WARPS as u32,
+    };
     // The window and the score modifiers: `MODS` instances only (the host routes every call that
     // has one there), so the others compile without them. The K/V block visits only the Q
     // blocks of rows whose window reaches it.
@@ -317,7 +317,7 @@ unsafe fn backward<
         // Block i has landed, and every warp is done with block i − 1 (its stage is refilled
         // next) and with the previous dSᵀ.
         wait_all();
-        let st = if stages == 2 { i & 1 } else { 0 };
+        let st = if STAGES == 2 { i & 1 } else { 0 };
         let (h, q0) = (head_of(i), row0_of(i));
         // Rows past the sequence's end are masked too: copied as zeros, their statistics give
         // P = 1 (and past a packed sequence's end, its rows are the next sequence's).
@@ -345,7 +345,7 @@ unsafe fn backward<
         // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`).
         unsafe { sanitize_own_chunks::<T, _>(&q_tile(st), br, tid, threads) };
         sync_threads();
-        if stages == 2 && i + 1 < iters {
+        if STAGES == 2 && i + 1 < iters {
             fill(i + 1, st ^ 1);
         }
         // Fresh each iteration, so the dozens of swizzled addresses derived from the lane are
@@ -561,7 +561,7 @@ unsafe fn backward<
         }
         // dQ reads every warp's dSᵀ rows (and, deterministic, follows the earlier blocks' adds).
         sync_threads();
-        if stages == 1 && i + 1 < iters {
+        if STAGES == 1 && i + 1 < iters {
             // One stage: every warp is done with it; block i + 1 lands while dQ runs.
             fill(i + 1, 0);
         }
@@ -700,6 +700,7 @@ macro_rules! entry_points {
                     $mods,
                     $det,
                     { $cfg.sliced() },
+                    { $cfg.stages() },
                 >(&p)
             }
         }
