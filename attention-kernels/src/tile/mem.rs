@@ -43,15 +43,43 @@ pub unsafe fn store_global_16(addr: u64, v: [u32; 4]) {
 }
 
 /// Stores a warp's accumulators (`MmaElem::pack`ed, times `scale`) row-major into rows
-/// `row0 .. row0 + 16` of `tile`: fragment `j` is 16-byte chunk `chunk0 + j` of each row, lane
-/// `(g, t)` writes rows `row0 + g` and `row0 + g + 8` at byte `4t` of it. The epilogues stage O,
-/// dK and dV (or a head-dim slice of them) this way so that their global stores are whole
-/// coalesced chunks.
+/// `row0 .. row0 + 16` of `tile`: fragment `j` is 16-byte chunk `j` of each row, lane `(g, t)`
+/// writes rows `row0 + g` and `row0 + g + 8` at byte `4t` of it. The epilogues stage O, dK and dV
+/// this way so that their global stores are whole coalesced chunks.
+///
+/// # Safety
+/// Rows `row0 .. row0 + 16` and chunks `0 .. N` must lie inside the tile.
+#[inline(always)]
+pub unsafe fn stage_fragments<T: MmaElem, const N: usize>(
+    tile: SwizzledTile,
+    row0: u32,
+    frags: &[FragC; N],
+    scale: f32,
+    lane: u32,
+) {
+    let (g, t) = (lane / 4, lane % 4);
+    for (j, f) in frags.iter().enumerate() {
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            store_shared_u32(
+                tile.chunk_addr(row0 + g, j as u32) + 4 * t,
+                T::pack(scale * f.0[0], scale * f.0[1]),
+            );
+            store_shared_u32(
+                tile.chunk_addr(row0 + g + 8, j as u32) + 4 * t,
+                T::pack(scale * f.0[2], scale * f.0[3]),
+            );
+        }
+    }
+}
+
+/// [`stage_fragments`] from chunk `chunk0` (a head-dim slice): fragment `j` is 16-byte chunk
+/// `chunk0 + j` of each row. The sliced backwards stage dK and dV this way.
 ///
 /// # Safety
 /// Rows `row0 .. row0 + 16` and chunks `chunk0 .. chunk0 + N` must lie inside the tile.
 #[inline(always)]
-pub unsafe fn stage_fragments<T: MmaElem, const N: usize>(
+pub unsafe fn stage_fragments_at<T: MmaElem, const N: usize>(
     tile: SwizzledTile,
     (row0, chunk0): (u32, u32),
     frags: &[FragC; N],

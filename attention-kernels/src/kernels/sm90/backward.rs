@@ -61,7 +61,7 @@ use crate::attn::sequence::Sequence;
 use crate::kernels::BACKWARD_SLICE_COLS;
 use crate::kernels::sm90::WgBackwardConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
-use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
+use crate::tile::mem::{load_shared_16, stage_fragments_at, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::{
     load_shared_f32x2, load_shared_u32, red_add_f32x4, release_store, wait_equal_acquire,
 };
@@ -607,7 +607,7 @@ unsafe fn backward<
     );
     for (tile, acc, scale) in [(k_out, &dk, p.scale), (v_out, &dv, 1.0)] {
         // SAFETY: the warp's 16 key rows and the group's chunks are inside the tile.
-        unsafe { stage_fragments::<T, ND>(tile, (key_row, col0 / 8), acc, scale, lane) };
+        unsafe { stage_fragments_at::<T, ND>(tile, (key_row, col0 / 8), acc, scale, lane) };
     }
     sync_threads();
     // The real head dim's chunks only (the tiles may hold padding columns past them).

@@ -384,7 +384,7 @@ unsafe fn forward<
     sync_threads();
     let staging = SwizzledTile::new(kv_base, d);
     // SAFETY: the warp's 16 rows and all ND chunks are inside the staging tile.
-    unsafe { stage_fragments::<T, ND>(staging, (group_row + 16 * warp, 0), &o, 1.0, lane) };
+    unsafe { stage_fragments::<T, ND>(staging, group_row + 16 * warp, &o, 1.0, lane) };
     if poisoned {
         // The lane's own elements of the staged rows (columns 8n + 2t, + 1 of rows g, g + 8).
         for n in 0..ND as u32 {

@@ -4,8 +4,7 @@
 //! keys `16w .. 16w + 16` and keeps their dK and dV accumulators in registers across the whole
 //! loop. The loop visits every Q block (of every query head of the GQA group) that can see the
 //! block's keys; Q, dO and the rows' statistics stream through two shared stages (`cp.async`
-//! fills block `i + 1` while block `i` is computed), or one where two do not fit (d = 256,
-//! filled for block `i + 1` while block `i`'s dQ is computed). Per Q block, all on `mma.sync`, transposed so
+//! fills block `i + 1` while block `i` is computed). Per Q block, all on `mma.sync`, transposed so
 //! that each warp's products are row blocks of its own keys:
 //!   `Sᵀ = K·Qᵀ`, `Pᵀ = 2^(Sᵀ·τ·log2 e − LSE·log2 e)`, `dV += Pᵀ·dO`, `dPᵀ = V·dOᵀ`,
 //!   `dSᵀ = Pᵀ ∘ (dPᵀ − D)`, `dK += dSᵀ·Q`;
@@ -24,13 +23,6 @@
 //! `1/(1 − p)` once at the end. The `MODS` instances add the local window, softcap and ALiBi;
 //! the two flags are independent. Instances without `GENERAL` take the sequence from the kernel
 //! parameters.
-//!
-//! The `SLICED` instances (d = 192, 256; 8 warps) split the head dim as well as the keys: warps
-//! `w` and `w + 4` own the same 16 keys of a 64-key block, and warp `w` the head-dim slice
-//! `w / 4` of their dK, dV and dQ (`BACKWARD_SLICE_COLS`: 128, and 64 for the last one of
-//! d = 192, which uses the first half of the accumulators), so the accumulators fit in registers.
-//! Each warp recomputes `Sᵀ`, `Pᵀ`, `dPᵀ` and `dSᵀ` of its keys over the whole head dim, in a
-//! `dSᵀ` tile of its slice.
 
 use crate::abi::layout::TensorStrides;
 use crate::abi::params::TensorCoreBackwardParams;
@@ -38,7 +30,7 @@ use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, sync_warp, thread_x};
 use crate::attn::backward::{
-    Pair, dq_adds_before, dq_semaphore, window_needs_mask, window_q_blocks,
+    Pair, dq_adds_before, dq_semaphore, needs_mask, window_needs_mask, window_q_blocks,
 };
 use crate::attn::dropout::{drop_operand, transposed_keep_bits};
 use crate::attn::grid::{head_and_sequence, head_here};
@@ -46,7 +38,6 @@ use crate::attn::mask::hidden;
 use crate::attn::mask::{Exponent, MASKED, sanitize_own_chunks, sanitize_pair};
 use crate::attn::score_mod::{ScoreMod, Window, key_range};
 use crate::attn::sequence::Sequence;
-use crate::kernels::BACKWARD_SLICE_COLS;
 use crate::kernels::sm80::backward::TcBackwardConfig;
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
@@ -80,34 +71,7 @@ unsafe fn store_quad(tile: SwizzledTile, row0: u32, c: u32, g: u32, t: u32, a: [
     }
 }
 
-/// Stages the warp's dK or dV (`stage_fragments`) into chunks `col0 / 8 ..` of its 16 rows from
-/// `row0`: all `N` fragments, or the first 8 of a `narrow` slice (the last of d = 192). A function
-/// called once per tensor, not a loop over the two: LLVM left such a loop rolled, and the
-/// accumulators it indexed in local memory.
-///
-/// # Safety
-/// As for `stage_fragments`, with the chunks the slice stages.
-#[inline(always)]
-unsafe fn stage_slice<T: Pair, const N: usize>(
-    tile: SwizzledTile,
-    (row0, col0, narrow): (u32, u32, bool),
-    acc: &[FragC; N],
-    scale: f32,
-    lane: u32,
-) {
-    // SAFETY: forwarded to the caller.
-    unsafe {
-        match acc.first_chunk::<8>() {
-            Some(half) if narrow => {
-                stage_fragments::<T, 8>(tile, (row0, col0 / 8), half, scale, lane)
-            }
-            _ => stage_fragments::<T, N>(tile, (row0, col0 / 8), acc, scale, lane),
-        }
-    }
-}
-
-/// Generic over `KD = d / 16`, `ND` (n-tiles of dK, dV: `d / 8`, or a slice's 16), `STAGES`,
-/// `NQ = block_rows / 8` (n-tiles of `Sᵀ`),
+/// Generic over `KD = d / 16`, `ND = d / 8`, `NQ = block_rows / 8` (n-tiles of `Sᵀ`),
 /// `NQP = NQ / 2` (k-steps over the Q block), `WARPS`, and `DQ` (dQ n-tiles computed and sent to
 /// the accumulator at a time), so every register array has a compile-time size and every loop over
 /// one unrolls.
@@ -123,31 +87,16 @@ unsafe fn backward<
     const GENERAL: bool,
     const MODS: bool,
     const DETERMINISTIC: bool,
-    const SLICED: bool,
-    const STAGES: u32,
 >(
     p: &TensorCoreBackwardParams,
 ) {
     const {
-        assert!(NQ == 2 * NQP && KD >= 4 && NQ == 8 && WARPS.is_multiple_of(4));
-        // dQ: 16 rows per warp, the block's 64 rows over 4 warps, columns over WARPS / 4 (or
-        // each warp its slice).
-        assert!(if SLICED {
-            ND == 16 && WARPS == 4 * KD.div_ceil(8) && ND.is_multiple_of(DQ)
-        } else {
-            ND == 2 * KD && (ND / (WARPS / 4)).is_multiple_of(DQ)
-        });
-        assert!(DQ.is_multiple_of(2) && (STAGES == 1 || STAGES == 2));
+        assert!(ND == 2 * KD && NQ == 2 * NQP && KD >= 4 && NQ == 8 && WARPS.is_multiple_of(4));
+        // dQ: 16 rows per warp, the block's 64 rows over 4 warps, columns over WARPS / 4.
+        assert!((ND / (WARPS / 4)).is_multiple_of(DQ) && DQ.is_multiple_of(2));
         assert!(!(DETERMINISTIC && (GENERAL || MODS)));
     };
-    // `TcBackwardConfig::block_keys` and `ds_tiles` of the generics, spelled out: a call left
-    // for LLVM to fold reordered the d = 128 instances' code enough for ptxas to spill.
-    let (d, bc, br) = (
-        16 * KD as u32,
-        if SLICED { 64 } else { 16 * WARPS as u32 },
-        8 * NQ as u32,
-    );
-    let ds_tiles = if SLICED { WARPS as u32 / 4 } else { 1 };
+    let (d, bc, br) = (16 * KD as u32, 16 * WARPS as u32, 8 * NQ as u32);
     let threads = 32 * WARPS as u32;
     let s = p.shape;
     let (tid, warp, lane) = (thread_x(), thread_x() / 32, thread_x() % 32);
@@ -186,20 +135,11 @@ unsafe fn backward<
     let stage_base = smem + 2 * kv_bytes;
     let q_tile = |st: u32| SwizzledTile::new(stage_base + st * 2 * q_bytes, d);
     let do_tile = |st: u32| SwizzledTile::new(stage_base + st * 2 * q_bytes + q_bytes, d);
-    let ds_base = stage_base + STAGES * 2 * q_bytes;
-    // The warp's head-dim slice (SLICED): its columns of dK, dV and dQ, and its `dSᵀ` tile.
-    let slice = if SLICED { warp / 4 } else { 0 };
-    let (col0, cols) = if SLICED {
-        let col0 = BACKWARD_SLICE_COLS * slice;
-        (col0, (d - col0).min(BACKWARD_SLICE_COLS))
-    } else {
-        (0, d)
-    };
-    let narrow = SLICED && cols < BACKWARD_SLICE_COLS;
+    let ds_base = stage_base + 4 * q_bytes;
     // dSᵀ: one key per row, one query per column.
-    let ds_tile = SwizzledTile::new(ds_base + slice * bc * br * 2, br);
+    let ds_tile = SwizzledTile::new(ds_base, br);
     // Per stage: `LSE · log2 e` of the block's rows, then their `D`.
-    let stats = |st: u32| ds_base + ds_tiles * bc * br * 2 + st * 2 * br * 4;
+    let stats = |st: u32| ds_base + bc * br * 2 + st * 2 * br * 4;
 
     let cfg = TcBackwardConfig {
         head_dim: d,
@@ -288,7 +228,7 @@ unsafe fn backward<
         fill(0, 0);
     }
 
-    let key_row = 16 * if SLICED { warp % 4 } else { warp };
+    let key_row = 16 * warp;
     // A non-finite K row must not reach dQ = dS·K through a masked dS of 0 (0 · NaN). Its key
     // scores non-finite against every query: a row that allows it has a NaN LSE (its dS is NaN
     // whatever K holds) or scored it −∞ (P = 0, outside the row's support, contributing
@@ -317,7 +257,7 @@ unsafe fn backward<
         // Block i has landed, and every warp is done with block i − 1 (its stage is refilled
         // next) and with the previous dSᵀ.
         wait_all();
-        let st = if STAGES == 2 { i & 1 } else { 0 };
+        let st = i & 1;
         let (h, q0) = (head_of(i), row0_of(i));
         // Rows past the sequence's end are masked too: copied as zeros, their statistics give
         // P = 1 (and past a packed sequence's end, its rows are the next sequence's).
@@ -327,7 +267,9 @@ unsafe fn backward<
                 // Only pairs across a window edge, the causal diagonal or the key length.
                 window_needs_mask((q0, k0), bc, (n_q, n_k), causal, window)
             } else {
-                cfg.needs_mask(q0, k0, n_q, n_k, causal)
+                // Not `cfg.needs_mask`: its `block_keys` branches on `sliced`, which was enough
+                // to reorder this loop into spilling (`sliced`).
+                needs_mask(q0, k0, bc, n_q, n_k, causal)
             };
         // Softcap and ALiBi of head h.
         let score_mod = if MODS {
@@ -345,7 +287,7 @@ unsafe fn backward<
         // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`).
         unsafe { sanitize_own_chunks::<T, _>(&q_tile(st), br, tid, threads) };
         sync_threads();
-        if STAGES == 2 && i + 1 < iters {
+        if i + 1 < iters {
             fill(i + 1, st ^ 1);
         }
         // Fresh each iteration, so the dozens of swizzled addresses derived from the lane are
@@ -449,14 +391,10 @@ unsafe fn backward<
                 } else {
                     a
                 };
-                for dp in 0..ND / 2 {
-                    // A guard, not a `break`: the loop unrolls and `dv` stays in registers.
-                    if dp < ND / 4 || !narrow {
-                        let chunk = col0 / 8 + 2 * dp as u32;
-                        let [b0, b1] = dot.load_b_pair_trans(16 * k, chunk, lane);
-                        T::mma(&mut dv[2 * dp], &a, &b0);
-                        T::mma(&mut dv[2 * dp + 1], &a, &b1);
-                    }
+                for dp in 0..KD {
+                    let [b0, b1] = dot.load_b_pair_trans(16 * k, 2 * dp as u32, lane);
+                    T::mma(&mut dv[2 * dp], &a, &b0);
+                    T::mma(&mut dv[2 * dp + 1], &a, &b1);
                 }
             }
             dv.iter_mut().for_each(FragC::pin);
@@ -536,14 +474,10 @@ unsafe fn backward<
             // 16k .. 16k + 16 and chunks 2dp, 2dp + 1 of the Q tile.
             unsafe {
                 let a = ds_tile.load_a(key_row, k, lane);
-                for dp in 0..ND / 2 {
-                    // A guard, not a `break`: the loop unrolls and `dk` stays in registers.
-                    if dp < ND / 4 || !narrow {
-                        let chunk = col0 / 8 + 2 * dp as u32;
-                        let [b0, b1] = qt.load_b_pair_trans(16 * k, chunk, lane);
-                        T::mma(&mut dk[2 * dp], &a, &b0);
-                        T::mma(&mut dk[2 * dp + 1], &a, &b1);
-                    }
+                for dp in 0..KD {
+                    let [b0, b1] = qt.load_b_pair_trans(16 * k, 2 * dp as u32, lane);
+                    T::mma(&mut dk[2 * dp], &a, &b0);
+                    T::mma(&mut dk[2 * dp + 1], &a, &b1);
                 }
             }
             dk.iter_mut().for_each(FragC::pin);
@@ -561,34 +495,25 @@ unsafe fn backward<
         }
         // dQ reads every warp's dSᵀ rows (and, deterministic, follows the earlier blocks' adds).
         sync_threads();
-        if STAGES == 1 && i + 1 < iters {
-            // One stage: every warp is done with it; block i + 1 lands while dQ runs.
-            fill(i + 1, 0);
-        }
 
         // dQ = dS·K over the block's keys. Warp w takes rows 16(w % 4) .. + 16 of the Q block
-        // and n-tiles (w / 4)·ND / (WARPS / 4) onwards (SLICED: its slice's), `DQ` n-tiles (8
-        // columns each) at a time, so that the dQ part fits beside dK and dV in registers.
+        // and n-tiles (w / 4)·ND / (WARPS / 4) onwards, `DQ` n-tiles (8 columns each) at a time,
+        // so that the dQ part fits beside dK and dV in registers.
         let acc_row = |row: u32| {
             // The accumulator is contiguous, in Q's shape.
             p.dq_accum + seq.q_offset(&s, row, h) as u64 * 4
         };
-        let (row_group, share) = (warp % 4, if SLICED { ND } else { ND / (WARPS / 4) });
-        let tile0 = if SLICED {
-            col0 as usize / 8
-        } else {
-            (warp / 4) as usize * share
-        };
-        for part in 0..share / DQ {
+        let (row_group, tile0) = (warp % 4, (warp / 4) as usize * (ND / (WARPS / 4)));
+        for part in 0..ND / (WARPS / 4) / DQ {
             let lane = opaque(lane);
             let (g, t) = (lane / 4, lane % 4);
             let first = tile0 + DQ * part;
-            if first as u32 >= real_chunks || SLICED && (DQ * part) as u32 >= cols / 8 {
-                // Only padding columns left, or the narrow slice's end (warp-uniform).
+            if first as u32 >= real_chunks {
+                // Only padding columns left (warp-uniform).
                 break;
             }
             let mut dq = [FragC::default(); DQ];
-            for kk in 0..bc / 16 {
+            for kk in 0..WARPS as u32 {
                 // SAFETY: keys 16kk .. 16kk + 16 and the row group's 16 queries are inside the dSᵀ
                 // tile; the keys and the part's chunks inside the K tile.
                 unsafe {
@@ -646,23 +571,17 @@ unsafe fn backward<
     } else {
         1.0
     };
-    // SAFETY: the warp's 16 key rows and its slice's chunks are inside the tiles.
-    unsafe {
-        stage_slice::<T, ND>(k_tile, (key_row, col0, narrow), &dk, p.scale, lane);
-        stage_slice::<T, ND>(v_tile, (key_row, col0, narrow), &dv, dv_scale, lane);
+    for (tile, acc, scale) in [(k_tile, &dk, p.scale), (v_tile, &dv, dv_scale)] {
+        // SAFETY: the warp's 16 key rows and all ND chunks are inside the tile.
+        unsafe { stage_fragments::<T, ND>(tile, key_row, acc, scale, lane) };
     }
     sync_warp();
-    // The warp's rows, its slice's chunks (all of them unless SLICED).
-    let chunks = cols / 8;
+    let chunks = k_tile.chunks();
     for (tile, dst, strides) in [(k_tile, p.dk, &ts.dk), (v_tile, p.dv, &ts.dv)] {
         let (dst, stride) = (kv_at(dst, strides), 2 * strides.seq);
         for n in 0..(16 * ND as u32 / 32) {
             let idx = 32 * n + lane;
-            if SLICED && idx >= 16 * chunks {
-                // The narrow slice's end (warp-uniform).
-                break;
-            }
-            let (r, c) = (idx / chunks, col0 / 8 + idx % chunks);
+            let (r, c) = (idx / chunks, idx % chunks);
             let key = k0 + key_row + r;
             // SAFETY: the shared chunk is inside the tile; the global row is below n_k and the
             // chunk below the real head dim.
@@ -691,7 +610,7 @@ macro_rules! entry_points {
                 backward::<
                     $t,
                     { $cfg.head_dim as usize / 16 },
-                    { $cfg.slice_cols() as usize / 8 },
+                    { $cfg.head_dim as usize / 8 },
                     { $cfg.block_rows() as usize / 8 },
                     { $cfg.block_rows() as usize / 16 },
                     { $cfg.warps as usize },
@@ -699,8 +618,6 @@ macro_rules! entry_points {
                     $general,
                     $mods,
                     $det,
-                    { $cfg.sliced() },
-                    { $cfg.stages() },
                 >(&p)
             }
         }
@@ -728,26 +645,6 @@ entry_points! {
     flash_tc_backward_general_mods_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, true, true, false;
     flash_tc_backward_det_bf16_d128_w4 => Bf16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false, true;
     flash_tc_backward_det_f16_d128_w4 => F16, TcBackwardConfig { head_dim: 128, warps: 4 }, false, false, true;
-    flash_tc_backward_bf16_d192_w8 => Bf16, TcBackwardConfig { head_dim: 192, warps: 8 }, false, false, false;
-    flash_tc_backward_f16_d192_w8 => F16, TcBackwardConfig { head_dim: 192, warps: 8 }, false, false, false;
-    flash_tc_backward_general_bf16_d192_w8 => Bf16, TcBackwardConfig { head_dim: 192, warps: 8 }, true, false, false;
-    flash_tc_backward_general_f16_d192_w8 => F16, TcBackwardConfig { head_dim: 192, warps: 8 }, true, false, false;
-    flash_tc_backward_mods_bf16_d192_w8 => Bf16, TcBackwardConfig { head_dim: 192, warps: 8 }, false, true, false;
-    flash_tc_backward_mods_f16_d192_w8 => F16, TcBackwardConfig { head_dim: 192, warps: 8 }, false, true, false;
-    flash_tc_backward_general_mods_bf16_d192_w8 => Bf16, TcBackwardConfig { head_dim: 192, warps: 8 }, true, true, false;
-    flash_tc_backward_general_mods_f16_d192_w8 => F16, TcBackwardConfig { head_dim: 192, warps: 8 }, true, true, false;
-    flash_tc_backward_det_bf16_d192_w8 => Bf16, TcBackwardConfig { head_dim: 192, warps: 8 }, false, false, true;
-    flash_tc_backward_det_f16_d192_w8 => F16, TcBackwardConfig { head_dim: 192, warps: 8 }, false, false, true;
-    flash_tc_backward_bf16_d256_w8 => Bf16, TcBackwardConfig { head_dim: 256, warps: 8 }, false, false, false;
-    flash_tc_backward_f16_d256_w8 => F16, TcBackwardConfig { head_dim: 256, warps: 8 }, false, false, false;
-    flash_tc_backward_general_bf16_d256_w8 => Bf16, TcBackwardConfig { head_dim: 256, warps: 8 }, true, false, false;
-    flash_tc_backward_general_f16_d256_w8 => F16, TcBackwardConfig { head_dim: 256, warps: 8 }, true, false, false;
-    flash_tc_backward_mods_bf16_d256_w8 => Bf16, TcBackwardConfig { head_dim: 256, warps: 8 }, false, true, false;
-    flash_tc_backward_mods_f16_d256_w8 => F16, TcBackwardConfig { head_dim: 256, warps: 8 }, false, true, false;
-    flash_tc_backward_general_mods_bf16_d256_w8 => Bf16, TcBackwardConfig { head_dim: 256, warps: 8 }, true, true, false;
-    flash_tc_backward_general_mods_f16_d256_w8 => F16, TcBackwardConfig { head_dim: 256, warps: 8 }, true, true, false;
-    flash_tc_backward_det_bf16_d256_w8 => Bf16, TcBackwardConfig { head_dim: 256, warps: 8 }, false, false, true;
-    flash_tc_backward_det_f16_d256_w8 => F16, TcBackwardConfig { head_dim: 256, warps: 8 }, false, false, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.

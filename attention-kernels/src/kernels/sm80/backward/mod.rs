@@ -10,6 +10,8 @@
 
 #[cfg(target_arch = "nvptx64")]
 mod mainloop;
+#[cfg(target_arch = "nvptx64")]
+mod sliced;
 
 use crate::attn::backward::{Q_BLOCK, first_q_block, n_q_pad, needs_mask};
 use crate::kernels::BACKWARD_SLICE_COLS;

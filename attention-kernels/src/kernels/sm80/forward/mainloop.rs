@@ -302,7 +302,7 @@ unsafe fn forward<
     // barrier lies between them, and racecheck reports the pair as a hazard.
     sync_warp();
     // SAFETY: the warp's 16 rows and all ND chunks are inside the Q tile.
-    unsafe { stage_fragments::<T, ND>(q_tile, (warp_row, 0), &o, 1.0, lane) };
+    unsafe { stage_fragments::<T, ND>(q_tile, warp_row, &o, 1.0, lane) };
     sync_warp();
     let t = lane % 4;
     // The general instances' sequence again: read anew rather than kept in registers across the
