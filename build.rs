@@ -31,6 +31,9 @@ const SHIPPED_HOPPER: &str = "attention_kernels_sm90a.ptx";
 /// The architecture of the shipped base module (and the default of a rebuilt one).
 const DEFAULT_ARCH: &str = "sm_80";
 
+// `LAUNCH_BOUNDS`: the sm_90a entries compiled for a number of resident blocks per SM.
+include!("attention-kernels/src/kernels/sm90/launch_bounds.rs");
+
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
@@ -202,6 +205,28 @@ fn build_ptx(kernel_dir: &Path, target_root: &Path, arch: &str, wgmma: bool) -> 
     let expected = format!(".target {arch}");
     if !ptx.contains(&expected) {
         panic!("{} does not contain `{expected}`", ptx_path.display());
+    }
+    if wgmma { with_launch_bounds(ptx) } else { ptx }
+}
+
+/// `ptx` with each [`LAUNCH_BOUNDS`] entry's `.maxntid` and `.minnctapersm` directives after its
+/// parameter list (between the `)` closing it and the `{` of its body); an entry missing from the
+/// module fails the build rather than losing its bounds.
+fn with_launch_bounds(mut ptx: String) -> String {
+    for &(entry, threads, blocks) in LAUNCH_BOUNDS {
+        let header = format!(".visible .entry {entry}(");
+        let start = ptx
+            .find(&header)
+            .unwrap_or_else(|| panic!("LAUNCH_BOUNDS names {entry}, which the sm_90a PTX lacks"));
+        let params_end = start
+            + ptx[start..]
+                .find("\n)")
+                .unwrap_or_else(|| panic!("{entry}: no end of its parameter list"));
+        let line_end = params_end + 1 + ptx[params_end + 1..].find('\n').expect("a line end");
+        ptx.insert_str(
+            line_end + 1,
+            &format!(".maxntid {threads}, 1, 1\n.minnctapersm {blocks}\n"),
+        );
     }
     ptx
 }

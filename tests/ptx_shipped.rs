@@ -116,3 +116,25 @@ fn shipped_modules_are_the_embedded_ones() {
     assert_eq!(flash_attn::PTX_ARCH, "sm_80");
     assert!(flash_attn::PTX.contains("\n.target sm_80"));
 }
+
+#[test]
+fn launch_bounds_sit_after_their_entries_parameters() {
+    let ptx = flash_attn::PTX_SM90A.expect("the build embeds the sm_90a module");
+    for &(entry, threads, blocks) in attention_kernels::kernels::sm90::LAUNCH_BOUNDS {
+        let header = format!(".visible .entry {entry}(");
+        let start = ptx
+            .find(&header)
+            .unwrap_or_else(|| panic!("{entry} missing"));
+        let body = start + ptx[start..].find("\n{").expect("a body");
+        let directives = format!(".maxntid {threads}, 1, 1\n.minnctapersm {blocks}");
+        assert!(
+            ptx[start..body].ends_with(&directives),
+            "{entry}: its header does not end with {directives:?}: {:?}",
+            &ptx[start..body]
+        );
+    }
+    assert_eq!(
+        ptx.matches(".minnctapersm").count(),
+        attention_kernels::kernels::sm90::LAUNCH_BOUNDS.len()
+    );
+}

@@ -11,6 +11,9 @@
 mod backward;
 #[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
 mod forward;
+mod launch_bounds;
+
+pub use launch_bounds::LAUNCH_BOUNDS;
 
 use crate::attn::backward::Q_BLOCK;
 use crate::kernels::BACKWARD_SLICE_COLS;
