@@ -7,9 +7,9 @@
 //! in `ptx/kernel-sources.sha256`: building needs no child build, no nightly feature and no
 //! component beyond a default toolchain's, so a dependent builds with any toolchain from the MSRV.
 //!
-//! With the `rebuild-ptx` feature (implied by `tuning`), this script compiles
-//! them from the sources instead, with rustc's NVPTX backend. The child build uses the pinned
-//! toolchain of `rust-toolchain.toml` with `-Zbuild-std=core` (no prebuilt `rust-std` exists for
+//! With the `rebuild-ptx` feature (implied by `tuning`), this script compiles them from the
+//! sources instead, with rustc's NVPTX backend. The child build uses the pinned toolchain of
+//! `rust-toolchain.toml` with `-Zbuild-std=core` (no prebuilt `rust-std` exists for
 //! `nvptx64-nvidia-cuda`), `RUSTC_BOOTSTRAP=1` for the unstable device features, and a target
 //! directory of its own so it never waits on the lock of the build that runs this script. A
 //! kernel that fails to compile fails this build with the compiler's own output.
@@ -128,24 +128,18 @@ fn target_root(out_dir: &Path) -> PathBuf {
     }
 }
 
-/// Compiles the kernel crate for `arch` in `<target-dir>/ptx-build/<arch>[-tuning]`;
-/// `wgmma` adds the `flash_attn_sm90a` cfg.
+/// Compiles the kernel crate for `arch` in `<target-dir>/ptx-build/<arch>[-tuning]`; `wgmma` adds
+/// the `flash_attn_sm90a` cfg.
 fn build_ptx(kernel_dir: &Path, target_root: &Path, arch: &str, wgmma: bool) -> String {
-    // The root package's `tuning` feature compiles the candidate tiles into the PTX too. Each
-    // feature set has its own target directory: the PTX file carries no feature hash in its
-    // name, so a build that shared the directory could find its unit fresh and read another
-    // feature set's PTX.
-    let features: Vec<&str> = [("tuning", "CARGO_FEATURE_TUNING")]
-        .into_iter()
-        .filter(|(_, var)| env::var_os(var).is_some())
-        .map(|(feature, _)| feature)
-        .collect();
-    let mut dir = arch.to_owned();
-    for feature in &features {
-        dir.push('-');
-        dir.push_str(feature);
-    }
-    let child_target = target_root.join("ptx-build").join(dir);
+    // The root package's `tuning` feature compiles the candidate tiles into the PTX too. Its own
+    // target directory: the PTX file carries no feature hash in its name, so a build that shared
+    // the directory could find its unit fresh and read the other feature set's PTX.
+    let tuning = env::var_os("CARGO_FEATURE_TUNING").is_some();
+    let child_target = target_root.join("ptx-build").join(if tuning {
+        format!("{arch}-tuning")
+    } else {
+        arch.to_owned()
+    });
     let mut rustflags = format!("-Ctarget-cpu={arch}\x1f-Cllvm-args=-unroll-threshold=1000");
     if wgmma {
         // PTX 8.3 for the vector reductions (`red.global.add.v4.f32`, 8.1+); LLVM would write 8.0.
@@ -160,8 +154,8 @@ fn build_ptx(kernel_dir: &Path, target_root: &Path, arch: &str, wgmma: bool) -> 
         .args(["--config", "profile.release.panic=\"abort\""])
         .args(["--config", "profile.release.debug=false"])
         .args(
-            (!features.is_empty())
-                .then(|| ["--features".to_owned(), features.join(",")])
+            tuning
+                .then_some(["--features", "tuning"])
                 .into_iter()
                 .flatten(),
         )
