@@ -57,20 +57,8 @@ pub unsafe fn stage_fragments<T: MmaElem, const N: usize>(
     scale: f32,
     lane: u32,
 ) {
-    let (g, t) = (lane / 4, lane % 4);
-    for (j, f) in frags.iter().enumerate() {
-        // SAFETY: forwarded to the caller.
-        unsafe {
-            store_shared_u32(
-                tile.chunk_addr(row0 + g, j as u32) + 4 * t,
-                T::pack(scale * f.0[0], scale * f.0[1]),
-            );
-            store_shared_u32(
-                tile.chunk_addr(row0 + g + 8, j as u32) + 4 * t,
-                T::pack(scale * f.0[2], scale * f.0[3]),
-            );
-        }
-    }
+    // SAFETY: forwarded to the caller.
+    unsafe { stage_fragments_at::<T, N>(tile, (row0, 0), frags, scale, lane) }
 }
 
 /// [`stage_fragments`] from chunk `chunk0` (a head-dim slice): fragment `j` is 16-byte chunk
