@@ -68,6 +68,13 @@ pub fn sm90_forward(dtype: DType, cfg: &WgConfig, general: bool) -> String {
     )
 }
 
+/// The `wgmma` forward `cfg` for head dims below its compiled one (zero-padded columns), scale
+/// and causal only (compiled for the defaults only): the plain instance of [`sm90_forward`]
+/// takes the compiled head dim alone.
+pub fn sm90_forward_padded(dtype: DType, cfg: &WgConfig) -> String {
+    sm90_forward(dtype, cfg, false).replacen("_forward_", "_forward_padded_", 1)
+}
+
 /// The `wgmma` forward `cfg` that takes the window and score modifiers besides every option of
 /// the general one (compiled for the defaults only).
 pub fn sm90_forward_mods(dtype: DType, cfg: &WgConfig) -> String {
@@ -243,6 +250,7 @@ pub fn entry_points() -> Vec<Entry> {
         for &cfg in sm90::VARIANTS {
             push(Family::Sm90, sm90_forward(dtype, &cfg, false));
             if sm90::config(cfg.head_dim) == Some(cfg) {
+                push(Family::Sm90, sm90_forward_padded(dtype, &cfg));
                 push(Family::Sm90, sm90_forward(dtype, &cfg, true));
                 push(Family::Sm90, sm90_forward_mods(dtype, &cfg));
                 push(Family::Sm90, sm90_forward_window(dtype, &cfg));

@@ -247,7 +247,14 @@ fn plan_tiles(
             )
         }
         Tiles::Sm90Forward(c) => {
-            let entry = instances::sm90_forward(dtype, &c, general);
+            // The defaults' plain instances take their compiled head dim only.
+            let padded =
+                !general && s.head_dim != c.head_dim && sm90::config(c.head_dim) == Some(c);
+            let entry = if padded {
+                instances::sm90_forward_padded(dtype, &c)
+            } else {
+                instances::sm90_forward(dtype, &c, general)
+            };
             (
                 entry,
                 c.block_rows(),
@@ -586,6 +593,10 @@ mod tests {
                             let p = p.unwrap_or_else(|e| panic!("d={d} {family}: {e}"));
                             assert_eq!(p.tiles.compiled_head_dim(), Some(pd), "d={d}");
                             assert!(p.entry.contains(&format!("_d{pd}_")), "{}", p.entry);
+                            // The sm90 forward's plain instances take their head dim only.
+                            if family == Family::Sm90 && direction == Direction::Forward {
+                                assert_eq!(p.entry.contains("_padded_"), d != pd, "{}", p.entry);
+                            }
                         }
                         None => assert!(p.is_err(), "d={d} {family} {direction:?}"),
                     }

@@ -127,6 +127,7 @@ unsafe fn forward<
     const GENERAL: bool,
     const WINDOW: bool,
     const MODS: bool,
+    const PADDED: bool,
 >(
     p: &TensorCoreForwardParams,
 ) where
@@ -165,9 +166,12 @@ unsafe fn forward<
         return;
     }
 
-    // Rows in memory hold the real head dim; the tiles hold `d`, zeros past it.
+    // Rows in memory hold the real head dim; the tiles hold `d`, zeros past it. Instances for
+    // the compiled head dim only (`!PADDED`, the host's choice when they are equal) fold the
+    // real head dim's guards away: a run-time head dim costs the d = 64 kernel 34 registers.
+    let real_head_dim = if PADDED { s.head_dim } else { d };
     // Byte addresses of the sequence's row 0 of head h (K/V head) and byte strides between rows.
-    let (st, real_chunks) = (&p.strides, s.head_dim / 8);
+    let (st, real_chunks) = (&p.strides, real_head_dim / 8);
     let hk = s.kv_head(h);
     let q_rows = GlobalRows {
         base: p.q + 2 * seq.q_row(&st.q, 0, h),
@@ -364,7 +368,7 @@ unsafe fn forward<
                 |raw| score_mod.apply_log2(raw, p.scale_log2, distance(rows[r], key, n_q, n_k));
             // SAFETY: a row below the sequence's length is a row of Q; an allowed key of K.
             rows[r] >= n_q
-                || !unsafe { scored_out::<T>(q_op, k_op, (rows[r], key), s.head_dim, score) }
+                || !unsafe { scored_out::<T>(q_op, k_op, (rows[r], key), real_head_dim, score) }
         };
         // SAFETY: allowed keys are below the sequence's key length, rows of V.
         poison = unsafe {
@@ -435,9 +439,11 @@ unsafe fn forward<
 /// One entry point per (dtype, configuration), named `flash_wgmma_forward_<dtype>_d<d>_g<groups>_k<keys>`
 /// as the host formats it, `flash_wgmma_forward_general_…` (lengths and dropout),
 /// `flash_wgmma_forward_window_…` (the window alone) and `flash_wgmma_forward_mods_…` (all of
-/// those and the score modifiers) for the defaults.
+/// those and the score modifiers) for the defaults. The defaults' plain instances take the
+/// compiled head dim only; `flash_wgmma_forward_padded_…` takes smaller ones (zero-padded
+/// columns), as every other instance does.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $dropout:literal, $window:literal, $mods:literal;)*) => {$(
+    ($($name:ident => $t:ty, $cfg:expr, $dropout:literal, $window:literal, $mods:literal, $padded:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreForwardParams) {
             // SAFETY: the host validated the buffers against `p` and launched the configuration's
@@ -453,6 +459,7 @@ macro_rules! entry_points {
                     $dropout,
                     $window,
                     $mods,
+                    $padded,
                 >(&p)
             }
         }
@@ -460,49 +467,57 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false;
-    flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false;
-    flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false;
-    flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false;
-    flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false;
-    flash_wgmma_forward_general_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false;
-    flash_wgmma_forward_general_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false, false;
-    flash_wgmma_forward_general_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false, false;
-    flash_wgmma_forward_mods_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true, true;
-    flash_wgmma_forward_window_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, true, false;
-    flash_wgmma_forward_mods_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true, true;
-    flash_wgmma_forward_window_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, true, false;
-    flash_wgmma_forward_mods_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true;
-    flash_wgmma_forward_window_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false;
-    flash_wgmma_forward_mods_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true;
-    flash_wgmma_forward_window_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false;
-    flash_wgmma_forward_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false;
-    flash_wgmma_forward_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false;
-    flash_wgmma_forward_general_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false, false;
-    flash_wgmma_forward_general_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false, false;
-    flash_wgmma_forward_mods_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true, true;
-    flash_wgmma_forward_window_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, true, false;
-    flash_wgmma_forward_mods_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true, true;
-    flash_wgmma_forward_window_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, true, false;
-    flash_wgmma_forward_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false;
-    flash_wgmma_forward_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false;
-    flash_wgmma_forward_general_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false, false;
-    flash_wgmma_forward_general_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false, false;
-    flash_wgmma_forward_mods_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true, true;
-    flash_wgmma_forward_window_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, true, false;
-    flash_wgmma_forward_mods_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true, true;
-    flash_wgmma_forward_window_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, true, false;
+    flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false, true;
+    flash_wgmma_forward_general_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false, true;
+    flash_wgmma_forward_general_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false, false, true;
+    flash_wgmma_forward_general_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false, false, true;
+    flash_wgmma_forward_mods_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true, true, true;
+    flash_wgmma_forward_window_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, true, false, true;
+    flash_wgmma_forward_mods_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true, true, true;
+    flash_wgmma_forward_window_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, true, false, true;
+    flash_wgmma_forward_mods_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true, true;
+    flash_wgmma_forward_window_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false, true;
+    flash_wgmma_forward_mods_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true, true;
+    flash_wgmma_forward_window_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false, true;
+    flash_wgmma_forward_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    flash_wgmma_forward_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    flash_wgmma_forward_general_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false, false, true;
+    flash_wgmma_forward_general_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false, false, true;
+    flash_wgmma_forward_mods_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true, true, true;
+    flash_wgmma_forward_window_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, true, false, true;
+    flash_wgmma_forward_mods_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true, true, true;
+    flash_wgmma_forward_window_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, true, false, true;
+    flash_wgmma_forward_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    flash_wgmma_forward_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    flash_wgmma_forward_general_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false, false, true;
+    flash_wgmma_forward_general_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false, false, true;
+    flash_wgmma_forward_mods_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true, true, true;
+    flash_wgmma_forward_window_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, true, false, true;
+    flash_wgmma_forward_mods_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true, true, true;
+    flash_wgmma_forward_window_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, true, false, true;
+    flash_wgmma_forward_padded_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    flash_wgmma_forward_padded_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    flash_wgmma_forward_padded_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, true;
+    flash_wgmma_forward_padded_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, true;
+    flash_wgmma_forward_padded_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    flash_wgmma_forward_padded_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    flash_wgmma_forward_padded_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    flash_wgmma_forward_padded_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
 #[cfg(feature = "tuning")]
 entry_points! {
-    flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false;
-    flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false;
-    flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false;
-    flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false;
-    flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false;
-    flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false;
-    flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false;
-    flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false;
+    flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false, true;
+    flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false, true;
+    flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, true;
+    flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, true;
+    flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false, true;
+    flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false, true;
+    flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false, true;
 }
