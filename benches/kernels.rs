@@ -33,8 +33,8 @@ fn kernels(c: &mut Criterion) {
     let upload = |seed, len| DeviceTensor::from_f32(dtype, &uniform(seed, len)).expect("upload");
     let (q, k, v, d_o) = (
         upload(1, shape.q_elems()),
-        upload(2, shape.kv_elems()),
-        upload(3, shape.kv_elems()),
+        upload(2, shape.k_elems()),
+        upload(3, shape.v_elems()),
         upload(4, shape.q_elems()),
     );
     // Throughput counts FLOPs (the anchors' count) as elements: criterion's Gelem/s are GFLOP/s.

@@ -23,12 +23,13 @@ fn reference(c: &mut Criterion) {
             heads_q: 4,
             heads_kv: 2,
             head_dim: 64,
+            head_dim_v: 64,
         };
         let mut rng = StdRng::seed_from_u64(n as u64);
         let (q, k, v, d_o) = (
             random(shape.q_elems(), &mut rng),
-            random(shape.kv_elems(), &mut rng),
-            random(shape.kv_elems(), &mut rng),
+            random(shape.k_elems(), &mut rng),
+            random(shape.v_elems(), &mut rng),
             random(shape.q_elems(), &mut rng),
         );
         group.bench_with_input(BenchmarkId::new("forward", n), &n, |b, _| {

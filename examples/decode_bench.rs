@@ -66,7 +66,7 @@ impl Timing {
         timed: (f32, Vec<f32>),
     ) -> String {
         let (ms, per_call) = timed;
-        let kv_bytes = 2 * s.kv_elems() as u64 * 2;
+        let kv_bytes = (s.k_elems() + s.v_elems()) as u64 * 2;
         let tb_s = kv_bytes as f64 / (ms as f64 * 1e-3) / 1e12;
         let AttentionShape {
             batch,
@@ -116,13 +116,14 @@ fn tensor_rows(
             heads_q,
             heads_kv,
             head_dim: 128,
+            head_dim_v: 128,
         };
         let (q, k, v) = (
             fill(s.q_elems(), 1)?,
-            fill(s.kv_elems(), 2)?,
-            fill(s.kv_elems(), 3)?,
+            fill(s.k_elems(), 2)?,
+            fill(s.v_elems(), 3)?,
         );
-        let o = DeviceTensor::poisoned(DType::Bf16, s.q_elems())?;
+        let o = DeviceTensor::poisoned(DType::Bf16, s.o_elems())?;
         let lse = DeviceF32::poisoned(s.row_elems())?;
         for &combine in combines {
             let options = options.clone().decode_combine(combine);
@@ -162,7 +163,7 @@ fn cache_rows(
         contiguous.append(gpu, &k, &v, n_k, &full)?;
         let s = contiguous.shape(1, heads_q);
         let q = fill(s.q_elems(), 1)?;
-        let o = DeviceTensor::poisoned(DType::Bf16, s.q_elems())?;
+        let o = DeviceTensor::poisoned(DType::Bf16, s.o_elems())?;
         let lse = DeviceF32::poisoned(s.row_elems())?;
         let mut paged_caches = vec![];
         for page_size in PAGE_SIZES {

@@ -195,6 +195,7 @@ impl<'g> Attention<'g> {
                     heads_q: HEADS_Q,
                     heads_kv: HEADS_KV,
                     head_dim: HEAD_DIM,
+                    head_dim_v: HEAD_DIM,
                 };
                 let options = causal.attention.key_lengths(after);
                 let out = forward_f32(&shape, q, &k_rows[layer], &v_rows[layer], &options)?;

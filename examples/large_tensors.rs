@@ -124,6 +124,7 @@ fn main() -> Result<()> {
         heads_q: args.heads_q,
         heads_kv: args.heads_kv,
         head_dim: 128,
+        head_dim_v: 128,
     };
     let dtype = DType::Bf16;
     let attention = AttentionOptions::new().causal(true);
@@ -141,9 +142,9 @@ fn main() -> Result<()> {
 
     let seed = 0x1a7e_5eed;
     let q = random_bf16(shape.q_elems(), seed, 0, 2.0);
-    let k = random_bf16(shape.kv_elems(), seed, 1, 2.0);
-    let v = random_bf16(shape.kv_elems(), seed, 2, 1.0);
-    let d_o = random_bf16(shape.q_elems(), seed, 3, 1.0);
+    let k = random_bf16(shape.k_elems(), seed, 1, 2.0);
+    let v = random_bf16(shape.v_elems(), seed, 2, 1.0);
+    let d_o = random_bf16(shape.o_elems(), seed, 3, 1.0);
     println!("{} inputs generated on the host", stamp());
     let up = |bits: &[u16]| DeviceTensor::from_bits16(dtype, bits);
     let (qd, kd, vd, dod) = (up(&q)?, up(&k)?, up(&v)?, up(&d_o)?);

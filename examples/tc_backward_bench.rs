@@ -131,9 +131,10 @@ fn main() -> Result<()> {
                 heads_q: 2048 / d,
                 heads_kv: 2048 / d,
                 head_dim: d,
+                head_dim_v: d,
             };
             let opts = FlashOptions::new(AttentionOptions::new().causal(causal));
-            let o = DeviceTensor::poisoned(dtype, shape.q_elems())?;
+            let o = DeviceTensor::poisoned(dtype, shape.o_elems())?;
             let lse = DeviceF32::poisoned(shape.row_elems())?;
             flash_attn::forward_into(&gpu, &shape, &q, &k, &v, &o, &lse, &opts)?;
             let inputs = BackwardInputs {

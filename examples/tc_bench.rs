@@ -174,14 +174,15 @@ fn inputs(
         heads_q: heads,
         heads_kv: heads,
         head_dim,
+        head_dim_v: head_dim,
     };
     let mut draw =
         |len: usize| -> Vec<f32> { (0..len).map(|_| rng.gen_range(-2.0f32..2.0)).collect() };
     Ok(Inputs {
         q: DeviceTensor::from_f32(dtype, &draw(shape.q_elems()))?,
-        k: DeviceTensor::from_f32(dtype, &draw(shape.kv_elems()))?,
-        v: DeviceTensor::from_f32(dtype, &draw(shape.kv_elems()))?,
-        o: DeviceTensor::poisoned(dtype, shape.q_elems())?,
+        k: DeviceTensor::from_f32(dtype, &draw(shape.k_elems()))?,
+        v: DeviceTensor::from_f32(dtype, &draw(shape.v_elems()))?,
+        o: DeviceTensor::poisoned(dtype, shape.o_elems())?,
         lse: DeviceF32::poisoned(shape.row_elems())?,
         shape,
     })
@@ -220,6 +221,7 @@ fn tflops(batch: u32, heads: u32, n: u32, head_dim: u32, causal: bool, ms: f64) 
         heads_q: heads,
         heads_kv: heads,
         head_dim,
+        head_dim_v: head_dim,
     };
     forward_flops(&shape, causal) / (ms * 1e-3) / 1e12
 }

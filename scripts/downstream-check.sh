@@ -43,7 +43,8 @@ fn main() -> Result<(), AttentionError> {
         Ok(gpu) => println!("gpu(): {} answered", gpu.device_name()),
         Err(e) => panic!("gpu() must start or report NoDevice, got: {e}"),
     }
-    let shape = AttentionShape { batch: 2, n_q: 1000, n_k: 1000, heads_q: 8, heads_kv: 2, head_dim: 128 };
+    // batch, n_q, n_k, heads_q, heads_kv, head_dim; V and O rows of 128 beside Q and K of 192.
+    let shape = AttentionShape::new(2, 1000, 1000, 8, 2, 192).with_head_dim_v(128);
     let options = FlashOptions::new(AttentionOptions::new().causal(true));
     let problem = Problem::new(&shape, DType::Bf16, &options)?;
     let device = DeviceCaps::for_arch("sm_90", true)?;

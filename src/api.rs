@@ -27,7 +27,8 @@ pub use attention_host::{
 /// use flash_attn::{AttentionError, AttentionOptions, AttentionShape, DType, DeviceCaps};
 /// use flash_attn::{Direction, FlashOptions, Problem};
 ///
-/// let shape = AttentionShape { batch: 2, n_q: 1024, n_k: 1024, heads_q: 16, heads_kv: 4, head_dim: 128 };
+/// // batch, n_q, n_k, heads_q, heads_kv, head_dim (of Q, K and, unless `with_head_dim_v`, V)
+/// let shape = AttentionShape::new(2, 1024, 1024, 16, 4, 128);
 /// let options = FlashOptions::new(AttentionOptions::new().causal(true));
 /// let plan = match flash_attn::gpu() {
 ///     Ok(gpu) => flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Forward)?,
@@ -49,12 +50,13 @@ pub use attention_host::attention::plan;
 /// use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceTensor, FlashOptions};
 ///
 /// let gpu = flash_attn::gpu()?;
-/// let shape = AttentionShape { batch: 1, n_q: 512, n_k: 512, heads_q: 8, heads_kv: 8, head_dim: 64 };
-/// let (q, k, v) = (vec![0.5; shape.q_elems()], vec![0.25; shape.kv_elems()], vec![1.0; shape.kv_elems()]);
+/// // Q and K rows of 192 elements, V and O rows of 128 (DeepSeek's MLA).
+/// let shape = AttentionShape::new(1, 512, 512, 8, 8, 192).with_head_dim_v(128);
+/// let (q, k, v) = (vec![0.5; shape.q_elems()], vec![0.25; shape.k_elems()], vec![1.0; shape.v_elems()]);
 /// let upload = |x: &[f32]| DeviceTensor::from_f32(DType::Bf16, x);
 /// let options = FlashOptions::new(AttentionOptions::new().causal(true));
 /// let out = flash_attn::forward(&gpu, &shape, &upload(&q)?, &upload(&k)?, &upload(&v)?, &options)?;
-/// let o: Vec<f32> = out.o.to_f32()?; // [batch, n_q, heads_q, head_dim]
+/// let o: Vec<f32> = out.o.to_f32()?; // [batch, n_q, heads_q, head_dim_v]
 /// let lse: Vec<f32> = out.lse.to_vec()?; // [batch, heads_q, n_q], kept for the backward
 /// println!("{} ran; O[0] = {}, LSE[0] = {}", out.plan.entry, o[0], lse[0]);
 /// # Ok::<(), flash_attn::AttentionError>(())
@@ -69,10 +71,10 @@ pub use attention_host::attention::forward;
 /// use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, FlashOptions};
 ///
 /// let gpu = flash_attn::gpu()?;
-/// let shape = AttentionShape { batch: 4, n_q: 2048, n_k: 2048, heads_q: 16, heads_kv: 16, head_dim: 128 };
+/// let shape = AttentionShape::new(4, 2048, 2048, 16, 16, 128);
 /// let upload = |n: usize| DeviceTensor::from_f32(DType::F16, &vec![0.1; n]);
-/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.kv_elems())?, upload(shape.kv_elems())?);
-/// let o = DeviceTensor::poisoned(DType::F16, shape.q_elems())?;
+/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.k_elems())?, upload(shape.v_elems())?);
+/// let o = DeviceTensor::poisoned(DType::F16, shape.o_elems())?;
 /// let lse = DeviceF32::poisoned(shape.row_elems())?;
 /// let options = FlashOptions::new(AttentionOptions::new());
 /// for _ in 0..10 {
@@ -92,12 +94,12 @@ pub use attention_host::attention::forward_into;
 /// use flash_attn::{AttentionOptions, AttentionShape, DType, DeviceF32, DeviceTensor, Direction, FlashOptions};
 ///
 /// let gpu = flash_attn::gpu()?;
-/// let shape = AttentionShape { batch: 1, n_q: 4096, n_k: 4096, heads_q: 32, heads_kv: 32, head_dim: 128 };
+/// let shape = AttentionShape::new(1, 4096, 4096, 32, 32, 128);
 /// let options = FlashOptions::new(AttentionOptions::new());
 /// let tiles = flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Forward)?.tiles;
 /// let upload = |n: usize| DeviceTensor::from_f32(DType::Bf16, &vec![0.1; n]);
-/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.kv_elems())?, upload(shape.kv_elems())?);
-/// let o = DeviceTensor::poisoned(DType::Bf16, shape.q_elems())?;
+/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.k_elems())?, upload(shape.v_elems())?);
+/// let o = DeviceTensor::poisoned(DType::Bf16, shape.o_elems())?;
 /// let lse = DeviceF32::poisoned(shape.row_elems())?;
 /// flash_attn::forward_variant_into(&gpu, &shape, tiles, &q, &k, &v, &o, &lse, &options)?;
 /// gpu.synchronize()?;
@@ -111,12 +113,12 @@ pub use attention_host::attention::forward_variant_into;
 /// use flash_attn::{AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceTensor, FlashOptions};
 ///
 /// let gpu = flash_attn::gpu()?;
-/// let shape = AttentionShape { batch: 1, n_q: 512, n_k: 512, heads_q: 8, heads_kv: 2, head_dim: 64 };
+/// let shape = AttentionShape::new(1, 512, 512, 8, 2, 64);
 /// let upload = |n: usize| DeviceTensor::from_f32(DType::Bf16, &vec![0.1; n]);
-/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.kv_elems())?, upload(shape.kv_elems())?);
+/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.k_elems())?, upload(shape.v_elems())?);
 /// let options = FlashOptions::new(AttentionOptions::new().causal(true));
 /// let out = flash_attn::forward(&gpu, &shape, &q, &k, &v, &options)?;
-/// let d_o = upload(shape.q_elems())?;
+/// let d_o = upload(shape.o_elems())?;
 /// let inputs = BackwardInputs { q: &q, k: &k, v: &v, o: &out.o, d_o: &d_o, lse: &out.lse };
 /// let grads = flash_attn::backward(&gpu, &shape, &inputs, &options)?;
 /// let (dq, dk, dv) = (grads.dq.to_f32()?, grads.dk.to_f32()?, grads.dv.to_f32()?);
@@ -135,12 +137,12 @@ pub use attention_host::attention::backward;
 /// use flash_attn::{Direction, FlashOptions, GradientBuffers, Workspace};
 ///
 /// let gpu = flash_attn::gpu()?;
-/// let shape = AttentionShape { batch: 2, n_q: 1024, n_k: 1024, heads_q: 16, heads_kv: 16, head_dim: 128 };
+/// let shape = AttentionShape::new(2, 1024, 1024, 16, 16, 128);
 /// let upload = |n: usize| DeviceTensor::from_f32(DType::Bf16, &vec![0.1; n]);
-/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.kv_elems())?, upload(shape.kv_elems())?);
+/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.k_elems())?, upload(shape.v_elems())?);
 /// let options = FlashOptions::new(AttentionOptions::new());
 /// let out = flash_attn::forward(&gpu, &shape, &q, &k, &v, &options)?;
-/// let d_o = upload(shape.q_elems())?;
+/// let d_o = upload(shape.o_elems())?;
 /// let inputs = BackwardInputs { q: &q, k: &k, v: &v, o: &out.o, d_o: &d_o, lse: &out.lse };
 /// let plan = flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Backward)?;
 /// let workspace = Workspace::new(&plan)?;
@@ -160,12 +162,12 @@ pub use attention_host::attention::backward_into;
 /// use flash_attn::{Direction, FlashOptions, GradientBuffers, Workspace};
 ///
 /// let gpu = flash_attn::gpu()?;
-/// let shape = AttentionShape { batch: 1, n_q: 4096, n_k: 4096, heads_q: 32, heads_kv: 32, head_dim: 128 };
+/// let shape = AttentionShape::new(1, 4096, 4096, 32, 32, 128);
 /// let upload = |n: usize| DeviceTensor::from_f32(DType::Bf16, &vec![0.1; n]);
-/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.kv_elems())?, upload(shape.kv_elems())?);
+/// let (q, k, v) = (upload(shape.q_elems())?, upload(shape.k_elems())?, upload(shape.v_elems())?);
 /// let options = FlashOptions::new(AttentionOptions::new());
 /// let out = flash_attn::forward(&gpu, &shape, &q, &k, &v, &options)?;
-/// let d_o = upload(shape.q_elems())?;
+/// let d_o = upload(shape.o_elems())?;
 /// let inputs = BackwardInputs { q: &q, k: &k, v: &v, o: &out.o, d_o: &d_o, lse: &out.lse };
 /// let plan = flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Backward)?;
 /// let (workspace, grads) = (Workspace::new(&plan)?, GradientBuffers::poisoned(&shape, DType::Bf16)?);
@@ -204,11 +206,11 @@ pub struct HostGradients {
 /// use flash_attn::{AttentionOptions, AttentionShape, DType, FlashOptions};
 ///
 /// let gpu = flash_attn::gpu()?;
-/// let shape = AttentionShape { batch: 1, n_q: 100, n_k: 300, heads_q: 4, heads_kv: 4, head_dim: 32 };
-/// let (q, k, v) = (vec![0.5; shape.q_elems()], vec![0.25; shape.kv_elems()], vec![1.0; shape.kv_elems()]);
+/// let shape = AttentionShape::new(1, 100, 300, 4, 4, 32);
+/// let (q, k, v) = (vec![0.5; shape.q_elems()], vec![0.25; shape.k_elems()], vec![1.0; shape.v_elems()]);
 /// let options = FlashOptions::new(AttentionOptions::new().dropout(0.1, 42, 0));
 /// let out = flash_attn::forward_host(&gpu, DType::F32, &shape, &q, &k, &v, &options)?;
-/// assert_eq!(out.o.len(), shape.q_elems());
+/// assert_eq!(out.o.len(), shape.o_elems());
 /// # Ok::<(), flash_attn::AttentionError>(())
 /// ```
 pub fn forward_host(
@@ -241,13 +243,13 @@ pub fn forward_host(
 /// use flash_attn::{AttentionOptions, AttentionShape, DType, FlashOptions};
 ///
 /// let gpu = flash_attn::gpu()?;
-/// let shape = AttentionShape { batch: 1, n_q: 128, n_k: 128, heads_q: 4, heads_kv: 1, head_dim: 64 };
-/// let (q, k, v) = (vec![0.5; shape.q_elems()], vec![0.25; shape.kv_elems()], vec![1.0; shape.kv_elems()]);
-/// let d_o = vec![1.0; shape.q_elems()];
+/// let shape = AttentionShape::new(1, 128, 128, 4, 1, 64);
+/// let (q, k, v) = (vec![0.5; shape.q_elems()], vec![0.25; shape.k_elems()], vec![1.0; shape.v_elems()]);
+/// let d_o = vec![1.0; shape.o_elems()];
 /// let options = FlashOptions::new(AttentionOptions::new().causal(true));
 /// let fwd = flash_attn::forward_host(&gpu, DType::Bf16, &shape, &q, &k, &v, &options)?;
 /// let g = flash_attn::backward_host(&gpu, DType::Bf16, &shape, &q, &k, &v, &fwd.o, &fwd.lse, &d_o, &options)?;
-/// assert_eq!(g.dk.len(), shape.kv_elems());
+/// assert_eq!(g.dk.len(), shape.k_elems());
 /// # Ok::<(), flash_attn::AttentionError>(())
 /// ```
 #[allow(clippy::too_many_arguments)]

@@ -1,10 +1,11 @@
 //! flash-attn's attention as a candle op: [`flash_attn`] on candle CUDA tensors, forward and
 //! backward, on candle's own stream and memory.
 //!
-//! Q is `[batch, n_q, heads_q, head_dim]`, K and V `[batch, n_k, heads_kv, head_dim]` (the
-//! layout of candle-flash-attn), bf16 or f16, any strides with a contiguous last dimension (a
-//! `[B, H, N, d]` tensor `.transpose(1, 2)` is read in place); O comes back contiguous
-//! `[batch, n_q, heads_q, head_dim]`. Every option of [`FlashOptions`] passes through: causal,
+//! Q is `[batch, n_q, heads_q, head_dim]`, K `[batch, n_k, heads_kv, head_dim]` and V
+//! `[batch, n_k, heads_kv, head_dim_v]` (the layout of candle-flash-attn; `head_dim_v` may differ
+//! from `head_dim`), bf16 or f16, any strides with a contiguous last dimension (a `[B, H, N, d]`
+//! tensor `.transpose(1, 2)` is read in place); O comes back contiguous
+//! `[batch, n_q, heads_q, head_dim_v]`. Every option of [`FlashOptions`] passes through: causal,
 //! window, softcap, ALiBi, sinks, dropout (the backward regenerates the forward's mask from the
 //! same seed and offset), key lengths and packed sequences, kernel choice.
 //!
@@ -71,8 +72,11 @@ fn attention_shape(q: &[usize], k: &[usize], v: &[usize]) -> Result<AttentionSha
             "flash_attn: Q and K must be 4-D [batch, seq, heads, head_dim], got {q:?} and {k:?}"
         );
     };
-    if k != v {
-        candle_core::bail!("flash_attn: K {k:?} and V {v:?} differ");
+    let &[b_v, n_v, h_v, d_v] = v else {
+        candle_core::bail!("flash_attn: V must be 4-D [batch, seq, heads, head_dim_v], got {v:?}");
+    };
+    if (b_v, n_v, h_v) != (b_k, n_k, h_kv) {
+        candle_core::bail!("flash_attn: K {k:?} and V {v:?} differ in batch, keys or heads");
     }
     if b != b_k || d != d_k {
         candle_core::bail!("flash_attn: Q {q:?} and K {k:?} differ in batch or head_dim");
@@ -89,6 +93,7 @@ fn attention_shape(q: &[usize], k: &[usize], v: &[usize]) -> Result<AttentionSha
         heads_q: u32_of(h_q, "heads_q")?,
         heads_kv: u32_of(h_kv, "heads_kv")?,
         head_dim: u32_of(d, "head_dim")?,
+        head_dim_v: u32_of(d_v, "head_dim_v")?,
     })
 }
 
@@ -225,7 +230,8 @@ mod cuda {
             .forward_views::<T>(&shape, [&q, &k, &v], &op.options)
             .map_err(wrap)?;
         *op.lse.lock().unwrap_or_else(PoisonError::into_inner) = Some(out.lse);
-        Ok((T::wrap_cuda_slice(out.o, device), Shape::from(l1.dims())))
+        let o_dims = [l1.dims()[0], l1.dims()[1], l1.dims()[2], l3.dims()[3]];
+        Ok((T::wrap_cuda_slice(out.o, device), Shape::from(&o_dims[..])))
     }
 
     pub(super) fn backward<T: CudaDType + Element>(

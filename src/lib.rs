@@ -103,7 +103,7 @@ pub fn gpu_for_context(context: std::sync::Arc<cudarc::driver::CudaContext>) -> 
 ///
 /// let stream = flash_attn::cudarc::driver::CudaContext::new(0).unwrap().new_stream().unwrap();
 /// let attention = flash_attn::attention_on(stream.clone())?;
-/// let shape = AttentionShape { batch: 1, n_q: 256, n_k: 256, heads_q: 8, heads_kv: 8, head_dim: 128 };
+/// let shape = AttentionShape::new(1, 256, 256, 8, 8, 128);
 /// let q = stream.alloc_zeros::<half::bf16>(shape.q_elems()).unwrap();
 /// let options = FlashOptions::new(AttentionOptions::new().causal(true));
 /// let out = attention.forward(&shape, &q, &q, &q, &options)?; // out.o, out.lse: CudaSlices

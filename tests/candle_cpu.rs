@@ -19,7 +19,14 @@ fn shapes_are_checked() {
     let q = zeros((2, 16, 4, 64));
     let kv = zeros((2, 32, 2, 64));
     refused(&q.flatten_from(2).unwrap(), &kv, &kv, "must be 4-D");
-    refused(&q, &kv, &zeros((2, 32, 2, 32)), "differ");
+    refused(
+        &q,
+        &kv,
+        &zeros((2, 16, 2, 64)),
+        "differ in batch, keys or heads",
+    );
+    // V of its own head dim is a shape the op takes: only the CPU device is refused.
+    refused(&q, &kv, &zeros((2, 32, 2, 32)), "runs on CUDA devices");
     refused(
         &q,
         &zeros((1, 32, 2, 64)),

@@ -52,6 +52,7 @@ fn shape(batch: u32, n: u32, heads_q: u32, heads_kv: u32, head_dim: u32) -> Atte
         heads_q,
         heads_kv,
         head_dim,
+        head_dim_v: head_dim,
     }
 }
 
@@ -111,6 +112,14 @@ fn cases() -> Vec<Case> {
             true,
         ),
         case(
+            "bf16 causal gqa, V of head dim 64 beside Q/K of 128",
+            DType::BF16,
+            shape(2, 96, 4, 2, 128).with_head_dim_v(64),
+            plain.clone().causal(true),
+            true,
+            false,
+        ),
+        case(
             "bf16 key lengths",
             DType::BF16,
             shape(2, 64, 2, 2, 64),
@@ -140,12 +149,14 @@ fn candle_attention(
     causal: bool,
 ) -> Result<Tensor> {
     let group = (s.heads_q / s.heads_kv) as usize;
-    let (b, n, hkv, d) = k.dims4()?;
+    let (_, n, _, d) = k.dims4()?;
+    // K and V each with its own head dim.
     let repeat = |t: &Tensor| -> Result<Tensor> {
+        let (b, n, hkv, dim) = t.dims4()?;
         t.transpose(1, 2)?
             .unsqueeze(2)?
-            .broadcast_as((b, hkv, group, n, d))?
-            .reshape((b, hkv * group, n, d))
+            .broadcast_as((b, hkv, group, n, dim))?
+            .reshape((b, hkv * group, n, dim))
     };
     let (k, v) = (repeat(k)?, repeat(v)?);
     let q = q.transpose(1, 2)?.contiguous()?;
@@ -190,13 +201,14 @@ fn candle_op_matches_references() -> Result<()> {
     let mut failed = Vec::new();
     for case in cases() {
         let s = &case.shape;
-        let (b, nq, nk, hq, hkv, d) = (
+        let (b, nq, nk, hq, hkv, d, d_v) = (
             s.batch as usize,
             s.n_q as usize,
             s.n_k as usize,
             s.heads_q as usize,
             s.heads_kv as usize,
             s.head_dim as usize,
+            s.head_dim_v as usize,
         );
         let dt = case.dtype;
         let randn =
@@ -211,8 +223,8 @@ fn candle_op_matches_references() -> Result<()> {
             false => q_held.as_tensor().clone(),
         };
         let k = Var::from_tensor(&randn((b, nk, hkv, d))?)?;
-        let v = Var::from_tensor(&randn((b, nk, hkv, d))?)?;
-        let w = randn((b, nq, hq, d))?.to_dtype(DType::F32)?;
+        let v = Var::from_tensor(&randn((b, nk, hkv, d_v))?)?;
+        let w = randn((b, nq, hq, d_v))?.to_dtype(DType::F32)?;
 
         let options = FlashOptions::new(case.options.clone());
         let o = flash_attn(&q, k.as_tensor(), v.as_tensor(), &options)?;

@@ -46,6 +46,7 @@ fn case(batch: u32, n_q: u32, n_k: u32, hq: u32, hkv: u32, d: u32) -> Case {
             heads_q: hq,
             heads_kv: hkv,
             head_dim: d,
+            head_dim_v: d,
         },
         causal: false,
         key_lengths: None,
@@ -134,8 +135,8 @@ fn decode_matches_the_reference() {
                 };
                 let (mut q, mut k, mut v) = (
                     draw(&mut rng, s.q_elems()),
-                    draw(&mut rng, s.kv_elems()),
-                    draw(&mut rng, s.kv_elems()),
+                    draw(&mut rng, s.k_elems()),
+                    draw(&mut rng, s.v_elems()),
                 );
                 let mut options = AttentionOptions::new().causal(c.causal);
                 if let Some(lens) = &c.key_lengths {
@@ -174,7 +175,7 @@ fn decode_matches_the_reference() {
                 let up = |x: &[f32]| DeviceTensor::from_f32(dtype, x).unwrap();
                 let (qd, kd, vd) = (up(&q), up(&k), up(&v));
                 for combine in [DecodeCombine::Merge, DecodeCombine::Parallel] {
-                    let o = DeviceTensor::poisoned(dtype, s.q_elems()).unwrap();
+                    let o = DeviceTensor::poisoned(dtype, s.o_elems()).unwrap();
                     let lse = DeviceF32::poisoned(s.row_elems()).unwrap();
                     let flash = FlashOptions::new(options.clone()).decode_combine(combine);
                     let plan = flash_attn::forward_into(&gpu, &s, &qd, &kd, &vd, &o, &lse, &flash)

@@ -38,14 +38,15 @@ fn deterministic_gradients_are_bitwise_identical_across_runs() {
                 heads_q: 4,
                 heads_kv: 2,
                 head_dim,
+                head_dim_v: head_dim,
             };
             let mut draw = |n: usize, r: f32| -> Vec<f32> {
                 (0..n).map(|_| dtype.round(rng.gen_range(-r..r))).collect()
             };
             let (q, k, v, d_o) = (
                 draw(s.q_elems(), 2.0),
-                draw(s.kv_elems(), 2.0),
-                draw(s.kv_elems(), 1.0),
+                draw(s.k_elems(), 2.0),
+                draw(s.v_elems(), 1.0),
                 draw(s.q_elems(), 1.0),
             );
             let a = AttentionOptions::new().causal(causal);

@@ -81,11 +81,12 @@ fn every_block_size_gives_the_same_result() {
         heads_q: 2,
         heads_kv: 1,
         head_dim: 40,
+        head_dim_v: 40,
     };
     let (q, k, v, d_o) = (
         random(&mut rng, shape.q_elems(), DType::F32),
-        random(&mut rng, shape.kv_elems(), DType::F32),
-        random(&mut rng, shape.kv_elems(), DType::F32),
+        random(&mut rng, shape.k_elems(), DType::F32),
+        random(&mut rng, shape.v_elems(), DType::F32),
         random(&mut rng, shape.q_elems(), DType::F32),
     );
     let up = |x: &[f32]| DeviceTensor::from_f32(DType::F32, x).unwrap();
@@ -156,12 +157,13 @@ fn backward_matches_finite_differences_of_the_gpu_forward() {
         heads_q: 2,
         heads_kv: 1,
         head_dim: 16,
+        head_dim_v: 16,
     };
     let options = FlashOptions::new(AttentionOptions::new().causal(true).dropout(0.2, 5, 0));
     let mut t = [
         random(&mut rng, shape.q_elems(), DType::F32),
-        random(&mut rng, shape.kv_elems(), DType::F32),
-        random(&mut rng, shape.kv_elems(), DType::F32),
+        random(&mut rng, shape.k_elems(), DType::F32),
+        random(&mut rng, shape.v_elems(), DType::F32),
     ];
     let g = random(&mut rng, shape.q_elems(), DType::F32);
     let up = |x: &[f32]| DeviceTensor::from_f32(DType::F32, x).unwrap();
@@ -219,12 +221,13 @@ fn deterministic_gradients_are_bitwise_identical() {
         heads_q: 4,
         heads_kv: 2,
         head_dim: 64,
+        head_dim_v: 64,
     };
     let up = |x: &[f32]| DeviceTensor::from_f32(DType::Bf16, x).unwrap();
     let t: Vec<DeviceTensor> = [
         shape.q_elems(),
-        shape.kv_elems(),
-        shape.kv_elems(),
+        shape.k_elems(),
+        shape.v_elems(),
         shape.q_elems(),
     ]
     .iter()
@@ -299,6 +302,7 @@ fn device_memory_grows_linearly_with_n() {
             heads_q: 1,
             heads_kv: 1,
             head_dim: 64,
+            head_dim_v: 64,
         };
         let t: Vec<DeviceTensor> = (0..4)
             .map(|_| {
@@ -352,22 +356,24 @@ fn inputs_that_cannot_run_are_refused_before_any_launch() {
         heads_q: 2,
         heads_kv: 1,
         head_dim: 512,
+        head_dim_v: 512,
     };
     let t = DeviceTensor::from_f32(DType::F32, &vec![0.0; shape.q_elems()]).unwrap();
-    let kv = DeviceTensor::from_f32(DType::F32, &vec![0.0; shape.kv_elems()]).unwrap();
+    let kv = DeviceTensor::from_f32(DType::F32, &vec![0.0; shape.k_elems()]).unwrap();
     let refused = |r: flash_attn::Result<_>| matches!(r, Err(AttentionError::InvalidInput(_)));
     assert!(refused(
         forward(&gpu, &shape, [&t, &kv, &kv], &FlashOptions::default()).map(|_| ())
     ));
     let shape64 = AttentionShape {
         head_dim: 64,
+        head_dim_v: 64,
         ..shape
     };
     let t64 = DeviceTensor::from_f32(DType::F32, &vec![0.0; shape64.q_elems()]).unwrap();
     assert!(refused(
         forward(&gpu, &shape64, [&t64, &t64, &t64], &FlashOptions::default()).map(|_| ())
     ));
-    let kv64 = DeviceTensor::from_f32(DType::F32, &vec![0.0; shape64.kv_elems()]).unwrap();
+    let kv64 = DeviceTensor::from_f32(DType::F32, &vec![0.0; shape64.k_elems()]).unwrap();
     let too_big = FlashOptions::default().block_sizes(4096, 4096);
     assert!(refused(
         forward(&gpu, &shape64, [&t64, &kv64, &kv64], &too_big).map(|_| ())

@@ -30,6 +30,7 @@ fn grids_past_65535_sequences_or_heads_match_the_reference() {
             heads_q: 2,
             heads_kv: 1,
             head_dim: 64,
+            head_dim_v: 64,
         },
         // 70,000 query heads and 70,000 K/V heads: y folds in both directions.
         AttentionShape {
@@ -39,6 +40,7 @@ fn grids_past_65535_sequences_or_heads_match_the_reference() {
             heads_q: 70_000,
             heads_kv: 70_000,
             head_dim: 64,
+            head_dim_v: 64,
         },
         // 140,000 query heads on 35,000 K/V heads: y folds in the forward only.
         AttentionShape {
@@ -48,6 +50,7 @@ fn grids_past_65535_sequences_or_heads_match_the_reference() {
             heads_q: 140_000,
             heads_kv: 35_000,
             head_dim: 64,
+            head_dim_v: 64,
         },
     ];
     let mut failures = Vec::new();
@@ -57,8 +60,8 @@ fn grids_past_65535_sequences_or_heads_match_the_reference() {
         };
         let (q, k, v, d_o) = (
             draw(s.q_elems(), 2.0),
-            draw(s.kv_elems(), 2.0),
-            draw(s.kv_elems(), 1.0),
+            draw(s.k_elems(), 2.0),
+            draw(s.v_elems(), 1.0),
             draw(s.q_elems(), 1.0),
         );
         let a = AttentionOptions::new().causal(true);

@@ -33,6 +33,7 @@ fn materialized_matches_f64_on_every_row() {
             heads_q: 4,
             heads_kv: 2,
             head_dim: 40,
+            head_dim_v: 40,
         },
         AttentionShape {
             batch: 1,
@@ -41,6 +42,7 @@ fn materialized_matches_f64_on_every_row() {
             heads_q: 2,
             heads_kv: 1,
             head_dim: 64,
+            head_dim_v: 64,
         },
         AttentionShape {
             batch: 1,
@@ -49,6 +51,7 @@ fn materialized_matches_f64_on_every_row() {
             heads_q: 3,
             heads_kv: 3,
             head_dim: 128,
+            head_dim_v: 128,
         },
     ];
     let mut worst = [0.0f64; 3];
@@ -60,15 +63,15 @@ fn materialized_matches_f64_on_every_row() {
                 let round =
                     |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| dtype.round(x)).collect() };
                 let q = round(uniform(s, shape.q_elems()));
-                let k = round(uniform(s + 1, shape.kv_elems()));
-                let v = round(uniform(s + 2, shape.kv_elems()));
+                let k = round(uniform(s + 1, shape.k_elems()));
+                let v = round(uniform(s + 2, shape.v_elems()));
                 let (qd, kd, vd) = (
                     DeviceTensor::from_f32(dtype, &q).unwrap(),
                     DeviceTensor::from_f32(dtype, &k).unwrap(),
                     DeviceTensor::from_f32(dtype, &v).unwrap(),
                 );
                 let workspace = MaterializedWorkspace::new(shape, dtype).unwrap();
-                let o = DeviceTensor::poisoned(dtype, shape.q_elems()).unwrap();
+                let o = DeviceTensor::poisoned(dtype, shape.o_elems()).unwrap();
                 materialized_forward(&gpu, &workspace, &qd, &kd, &vd, &o, &options).unwrap();
                 gpu.synchronize().unwrap();
                 let out = o.to_f32().unwrap();
@@ -105,11 +108,12 @@ fn materialized_refuses_mismatched_buffers_before_launch() {
         heads_q: 2,
         heads_kv: 2,
         head_dim: 16,
+        head_dim_v: 16,
     };
     let good = DeviceTensor::from_f32(DType::F32, &uniform(1, shape.q_elems())).unwrap();
     let short = DeviceTensor::from_f32(DType::F32, &uniform(2, shape.q_elems() - 1)).unwrap();
     let workspace = MaterializedWorkspace::new(&shape, DType::F32).unwrap();
-    let o = DeviceTensor::poisoned(DType::F32, shape.q_elems()).unwrap();
+    let o = DeviceTensor::poisoned(DType::F32, shape.o_elems()).unwrap();
     let err = materialized_forward(
         &gpu,
         &workspace,

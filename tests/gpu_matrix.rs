@@ -24,6 +24,9 @@
 //! score modifier; a fifth head dims 136 … 256 (compiled 192 and 256; the backward in head-dim
 //! slices), forward and backward, over the same axes.
 //!
+//! A sixth list gives V and O head dims of their own (`head_dim_v`: DeepSeek's 192/128, narrower
+//! and wider V), on the same axes, on every family.
+//!
 //! A third list crosses the local window (left/right 0, one-sided, wider than N, with and without
 //! causal), softcap, ALiBi and sink logits (alone and together) with the axes above; the sink
 //! gradient `dσ_h` is held to the same bound relative to `Σ_rows |P_sink · D|`.
@@ -84,6 +87,8 @@ struct Case {
     schedule: Schedule,
     causal: bool,
     head_dim: u32,
+    /// V's and O's head dim.
+    head_dim_v: u32,
     n_q: u32,
     n_k: u32,
     dropout: bool,
@@ -104,15 +109,17 @@ fn exact_cases() -> Vec<Case> {
             let (n_q, n_k) = MATRIX_SIZES[i % MATRIX_SIZES.len()];
             let long = n_q.max(n_k) >= 1000;
             short_cases += !long as usize;
+            let head_dim = if long {
+                EXACT_HEAD_DIMS[i % 4]
+            } else {
+                EXACT_HEAD_DIMS[short_cases % 8]
+            };
             Case {
                 dtype: [DType::F32, DType::F16, DType::Bf16][i % 3],
                 schedule: [Schedule::RowOwned, Schedule::Paper][(i / 3) % 2],
                 causal: (i / 2) % 2 == 1,
-                head_dim: if long {
-                    EXACT_HEAD_DIMS[i % 4]
-                } else {
-                    EXACT_HEAD_DIMS[short_cases % 8]
-                },
+                head_dim,
+                head_dim_v: head_dim,
                 n_q,
                 n_k,
                 dropout: (i / 5) % 2 == 1,
@@ -137,6 +144,7 @@ fn tensor_core_cases() -> Vec<Case> {
                 schedule: Schedule::RowOwned,
                 causal: (i / 2) % 2 == 1,
                 head_dim: [64, 128][(i / 3) % 2],
+                head_dim_v: [64, 128][(i / 3) % 2],
                 n_q,
                 n_k,
                 dropout: (i / 5) % 2 == 1,
@@ -172,6 +180,7 @@ fn head_dim_cases(dims: &[u32]) -> Vec<Case> {
                 schedule: Schedule::RowOwned,
                 causal: (i / 2) % 2 == 1,
                 head_dim: dims[i % dims.len()],
+                head_dim_v: dims[i % dims.len()],
                 n_q,
                 n_k,
                 dropout: !first_pass && i % 3 == 1,
@@ -187,6 +196,40 @@ fn head_dim_cases(dims: &[u32]) -> Vec<Case> {
                     Mods::None
                 },
             }
+        })
+        .collect()
+}
+
+/// (Q/K head dim, V/O head dim) pairs that differ: DeepSeek's MLA (192, 128), narrower and wider
+/// V at the compiled head dims and between them (both padded to the wider one's instance).
+const VALUE_HEAD_DIMS: [(u32, u32); 8] = [
+    (192, 128),
+    (128, 64),
+    (64, 128),
+    (96, 64),
+    (256, 128),
+    (48, 160),
+    (128, 256),
+    (72, 40),
+];
+
+/// Each pair of [`VALUE_HEAD_DIMS`] twice, over the axes of [`head_dim_cases`] (the second time
+/// with key lengths or packed sequences), one case in five in f32 (the exact kernels only).
+fn value_head_dim_cases() -> Vec<Case> {
+    let n = VALUE_HEAD_DIMS.len();
+    let dims: Vec<u32> = VALUE_HEAD_DIMS.iter().map(|&(d, _)| d).collect();
+    head_dim_cases(&dims)
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| Case {
+            head_dim_v: VALUE_HEAD_DIMS[i % n].1,
+            dtype: if i % 5 == 4 { DType::F32 } else { c.dtype },
+            lengths: if i < n {
+                c.lengths
+            } else {
+                LengthMode::ALL[1 + i % 2]
+            },
+            ..c
         })
         .collect()
 }
@@ -224,6 +267,7 @@ fn score_mod_cases() -> Vec<Case> {
                 },
                 causal: (i / 2) % 2 == 1,
                 head_dim: [64, 128][(i / 3) % 2],
+                head_dim_v: [64, 128][(i / 3) % 2],
                 n_q,
                 n_k,
                 dropout: i % 7 == 3,
@@ -244,6 +288,7 @@ impl Case {
             heads_q: self.heads.0,
             heads_kv: self.heads.1,
             head_dim: self.head_dim,
+            head_dim_v: self.head_dim_v,
         };
         let mut a = self.lengths.apply(
             AttentionOptions::new().causal(self.causal),
@@ -306,18 +351,18 @@ fn reference(
     };
     let (q, k, v, d_o) = (
         draw(shape.q_elems(), 1.5),
-        draw(shape.kv_elems(), 1.5),
-        draw(shape.kv_elems(), 1.5),
-        draw(shape.q_elems(), 1.0),
+        draw(shape.k_elems(), 1.5),
+        draw(shape.v_elems(), 1.5),
+        draw(shape.o_elems(), 1.0),
     );
     let f = forward_f32(shape, &q, &k, &v, options).unwrap();
     // The kernels read O rounded to the dtype; the reference takes D from that same O.
     let stored_o: Vec<f32> = f.o.iter().map(|&x| dt.round(x as f32)).collect();
     let g = backward_from_output_f32(shape, (&q, &k, &v), &stored_o, &d_o, options).unwrap();
-    let d = shape.head_dim as usize;
+    let d = shape.head_dim_v as usize;
     let mut d_sink_scale = vec![0.0; shape.heads_q as usize];
     if let Some(sinks) = &options.sinks {
-        // LSE is [batch, heads_q, n_q]; O and dO [batch, n_q, heads_q, d].
+        // LSE is [batch, heads_q, n_q]; O and dO [batch, n_q, heads_q, d_v].
         for (row, &lse) in f.lse.iter().enumerate() {
             let (b, h, i) = (
                 row / (shape.heads_q * shape.n_q) as usize,
@@ -401,7 +446,7 @@ fn run_matrix(test: &str, list: Vec<Case>) {
     let all = list.len();
     let list: Vec<Case> = list
         .into_iter()
-        .filter(|c| c.n_q.max(c.n_k) <= max_len && c.head_dim <= max_head_dim)
+        .filter(|c| c.n_q.max(c.n_k) <= max_len && c.head_dim.max(c.head_dim_v) <= max_head_dim)
         .collect();
     if list.len() < all {
         eprintln!(
@@ -534,6 +579,20 @@ fn tensor_core_wide_head_dims_on_every_family() {
     run_matrix("tensor_core_wide_head_dims_on_every_family", list);
 }
 
+/// V and O of another head dim than Q and K, forward and backward, on every family.
+#[test]
+fn value_head_dims_on_every_family() {
+    let list = value_head_dim_cases();
+    for (d, d_v) in VALUE_HEAD_DIMS {
+        assert!(
+            list.iter()
+                .any(|c| (c.head_dim, c.head_dim_v) == (d, d_v) && c.lengths != LengthMode::Full),
+            "({d}, {d_v}) missing with length masks"
+        );
+    }
+    run_matrix("value_head_dims_on_every_family", list);
+}
+
 /// Every case of the tensor-core lists (the half-precision, row-owned ones of the modifiers'
 /// list) is planned on both tensor-core families of an H200, in every direction its test runs:
 /// their GPU tests run each, none is left out as refused. Needs no device.
@@ -546,6 +605,10 @@ fn tensor_core_lists_run_on_both_tensor_core_families() {
         (tensor_core_cases(), &both[..]),
         (head_dim_cases(&TENSOR_CORE_HEAD_DIMS), &both[..]),
         (head_dim_cases(&WIDE_HEAD_DIMS), &both[..]),
+        (
+            value_head_dim_cases().into_iter().filter(half).collect(),
+            &both[..],
+        ),
         (
             score_mod_cases().into_iter().filter(half).collect(),
             &both[..],

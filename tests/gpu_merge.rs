@@ -156,6 +156,7 @@ fn forwards_over_key_ranges_merge_into_the_forward_over_all_keys() {
         heads_q: 8,
         heads_kv: 2,
         head_dim: 128,
+        head_dim_v: 128,
     };
     for dtype in [DType::F32, DType::Bf16] {
         let draw = |rng: &mut StdRng, n| -> Vec<f32> {
@@ -165,8 +166,8 @@ fn forwards_over_key_ranges_merge_into_the_forward_over_all_keys() {
         };
         let (q, k, v) = (
             draw(&mut rng, s.q_elems()),
-            draw(&mut rng, s.kv_elems()),
-            draw(&mut rng, s.kv_elems()),
+            draw(&mut rng, s.k_elems()),
+            draw(&mut rng, s.v_elems()),
         );
         let want = reference::forward_f32(&s, &q, &k, &v, &AttentionOptions::new()).unwrap();
         let q_dev = DeviceTensor::from_f32(dtype, &q).unwrap();

@@ -46,6 +46,7 @@ fn shape(batch: u32, n_q: u32, n_k: u32, head_dim: u32) -> AttentionShape {
         heads_q: 2,
         heads_kv: 1,
         head_dim,
+        head_dim_v: head_dim,
     }
 }
 
@@ -75,9 +76,9 @@ fn scenarios(rng: &mut StdRng, dt: DType, d: u32) -> Vec<Scenario> {
     let mut out = vec![];
     let mut base = |name: &str, shape: AttentionShape, options: AttentionOptions| {
         let q = random(rng, shape.q_elems(), 1.5, dt);
-        let k = random(rng, shape.kv_elems(), 1.5, dt);
-        let v = random(rng, shape.kv_elems(), 1.5, dt);
-        let d_o = random(rng, shape.q_elems(), 1.0, dt);
+        let k = random(rng, shape.k_elems(), 1.5, dt);
+        let v = random(rng, shape.v_elems(), 1.5, dt);
+        let d_o = random(rng, shape.o_elems(), 1.0, dt);
         Scenario {
             name: format!("{name} d={d} {shape:?} causal={}", options.causal),
             shape,

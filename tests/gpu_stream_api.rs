@@ -32,6 +32,7 @@ fn shape(heads_kv: u32) -> AttentionShape {
         heads_q: 4,
         heads_kv,
         head_dim: 64,
+        head_dim_v: 64,
     }
 }
 
@@ -96,7 +97,7 @@ fn borrowed_slices_on_a_caller_stream_match_the_owned_path_bitwise() {
             let dq = stream.clone_htod(&x.q).unwrap();
             let dk = stream.clone_htod(&x.k).unwrap();
             let dv = stream.clone_htod(&x.v).unwrap();
-            let mut o = poisoned(&stream, bf16::NAN, shape.q_elems());
+            let mut o = poisoned(&stream, bf16::NAN, shape.o_elems());
             let mut lse = poisoned(&stream, f32::NAN, shape.row_elems());
             let workspace = Workspace::on_stream(&gpu, &plan, &stream).unwrap();
             let ran = forward_on(
@@ -161,8 +162,8 @@ fn borrowed_slices_on_a_caller_stream_match_the_owned_path_bitwise() {
             let d_o = stream.clone_htod(&x.d_o).unwrap();
             let mut grads = [
                 poisoned(&stream, bf16::NAN, shape.q_elems()),
-                poisoned(&stream, bf16::NAN, shape.kv_elems()),
-                poisoned(&stream, bf16::NAN, shape.kv_elems()),
+                poisoned(&stream, bf16::NAN, shape.k_elems()),
+                poisoned(&stream, bf16::NAN, shape.v_elems()),
             ];
             let bworkspace = Workspace::on_stream(&gpu, &bplan, &stream).unwrap();
             {
@@ -426,7 +427,7 @@ fn fused_run(
         .clone_htod(&fuse(&shape, [&x.q, &x.k, &x.v]))
         .unwrap();
     let d_o = stream.clone_htod(&x.d_o).unwrap();
-    let mut o = poisoned(stream, bf16::NAN, shape.q_elems());
+    let mut o = poisoned(stream, bf16::NAN, shape.o_elems());
     let mut lse = poisoned(stream, f32::NAN, shape.row_elems());
     let d_fused = poisoned(stream, bf16::NAN, 3 * shape.q_elems());
     let fplan = flash_attn::plan(gpu, &shape, DType::Bf16, options, Direction::Forward).unwrap();
@@ -528,12 +529,12 @@ fn bhnd_views_match_bnhd() {
                 .unwrap()
         };
         let (q, k, v, d_o) = (tq(&x.q), tk(&x.k), tk(&x.v), tq(&x.d_o));
-        let mut o = poisoned(&stream, bf16::NAN, shape.q_elems());
+        let mut o = poisoned(&stream, bf16::NAN, shape.o_elems());
         let mut lse = poisoned(&stream, f32::NAN, shape.row_elems());
         let mut g = [
             poisoned(&stream, bf16::NAN, shape.q_elems()),
-            poisoned(&stream, bf16::NAN, shape.kv_elems()),
-            poisoned(&stream, bf16::NAN, shape.kv_elems()),
+            poisoned(&stream, bf16::NAN, shape.k_elems()),
+            poisoned(&stream, bf16::NAN, shape.v_elems()),
         ];
         let fplan =
             flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Forward).unwrap();
@@ -753,7 +754,7 @@ fn a_second_gpu_on_the_programs_context_runs_on_its_stream() {
     let plan = flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Forward).unwrap();
     let up = |v: &[bf16]| stream.clone_htod(v).unwrap();
     let (q, k, v) = (up(&x.q), up(&x.k), up(&x.v));
-    let mut o = poisoned(&stream, bf16::NAN, shape.q_elems());
+    let mut o = poisoned(&stream, bf16::NAN, shape.o_elems());
     let mut lse = poisoned(&stream, f32::NAN, shape.row_elems());
     let r = |t| TensorRef::new(t, &stream);
     forward_on(
@@ -805,15 +806,15 @@ fn forward_and_backward_captured_in_a_cuda_graph_replay_on_fresh_inputs() {
     let s = Strides::fused_qkv(shape.n_q, shape.heads_q, shape.head_dim);
     let row = (shape.heads_q * shape.head_dim) as usize;
     let mut fused = poisoned(&stream, bf16::ZERO, 3 * shape.q_elems());
-    let mut d_o = poisoned(&stream, bf16::ZERO, shape.q_elems());
+    let mut d_o = poisoned(&stream, bf16::ZERO, shape.o_elems());
     let (o, lse) = (
         poisoned(&stream, bf16::NAN, shape.q_elems()),
         poisoned(&stream, f32::NAN, shape.row_elems()),
     );
     let grads = [
         poisoned(&stream, bf16::NAN, shape.q_elems()),
-        poisoned(&stream, bf16::NAN, shape.kv_elems()),
-        poisoned(&stream, bf16::NAN, shape.kv_elems()),
+        poisoned(&stream, bf16::NAN, shape.k_elems()),
+        poisoned(&stream, bf16::NAN, shape.v_elems()),
     ];
     // Raw views, taken outside the capture (cudarc's event bookkeeping stays out of the graph).
     let ptr = |s: &CudaSlice<bf16>| s.device_ptr(&stream).0;
@@ -853,8 +854,8 @@ fn forward_and_backward_captured_in_a_cuda_graph_replay_on_fresh_inputs() {
             );
             let [dq, dk, dv] = [
                 (g_at[0], shape.q_elems()),
-                (g_at[1], shape.kv_elems()),
-                (g_at[2], shape.kv_elems()),
+                (g_at[1], shape.k_elems()),
+                (g_at[2], shape.v_elems()),
             ]
             .map(|(p, len)| TensorMut::from_raw(p, len, DType::Bf16));
             let (mut dq, mut dk, mut dv) = (dq, dk, dv);
@@ -963,8 +964,8 @@ fn host_arrays_are_refused_under_capture() {
             &shape,
             [
                 &TensorRef::from_raw(qa, shape.q_elems(), DType::Bf16),
-                &TensorRef::from_raw(ka, shape.kv_elems(), DType::Bf16),
-                &TensorRef::from_raw(va, shape.kv_elems(), DType::Bf16),
+                &TensorRef::from_raw(ka, shape.k_elems(), DType::Bf16),
+                &TensorRef::from_raw(va, shape.v_elems(), DType::Bf16),
             ],
             &mut TensorMut::from_raw(oa, shape.q_elems(), DType::Bf16),
             &mut TensorMut::from_raw(la, shape.row_elems(), DType::F32),
@@ -1013,7 +1014,7 @@ fn a_strided_lse_and_a_stream_of_another_gpu_are_refused() {
     let plan = flash_attn::plan(&gpu, &shape, DType::Bf16, &options, Direction::Forward).unwrap();
     let work = Workspace::on_stream(&gpu, &plan, &stream).unwrap();
     let q = poisoned(&stream, bf16::ZERO, shape.q_elems());
-    let mut o = poisoned(&stream, bf16::NAN, shape.q_elems());
+    let mut o = poisoned(&stream, bf16::NAN, shape.o_elems());
     let mut lse = poisoned(&stream, f32::NAN, shape.row_elems());
     let r = TensorRef::new(&q, &stream);
     let refused = forward_on(

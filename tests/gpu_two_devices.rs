@@ -136,6 +136,7 @@ fn two_devices_run_forward_and_backward_at_once_on_their_own_streams() {
                 heads_q: 4,
                 heads_kv: 2,
                 head_dim: 64,
+                head_dim_v: 64,
             },
             AttentionOptions::new().causal(true),
         ),
@@ -147,6 +148,7 @@ fn two_devices_run_forward_and_backward_at_once_on_their_own_streams() {
                 heads_q: 8,
                 heads_kv: 2,
                 head_dim: 128,
+                head_dim_v: 128,
             },
             AttentionOptions::new(),
         ),
@@ -241,7 +243,7 @@ fn half_forward(
         .clone_htod(&key_slice(shape, &x.k, keys.clone()))
         .unwrap();
     let v = stream.clone_htod(&key_slice(shape, &x.v, keys)).unwrap();
-    let mut o = poisoned(stream, bf16::NAN, half.q_elems());
+    let mut o = poisoned(stream, bf16::NAN, half.o_elems());
     let mut lse = poisoned(stream, f32::NAN, half.row_elems());
     let r = |t| TensorRef::new(t, stream);
     forward_on(
@@ -295,6 +297,7 @@ fn keys_split_over_two_devices_merge_on_device_zero() {
         heads_q: 8,
         heads_kv: 2,
         head_dim: 128,
+        head_dim_v: 128,
     };
     // Item 0 sees every key; item 1 only keys of the first half (none in the second); item 2
     // none at all.
@@ -340,7 +343,7 @@ fn keys_split_over_two_devices_merge_on_device_zero() {
     );
 
     let part = PartShape::of(&shape);
-    let mut o = poisoned(&s0, bf16::NAN, shape.q_elems());
+    let mut o = poisoned(&s0, bf16::NAN, shape.o_elems());
     let mut lse = poisoned(&s0, f32::NAN, shape.row_elems());
     {
         let r = |t| TensorRef::new(t, &s0);
@@ -389,6 +392,7 @@ fn device_one_buffers_run_from_a_thread_where_device_zero_is_current() {
         heads_q: 4,
         heads_kv: 2,
         head_dim: 64,
+        head_dim_v: 64,
     };
     let x = inputs(fresh_seed(test), &shape);
     let options = FlashOptions::new(AttentionOptions::new().causal(true));
@@ -409,7 +413,7 @@ fn device_one_buffers_run_from_a_thread_where_device_zero_is_current() {
     }
     let q = s1.clone_htod(&q_bhnd).unwrap();
     let (k, v) = (s1.clone_htod(&x.k).unwrap(), s1.clone_htod(&x.v).unwrap());
-    let mut o = poisoned(&s1, bf16::NAN, shape.q_elems());
+    let mut o = poisoned(&s1, bf16::NAN, shape.o_elems());
     let mut lse = poisoned(&s1, f32::NAN, shape.row_elems());
     let sq = Strides::bhnd(shape.n_q, shape.heads_q, shape.head_dim);
     thread::scope(|s| {
@@ -484,6 +488,7 @@ fn owned_buffers_copies_and_merges_refuse_the_wrong_device() {
         heads_q: 1,
         heads_kv: 1,
         head_dim: 64,
+        head_dim_v: 64,
     };
     let t = DeviceTensor::from_f32(DType::Bf16, &vec![0.5; shape.q_elems()]).unwrap();
     let l = DeviceF32::from_slice(&vec![0.0; shape.row_elems()]).unwrap();

@@ -86,14 +86,15 @@ fn every_tensor_core_instance_matches_the_reference() {
                         heads_q,
                         heads_kv,
                         head_dim: d,
+                        head_dim_v: d,
                     };
                     let mut draw = |n: usize, r: f32| -> Vec<f32> {
                         (0..n).map(|_| dtype.round(rng.gen_range(-r..r))).collect()
                     };
                     let (q, k, v, d_o) = (
                         draw(s.q_elems(), 2.0),
-                        draw(s.kv_elems(), 2.0),
-                        draw(s.kv_elems(), 1.0),
+                        draw(s.k_elems(), 2.0),
+                        draw(s.v_elems(), 1.0),
                         draw(s.q_elems(), 1.0),
                     );
                     let a = AttentionOptions::new().causal(causal);
@@ -117,7 +118,7 @@ fn every_tensor_core_instance_matches_the_reference() {
                     };
 
                     for &tiles in forward.iter().filter(|t| head_dim(t) == d) {
-                        let o = DeviceTensor::poisoned(dtype, s.q_elems()).unwrap();
+                        let o = DeviceTensor::poisoned(dtype, s.o_elems()).unwrap();
                         let lse = DeviceF32::poisoned(s.row_elems()).unwrap();
                         let plan = flash_attn::forward_variant_into(
                             &gpu, &s, tiles, &qd, &kd, &vd, &o, &lse, &opts,

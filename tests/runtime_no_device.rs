@@ -23,6 +23,7 @@ fn shapes_and_options_are_validated() {
         heads_q: 6,
         heads_kv: 4,
         head_dim: 64,
+        head_dim_v: 64,
     };
     let err = AttentionOptions::new().validate(&shape).unwrap_err();
     assert!(err.to_string().contains("not a multiple"), "{err}");

@@ -29,6 +29,7 @@ const SHAPE: AttentionShape = AttentionShape {
     heads_q: 2,
     heads_kv: 1,
     head_dim: 64,
+    head_dim_v: 64,
 };
 /// f32 storage: the bound of `gpu_exact` (f32 accumulation, `ex2.approx`).
 const BOUND: f64 = 2e-5;
@@ -50,8 +51,8 @@ fn inputs(seed: u64, causal: bool) -> Inputs {
     };
     let (q, k, v) = (
         random(SHAPE.q_elems()),
-        random(SHAPE.kv_elems()),
-        random(SHAPE.kv_elems()),
+        random(SHAPE.k_elems()),
+        random(SHAPE.v_elems()),
     );
     let options = AttentionOptions::new().causal(causal);
     let reference = forward_f32(&SHAPE, &q, &k, &v, &options).unwrap().o;
@@ -109,7 +110,7 @@ fn concurrent_launches_with_different_shared_sizes() {
             block_rows: r,
             block_cols: c,
         };
-        KernelFamily::Forward.shared_bytes(b, SHAPE.head_dim)
+        KernelFamily::Forward.shared_bytes(b, SHAPE.head_dim, SHAPE.head_dim_v)
     });
     let limit = gpu.max_shared_per_block().unwrap() as u64;
     if bytes.iter().any(|&b| b > limit) {

@@ -22,6 +22,7 @@ fn overflowing_shapes() -> Vec<(&'static str, AttentionShape)> {
         heads_q: 1,
         heads_kv: 1,
         head_dim: 64,
+        head_dim_v: 64,
     };
     vec![
         (
@@ -33,6 +34,7 @@ fn overflowing_shapes() -> Vec<(&'static str, AttentionShape)> {
                 heads_q: BIG,
                 heads_kv: BIG,
                 head_dim: BIG,
+                head_dim_v: BIG,
             },
         ),
         (
@@ -43,6 +45,7 @@ fn overflowing_shapes() -> Vec<(&'static str, AttentionShape)> {
                 n_q: 1 << 16,
                 heads_q: 1 << 16,
                 head_dim: 1 << 16,
+                head_dim_v: 1 << 16,
                 ..unit
             },
         ),
@@ -55,6 +58,7 @@ fn overflowing_shapes() -> Vec<(&'static str, AttentionShape)> {
                 heads_kv: 1 << 16,
                 heads_q: 1 << 16,
                 head_dim: 1 << 16,
+                head_dim_v: 1 << 16,
                 ..unit
             },
         ),
@@ -80,6 +84,7 @@ fn overflowing_shapes() -> Vec<(&'static str, AttentionShape)> {
             AttentionShape {
                 n_q: BIG,
                 head_dim: 1,
+                head_dim_v: 1,
                 ..unit
             },
         ),
@@ -109,9 +114,12 @@ fn checked_products_refuse_overflow() {
         heads_q: BIG,
         heads_kv: BIG,
         head_dim: BIG,
+        head_dim_v: BIG,
     };
     assert_invalid("checked_q_elems", "all max", all.checked_q_elems());
-    assert_invalid("checked_kv_elems", "all max", all.checked_kv_elems());
+    assert_invalid("checked_k_elems", "all max", all.checked_k_elems());
+    assert_invalid("checked_v_elems", "all max", all.checked_v_elems());
+    assert_invalid("checked_o_elems", "all max", all.checked_o_elems());
     assert_invalid("checked_score_elems", "all max", all.checked_score_elems());
     // Three u32 factors can overflow 64 bits too.
     assert_invalid("checked_row_elems", "all max", all.checked_row_elems());
@@ -147,6 +155,7 @@ fn overflowing_shapes_are_invalid_input_everywhere() {
         );
         let tc = AttentionShape {
             head_dim: 64,
+            head_dim_v: 64,
             ..shape
         };
         let options = FlashOptions::default();
@@ -168,6 +177,7 @@ fn materialized_scores_past_usize_are_refused() {
         heads_q: 1 << 22,
         heads_kv: 1 << 22,
         head_dim: 1,
+        head_dim_v: 1,
     };
     assert_invalid(
         "MaterializedWorkspace::new",
@@ -203,6 +213,7 @@ fn million_token_prefill() -> AttentionShape {
         heads_q: 32,
         heads_kv: 8,
         head_dim: 128,
+        head_dim_v: 128,
     }
 }
 
@@ -224,6 +235,7 @@ fn tensors_past_2_31_elements_are_accepted() {
         heads_q: 1,
         heads_kv: 1,
         head_dim: 256,
+        head_dim_v: 256,
     };
     validate_shape(&widest).unwrap();
     Problem::new(&widest, DType::Bf16, &FlashOptions::default()).unwrap();
@@ -258,6 +270,7 @@ fn batch_times_heads_past_the_grid_limit_is_accepted() {
         heads_q: 32,
         heads_kv: 8,
         head_dim: 64,
+        head_dim_v: 64,
     };
     let p = Problem::new(&shape, DType::Bf16, &FlashOptions::default()).unwrap();
     assert_eq!(p.grid_yz(32), (32, 1 << 12));

@@ -65,7 +65,7 @@ pub fn forward(
 ) -> Result<ForwardOutput> {
     let (problem, plan) = prepare_forward(gpu, shape, None, [q, k, v], options)?;
     let out = ForwardOutput {
-        o: DeviceTensor::uninitialized(problem.dtype, shape.q_elems())?,
+        o: DeviceTensor::uninitialized(problem.dtype, shape.o_elems())?,
         lse: DeviceF32::uninitialized(shape.row_elems())?,
         plan,
     };
@@ -129,7 +129,7 @@ fn forward_into_tiles(
     options: &FlashOptions,
 ) -> Result<Plan> {
     let (problem, plan) = prepare_forward(gpu, shape, tiles, [q, k, v], options)?;
-    check_tensor("o", o, problem.dtype, shape.q_elems())?;
+    check_tensor("o", o, problem.dtype, shape.o_elems())?;
     check_lse(lse, shape)?;
     let workspace = Workspace::new(&plan)?;
     launch_forward(
@@ -157,8 +157,8 @@ pub fn backward(
     let (problem, plan) = prepare_backward(gpu, shape, None, inputs, options)?;
     let out = GradientBuffers {
         dq: DeviceTensor::uninitialized(problem.dtype, shape.q_elems())?,
-        dk: DeviceTensor::uninitialized(problem.dtype, shape.kv_elems())?,
-        dv: DeviceTensor::uninitialized(problem.dtype, shape.kv_elems())?,
+        dk: DeviceTensor::uninitialized(problem.dtype, shape.k_elems())?,
+        dv: DeviceTensor::uninitialized(problem.dtype, shape.v_elems())?,
         d_sinks: match options.attention.sinks {
             Some(_) => Some(DeviceF32::uninitialized(shape.heads_q as usize)?),
             None => None,
@@ -213,8 +213,8 @@ fn backward_into_tiles(
 ) -> Result<Plan> {
     let (problem, plan) = prepare_backward(gpu, shape, tiles, inputs, options)?;
     check_tensor("dq", &out.dq, problem.dtype, shape.q_elems())?;
-    check_tensor("dk", &out.dk, problem.dtype, shape.kv_elems())?;
-    check_tensor("dv", &out.dv, problem.dtype, shape.kv_elems())?;
+    check_tensor("dk", &out.dk, problem.dtype, shape.k_elems())?;
+    check_tensor("dv", &out.dv, problem.dtype, shape.v_elems())?;
     check_d_sinks(&problem, out)?;
     workspace.check(&plan)?;
     launch_backward(&Queue::own(gpu), &problem, &plan, inputs, out, workspace)?;
@@ -447,7 +447,7 @@ pub(crate) fn check_lse(lse: &DeviceF32, shape: &AttentionShape) -> Result<()> {
 
 fn check_backward_inputs(problem: &Problem, i: &BackwardInputs) -> Result<()> {
     check_qkv(&problem.shape, i.q, i.k, i.v)?;
-    check_tensor("o", i.o, problem.dtype, problem.shape.q_elems())?;
-    check_tensor("d_o", i.d_o, problem.dtype, problem.shape.q_elems())?;
+    check_tensor("o", i.o, problem.dtype, problem.shape.o_elems())?;
+    check_tensor("d_o", i.d_o, problem.dtype, problem.shape.o_elems())?;
     check_lse(i.lse, &problem.shape)
 }

@@ -84,11 +84,11 @@ impl CudarcAttention {
     /// let context = cudarc::driver::CudaContext::new(0).unwrap();
     /// let stream = context.new_stream().unwrap();
     /// let attention = CudarcAttention::new(Gpu::for_context(context, ptx, None)?, stream.clone())?;
-    /// let shape = AttentionShape { batch: 2, n_q: 128, n_k: 128, heads_q: 4, heads_kv: 4, head_dim: 64 };
+    /// let shape = AttentionShape::new(2, 128, 128, 4, 4, 64);
     /// let q = stream.alloc_zeros::<half::bf16>(shape.q_elems()).unwrap();
     /// let options = FlashOptions::new(AttentionOptions::new().causal(true));
     /// let fwd = attention.forward(&shape, &q, &q, &q, &options)?;
-    /// let d_o = stream.alloc_zeros::<half::bf16>(shape.q_elems()).unwrap();
+    /// let d_o = stream.alloc_zeros::<half::bf16>(shape.o_elems()).unwrap();
     /// let grads = attention.backward(&shape, &q, &q, &q, &fwd.o, &d_o, &fwd.lse, &options)?;
     /// println!("{} then {}", fwd.plan.entry, grads.plan.entry);
     /// # Ok(())
@@ -124,7 +124,7 @@ impl CudarcAttention {
         let plan = crate::attention::plan(&self.gpu, shape, T::DTYPE, options, Direction::Forward)?;
         // SAFETY: the kernels write every element of O and LSE (any bit pattern of f32, f16 or
         // bf16 is a value, so nothing reads an invalid one meanwhile).
-        let mut o = unsafe { s.alloc::<T>(shape.q_elems()) }.cuda("allocating O")?;
+        let mut o = unsafe { s.alloc::<T>(shape.o_elems()) }.cuda("allocating O")?;
         let mut lse = unsafe { s.alloc::<f32>(shape.row_elems()) }.cuda("allocating LSE")?;
         let ran = self.with_workspace(&plan, |workspace| {
             forward_on(
@@ -190,8 +190,8 @@ impl CudarcAttention {
         let alloc = |len: usize| unsafe { s.alloc::<T>(len) }.cuda("allocating a gradient");
         let (mut dq, mut dk, mut dv) = (
             alloc(shape.q_elems())?,
-            alloc(shape.kv_elems())?,
-            alloc(shape.kv_elems())?,
+            alloc(shape.k_elems())?,
+            alloc(shape.v_elems())?,
         );
         let mut d_sinks = match options.attention.sinks {
             // SAFETY: as above.

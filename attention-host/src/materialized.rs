@@ -42,7 +42,7 @@ impl MaterializedWorkspace {
     }
 }
 
-/// The materialized forward into `o` (`[batch, n_q, heads_q, head_dim]`, q's dtype): three
+/// The materialized forward into `o` (`[batch, n_q, heads_q, head_dim_v]`, q's dtype): three
 /// launches that write `S`, read it and write `P`, read `P` and write `O`. Supports scale and the
 /// causal mask; dropout and length masks are the fused kernels' job. Queues the work on the GPU's
 /// stream; call `gpu.synchronize()` to wait for it.
@@ -65,10 +65,10 @@ pub fn materialized_forward(
         ));
     }
     let dtype = q.dtype();
-    if o.len() != shape.q_elems() || o.dtype() != dtype || workspace.s.dtype() != dtype {
+    if o.len() != shape.o_elems() || o.dtype() != dtype || workspace.s.dtype() != dtype {
         return Err(invalid!(
             "o must hold {} {dtype} elements and the workspace be {dtype}; got {} {} and a {} workspace",
-            shape.q_elems(),
+            shape.o_elems(),
             o.len(),
             o.dtype(),
             workspace.s.dtype()
@@ -121,7 +121,7 @@ pub fn materialized_forward(
     };
     let out_tiles = LaunchConfig {
         grid: (
-            shape.head_dim.div_ceil(TILE),
+            shape.head_dim_v.div_ceil(TILE),
             shape.n_q.div_ceil(TILE),
             planes,
         ),

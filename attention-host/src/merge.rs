@@ -21,7 +21,7 @@ use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 use crate::runtime::{Gpu, LaunchConfig, Queue};
 use crate::stream_api::check_stream;
 
-/// The shape of one part: O `[batch, n_q, heads, head_dim]`, LSE f32 `[batch, heads, n_q]`
+/// The shape of one part: O `[batch, n_q, heads, head_dim]` (the call's `head_dim_v`), LSE f32 `[batch, heads, n_q]`
 /// (what [`crate::forward`] writes, with `heads = heads_q`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PartShape {
@@ -38,7 +38,7 @@ impl PartShape {
             batch: shape.batch,
             n_q: shape.n_q,
             heads: shape.heads_q,
-            head_dim: shape.head_dim,
+            head_dim: shape.head_dim_v,
         }
     }
 
@@ -103,7 +103,7 @@ pub struct Merged {
 /// use attention_host::{AttentionShape, DeviceTensor, FlashOptions, PartShape, forward, merge};
 /// # fn run(gpu: &attention_host::Gpu, q: &DeviceTensor, prefix_kv: [&DeviceTensor; 2],
 /// #        own_kv: [&DeviceTensor; 2]) -> attention_host::Result<()> {
-/// let prefix = AttentionShape { batch: 1, n_q: 16, n_k: 8192, heads_q: 8, heads_kv: 8, head_dim: 128 };
+/// let prefix = AttentionShape::new(1, 16, 8192, 8, 8, 128);
 /// let own = AttentionShape { n_k: 300, ..prefix };
 /// let options = FlashOptions::default();
 /// let a = forward(gpu, &prefix, q, prefix_kv[0], prefix_kv[1], &options)?;

@@ -291,6 +291,7 @@ pub fn validate_shape(s: &AttentionShape) -> Result<()> {
         ("heads_q", s.heads_q),
         ("heads_kv", s.heads_kv),
         ("head_dim", s.head_dim),
+        ("head_dim_v", s.head_dim_v),
     ] {
         if v == 0 {
             return Err(invalid!("{name} must be at least 1"));
@@ -326,7 +327,15 @@ pub fn validate_shape(s: &AttentionShape) -> Result<()> {
         }
     }
     // Rows fit in 31 bits, so only the head dimension can make the byte counts overflow.
-    let largest = s.checked_q_elems()?.max(s.checked_kv_elems()?);
+    let largest = [
+        s.checked_q_elems()?,
+        s.checked_k_elems()?,
+        s.checked_o_elems()?,
+        s.checked_v_elems()?,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
     if largest
         .checked_mul(size_of::<f32>())
         .is_none_or(|bytes| bytes > isize::MAX as usize)
@@ -350,10 +359,14 @@ pub fn checked_elems(what: &str, factors: &[u32]) -> Result<usize> {
 /// and its siblings multiply unchecked (they run on the device too): on the host they are only
 /// used once [`validate_shape`] (which uses these) has accepted the shape.
 pub trait CheckedElems {
-    /// Elements of Q or O.
+    /// Elements of Q or dQ.
     fn checked_q_elems(&self) -> Result<usize>;
-    /// Elements of K or V.
-    fn checked_kv_elems(&self) -> Result<usize>;
+    /// Elements of K or dK.
+    fn checked_k_elems(&self) -> Result<usize>;
+    /// Elements of O or dO.
+    fn checked_o_elems(&self) -> Result<usize>;
+    /// Elements of V or dV.
+    fn checked_v_elems(&self) -> Result<usize>;
     /// Elements of one materialized `[batch, heads_q, n_q, n_k]` score tensor.
     fn checked_score_elems(&self) -> Result<usize>;
     /// Elements of the per-row state `[batch, heads_q, n_q]`.
@@ -364,8 +377,14 @@ impl CheckedElems for AttentionShape {
     fn checked_q_elems(&self) -> Result<usize> {
         checked_elems("Q", &[self.batch, self.n_q, self.heads_q, self.head_dim])
     }
-    fn checked_kv_elems(&self) -> Result<usize> {
-        checked_elems("K/V", &[self.batch, self.n_k, self.heads_kv, self.head_dim])
+    fn checked_k_elems(&self) -> Result<usize> {
+        checked_elems("K", &[self.batch, self.n_k, self.heads_kv, self.head_dim])
+    }
+    fn checked_o_elems(&self) -> Result<usize> {
+        checked_elems("O", &[self.batch, self.n_q, self.heads_q, self.head_dim_v])
+    }
+    fn checked_v_elems(&self) -> Result<usize> {
+        checked_elems("V", &[self.batch, self.n_k, self.heads_kv, self.head_dim_v])
     }
     fn checked_score_elems(&self) -> Result<usize> {
         checked_elems("S", &[self.batch, self.heads_q, self.n_q, self.n_k])

@@ -30,11 +30,13 @@ impl Problem {
     /// Checks `shape`, `dtype` and `options` together; every refusal names what is wrong.
     pub fn new(shape: &AttentionShape, dtype: DType, options: &FlashOptions) -> Result<Problem> {
         options.attention.validate(shape)?;
-        if shape.head_dim > MAX_HEAD_DIM {
-            return Err(invalid!(
-                "head_dim {} exceeds the supported {MAX_HEAD_DIM}",
-                shape.head_dim
-            ));
+        for (name, d) in [
+            ("head_dim", shape.head_dim),
+            ("head_dim_v", shape.head_dim_v),
+        ] {
+            if d > MAX_HEAD_DIM {
+                return Err(invalid!("{name} {d} exceeds the supported {MAX_HEAD_DIM}"));
+            }
         }
         let (sequences, max_q_len, max_k_rows) = match &options.attention.lengths {
             Lengths::Packed {
@@ -106,6 +108,7 @@ mod tests {
             heads_q: 4,
             heads_kv: 2,
             head_dim: 64,
+            head_dim_v: 64,
         }
     }
 
@@ -122,10 +125,20 @@ mod tests {
     fn refuses_head_dims_past_the_limit_and_folds_grids_past_the_hardware() {
         let big_d = AttentionShape {
             head_dim: 264,
+            head_dim_v: 264,
             ..shape()
         };
         let err = Problem::new(&big_d, DType::F32, &FlashOptions::default()).unwrap_err();
         assert!(err.to_string().contains("head_dim 264"), "{err}");
+        for (d_v, says) in [(264, "head_dim_v 264 exceeds"), (0, "head_dim_v must be")] {
+            let err = Problem::new(
+                &shape().with_head_dim_v(d_v),
+                DType::F32,
+                &FlashOptions::default(),
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains(says), "{err}");
+        }
         let many_heads = AttentionShape {
             heads_q: 70_000,
             heads_kv: 1,

@@ -79,10 +79,10 @@ pub struct GradientViews<'t, 'a> {
 /// use attention_host::borrowed::{TensorMut, TensorRef};
 /// # fn run(gpu: &attention_host::Gpu) -> attention_host::Result<()> {
 /// let stream = gpu.context().new_stream().unwrap();
-/// let shape = AttentionShape { batch: 2, n_q: 256, n_k: 256, heads_q: 8, heads_kv: 8, head_dim: 64 };
+/// let shape = AttentionShape::new(2, 256, 256, 8, 8, 64);
 /// let q = stream.alloc_zeros::<half::bf16>(shape.q_elems()).unwrap();
 /// let (k, v) = (q.clone(), q.clone());
-/// let mut o = stream.alloc_zeros::<half::bf16>(shape.q_elems()).unwrap();
+/// let mut o = stream.alloc_zeros::<half::bf16>(shape.o_elems()).unwrap();
 /// let mut lse = stream.alloc_zeros::<f32>(shape.row_elems()).unwrap();
 /// let options = FlashOptions::default();
 /// let plan = plan(gpu, &shape, attention_host::DType::Bf16, &options, Direction::Forward)?;
@@ -113,14 +113,14 @@ pub fn forward_on(
 ) -> Result<Plan> {
     check_stream(gpu, stream)?;
     let problem = Problem::new(shape, q.view.dtype, options)?;
-    let (dims_q, dims_kv, dims_rows) = dims(shape);
+    let dims = dims(shape);
     let dtype = problem.dtype;
     let inputs = [
-        ("q", &q.view, dims_q),
-        ("k", &k.view, dims_kv),
-        ("v", &v.view, dims_kv),
+        ("q", &q.view, dims.q),
+        ("k", &k.view, dims.k),
+        ("v", &v.view, dims.v),
     ];
-    let outputs = [("o", &o.view, dims_q), ("lse", &lse.view, dims_rows)];
+    let outputs = [("o", &o.view, dims.o), ("lse", &lse.view, dims.rows)];
     check_views(&inputs, &outputs, dtype)?;
     let plan = choose(gpu, &problem, Direction::Forward, None)?;
     workspace.check(&plan)?;
@@ -129,8 +129,8 @@ pub fn forward_on(
     let [q, k, v] = inputs.map(|(_, view, d)| Staged::input(&queue, view, &d, strided));
     let (q, k, v) = (q?, k?, v?);
     let (o, lse) = (
-        Staged::output(&queue, outputs[0].1, &dims_q, strided)?,
-        Staged::output(&queue, outputs[1].1, &dims_rows, false)?,
+        Staged::output(&queue, outputs[0].1, &dims.o, strided)?,
+        Staged::output(&queue, outputs[1].1, &dims.rows, false)?,
     );
     let lse_f32 = lse.as_f32(&queue);
     let strides = ForwardStrides {
@@ -172,7 +172,7 @@ pub fn forward_on(
 /// use attention_host::stream_api::{BackwardViews, GradientViews};
 /// # fn run(gpu: &attention_host::Gpu) -> attention_host::Result<()> {
 /// let stream = gpu.context().new_stream().unwrap();
-/// let shape = AttentionShape { batch: 1, n_q: 128, n_k: 128, heads_q: 4, heads_kv: 4, head_dim: 64 };
+/// let shape = AttentionShape::new(1, 128, 128, 4, 4, 64);
 /// let zeros = || stream.alloc_zeros::<half::f16>(shape.q_elems()).unwrap();
 /// let (q, k, v, o, d_o) = (zeros(), zeros(), zeros(), zeros(), zeros());
 /// let lse = stream.alloc_zeros::<f32>(shape.row_elems()).unwrap();
@@ -211,7 +211,7 @@ pub fn backward_on(
 ) -> Result<Plan> {
     check_stream(gpu, stream)?;
     let problem = Problem::new(shape, inputs.q.view.dtype, options)?;
-    let (dims_q, dims_kv, dims_rows) = dims(shape);
+    let dims = dims(shape);
     let dims_heads = Dims {
         batch: 1,
         seq: 1,
@@ -220,17 +220,17 @@ pub fn backward_on(
     };
     let dtype = problem.dtype;
     let ins = [
-        ("q", &inputs.q.view, dims_q),
-        ("k", &inputs.k.view, dims_kv),
-        ("v", &inputs.v.view, dims_kv),
-        ("o", &inputs.o.view, dims_q),
-        ("d_o", &inputs.d_o.view, dims_q),
-        ("lse", &inputs.lse.view, dims_rows),
+        ("q", &inputs.q.view, dims.q),
+        ("k", &inputs.k.view, dims.k),
+        ("v", &inputs.v.view, dims.v),
+        ("o", &inputs.o.view, dims.o),
+        ("d_o", &inputs.d_o.view, dims.o),
+        ("lse", &inputs.lse.view, dims.rows),
     ];
     let mut outs = vec![
-        ("dq", &grads.dq.view, dims_q),
-        ("dk", &grads.dk.view, dims_kv),
-        ("dv", &grads.dv.view, dims_kv),
+        ("dq", &grads.dq.view, dims.q),
+        ("dk", &grads.dk.view, dims.k),
+        ("dv", &grads.dv.view, dims.v),
     ];
     if let Some(d) = &grads.d_sinks {
         outs.push(("d_sinks", &d.view, dims_heads));
@@ -307,16 +307,24 @@ pub(crate) fn check_stream(gpu: &Gpu, stream: &CudaStream) -> Result<()> {
     Ok(())
 }
 
-/// Q's, K/V's and LSE's extents for `shape` (LSE as one flat f32 row).
-fn dims(shape: &AttentionShape) -> (Dims, Dims, Dims) {
-    let d = shape.head_dim as usize;
+/// The extents of each role for `shape`: Q and dQ, K and dK, V and dV, O and dO, and the LSE
+/// (as one flat f32 row).
+struct RoleDims {
+    q: Dims,
+    k: Dims,
+    v: Dims,
+    o: Dims,
+    rows: Dims,
+}
+
+fn dims(shape: &AttentionShape) -> RoleDims {
     let q = Dims {
         batch: shape.batch as usize,
         seq: shape.n_q as usize,
         heads: shape.heads_q as usize,
-        head_dim: d,
+        head_dim: shape.head_dim as usize,
     };
-    let kv = Dims {
+    let k = Dims {
         seq: shape.n_k as usize,
         heads: shape.heads_kv as usize,
         ..q
@@ -327,7 +335,14 @@ fn dims(shape: &AttentionShape) -> (Dims, Dims, Dims) {
         heads: 1,
         head_dim: shape.row_elems(),
     };
-    (q, kv, rows)
+    let d_v = shape.head_dim_v as usize;
+    RoleDims {
+        q,
+        k,
+        v: Dims { head_dim: d_v, ..k },
+        o: Dims { head_dim: d_v, ..q },
+        rows,
+    }
 }
 
 /// Each view fits its memory and role (f32 and no strides for the LSE and sink gradients), outputs

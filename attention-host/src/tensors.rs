@@ -39,8 +39,8 @@ impl GradientBuffers {
         crate::options::validate_shape(shape)?;
         Ok(GradientBuffers {
             dq: DeviceTensor::poisoned(dtype, shape.q_elems())?,
-            dk: DeviceTensor::poisoned(dtype, shape.kv_elems())?,
-            dv: DeviceTensor::poisoned(dtype, shape.kv_elems())?,
+            dk: DeviceTensor::poisoned(dtype, shape.k_elems())?,
+            dv: DeviceTensor::poisoned(dtype, shape.v_elems())?,
             d_sinks: None,
         })
     }
@@ -136,8 +136,8 @@ pub fn check_qkv(
     crate::options::validate_shape(shape)?;
     for (name, t, want) in [
         ("q", q, shape.q_elems()),
-        ("k", k, shape.kv_elems()),
-        ("v", v, shape.kv_elems()),
+        ("k", k, shape.k_elems()),
+        ("v", v, shape.v_elems()),
     ] {
         if t.len() != want {
             return Err(invalid!(

@@ -180,6 +180,7 @@ impl KvCache {
             heads_q,
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
+            head_dim_v: self.head_dim,
         }
     }
 }

@@ -276,7 +276,7 @@ impl PagedKvCache {
     ) -> Result<ForwardOutput> {
         let (problem, plan) = self.prepare(gpu, q, n_q, heads_q, options)?;
         let out = ForwardOutput {
-            o: DeviceTensor::uninitialized(problem.dtype, problem.shape.q_elems())?,
+            o: DeviceTensor::uninitialized(problem.dtype, problem.shape.o_elems())?,
             lse: DeviceF32::uninitialized(problem.shape.row_elems())?,
             plan,
         };
@@ -298,7 +298,7 @@ impl PagedKvCache {
         options: &FlashOptions,
     ) -> Result<Plan> {
         let (problem, plan) = self.prepare(gpu, q, n_q, heads_q, options)?;
-        check_tensor("o", o, problem.dtype, problem.shape.q_elems())?;
+        check_tensor("o", o, problem.dtype, problem.shape.o_elems())?;
         check_lse(lse, &problem.shape)?;
         self.launch(gpu, &problem, &plan, q, o, lse)?;
         Ok(plan)
@@ -374,6 +374,7 @@ impl PagedKvCache {
             heads_q,
             heads_kv: self.layout.heads_kv,
             head_dim: self.layout.head_dim,
+            head_dim_v: self.layout.head_dim,
         }
     }
 }

@@ -38,20 +38,22 @@ pub struct MaterializedBytes {
 
 impl MaterializedBytes {
     pub fn new(shape: &AttentionShape, widths: ByteWidths) -> Self {
-        let (q, kv, scores) = (
+        let (q, k, v, o, scores) = (
             shape.q_elems() as u64,
-            shape.kv_elems() as u64,
+            shape.k_elems() as u64,
+            shape.v_elems() as u64,
+            shape.o_elems() as u64,
             shape.score_elems() as u64,
         );
         MaterializedBytes {
             q_read: q * widths.qkv,
-            k_read: kv * widths.qkv,
+            k_read: k * widths.qkv,
             s_write: scores * widths.score,
             s_read: scores * widths.score,
             p_write: scores * widths.prob,
             p_read: scores * widths.prob,
-            v_read: kv * widths.qkv,
-            o_write: q * widths.out,
+            v_read: v * widths.qkv,
+            o_write: o * widths.out,
         }
     }
 
@@ -91,6 +93,7 @@ mod tests {
             heads_q: 32,
             heads_kv: 32,
             head_dim: 128,
+            head_dim_v: 128,
         }
     }
 
@@ -124,6 +127,7 @@ mod tests {
             heads_q: 4,
             heads_kv: 2,
             head_dim: 8,
+            head_dim_v: 8,
         };
         let b = MaterializedBytes::new(
             &shape,

@@ -77,31 +77,30 @@ fn plan_family(
         return crate::families::decode::plan(device, problem, direction);
     }
     admits(device, problem, direction, family)?;
-    let d = problem.shape.head_dim;
     let tiles = match (family, direction) {
         (Family::Exact, _) => {
             let b = choose_block_sizes(
                 exact_kind(direction),
-                d,
+                (problem.shape.head_dim, problem.shape.head_dim_v),
                 device.max_shared_per_block,
                 problem.options.block_sizes,
             )
             .map_err(|e| e.to_string())?;
             Tiles::Exact(b)
         }
-        (Family::Sm90, Direction::Forward) => {
-            Tiles::Sm90Forward(sm90::config(d).ok_or_else(|| head_dims(d))?)
-        }
-        (Family::Sm80, Direction::Forward) => {
-            Tiles::Sm80Forward(sm80::forward::config(d).ok_or_else(|| head_dims(d))?)
-        }
-        (Family::Sm90, Direction::Backward) => {
-            Tiles::Sm90Backward(sm90::backward_config(d).ok_or_else(|| head_dims(d))?)
-        }
-        (Family::Sm80, Direction::Backward) => {
-            Tiles::Sm80Backward(sm80::backward::config(d).ok_or_else(|| head_dims(d))?)
-        }
         (Family::Decode, _) => unreachable!("the decode family plans itself"),
+        (Family::Sm90 | Family::Sm80, _) => {
+            let d = tensor_core_head_dims(&problem.shape)?;
+            let tiles = match (family, direction) {
+                (Family::Sm90, Direction::Forward) => sm90::config(d).map(Tiles::Sm90Forward),
+                (Family::Sm90, Direction::Backward) => {
+                    sm90::backward_config(d).map(Tiles::Sm90Backward)
+                }
+                (_, Direction::Forward) => sm80::forward::config(d).map(Tiles::Sm80Forward),
+                (_, Direction::Backward) => sm80::backward::config(d).map(Tiles::Sm80Backward),
+            };
+            tiles.ok_or_else(|| head_dims("head_dim", d))?
+        }
     };
     plan_tiles(device, problem, direction, family, tiles)
 }
@@ -115,7 +114,7 @@ pub fn with_tiles(
     direction: Direction,
     tiles: Tiles,
 ) -> Result<Plan> {
-    let d = problem.shape.head_dim;
+    let d = tensor_core_head_dims(&problem.shape).map_err(|why| invalid!("{why}"))?;
     let (family, compiled, head_dim, default) = match tiles {
         Tiles::Sm90Forward(c) => (
             Family::Sm90,
@@ -227,7 +226,7 @@ fn plan_tiles(
                 }
                 (Direction::Backward, _) => instances::exact_backward(dtype, "kv"),
             };
-            let shared = exact_kind(direction).shared_bytes(b, s.head_dim);
+            let shared = exact_kind(direction).shared_bytes(b, s.head_dim, s.head_dim_v);
             let shared = u32::try_from(shared)
                 .map_err(|_| format!("{b:?} needs {shared} bytes of shared memory"))?;
             (entry, b.block_rows, b.block_cols, THREADS, shared)
@@ -248,8 +247,9 @@ fn plan_tiles(
         }
         Tiles::Sm90Forward(c) => {
             // The defaults' plain instances take their compiled head dim only.
-            let padded =
-                !general && s.head_dim != c.head_dim && sm90::config(c.head_dim) == Some(c);
+            let padded = !general
+                && (s.head_dim, s.head_dim_v) != (c.head_dim, c.head_dim)
+                && sm90::config(c.head_dim) == Some(c);
             let entry = if padded {
                 instances::sm90_forward_padded(dtype, &c)
             } else {
@@ -396,11 +396,22 @@ pub(crate) fn preprocess_blocks(s: &AttentionShape) -> u64 {
     padded.div_ceil(PREPROCESS_WARPS as u64)
 }
 
-fn head_dims(d: u32) -> String {
+fn head_dims(name: &str, d: u32) -> String {
     format!(
-        "runs head_dim a multiple of 8 from 32 to {MAX_TENSOR_CORE_HEAD_DIM} (compiled for 64, \
+        "runs {name} a multiple of 8 from 32 to {MAX_TENSOR_CORE_HEAD_DIM} (compiled for 64, \
          128, 192 and 256, zero-padded in between), not {d}"
     )
+}
+
+/// The head dim the tensor-core tiles are chosen by: the wider of Q/K's and V/O's (the
+/// narrower one is zero-padded to it), once both are head dims these kernels run.
+fn tensor_core_head_dims(s: &AttentionShape) -> std::result::Result<u32, String> {
+    for (name, d) in [("head_dim", s.head_dim), ("head_dim_v", s.head_dim_v)] {
+        if tensor_core_head_dim(d).is_none() {
+            return Err(head_dims(name, d));
+        }
+    }
+    Ok(s.widest_head_dim())
 }
 
 /// Device scratch of the call besides its outputs, f32 pieces in launch order.
@@ -410,7 +421,11 @@ fn workspace(problem: &Problem, direction: Direction, tiles: &Tiles) -> Vec<(&'s
     let o = &problem.options;
     let pieces: Vec<(&'static str, u64)> = match (direction, tiles) {
         (Direction::Forward, Tiles::Exact(_)) if o.schedule == Schedule::Paper => {
-            vec![("o_state", q), ("row_sum", rows), ("row_max", rows)]
+            vec![
+                ("o_state", s.o_elems() as u64),
+                ("row_sum", rows),
+                ("row_max", rows),
+            ]
         }
         (Direction::Forward, _) => vec![],
         // dQ comes from atomics into an f32 accumulator unless the deterministic pass writes it.
@@ -518,6 +533,7 @@ mod tests {
             heads_q: 4,
             heads_kv: 2,
             head_dim,
+            head_dim_v: head_dim,
         }
     }
 
@@ -623,6 +639,66 @@ mod tests {
         assert_eq!(tensor_core_head_dim(200), Some(256));
         assert_eq!(tensor_core_head_dim(24), None);
         assert_eq!(tensor_core_head_dim(36), None);
+    }
+
+    /// A V head dim of its own runs on the tensor-core instance of the wider head dim (the
+    /// `wgmma` forward's padded one), forward and backward on both families, and on the exact
+    /// kernels with tiles sized for both; the decode family refuses it with the reason, and a
+    /// V head dim no tensor-core kernel takes falls to the exact kernels.
+    #[test]
+    fn a_value_head_dim_of_its_own_runs_on_the_wider_ones_instance() {
+        let (h, a) = (h200(), a100());
+        for (d, d_v, compiled) in [
+            (192, 128, 192),
+            (64, 128, 128),
+            (128, 64, 128),
+            (48, 160, 192),
+        ] {
+            let s = shape(d).with_head_dim_v(d_v);
+            for direction in [Direction::Forward, Direction::Backward] {
+                for (dev, family) in [(&h, Family::Sm90), (&a, Family::Sm80)] {
+                    let o = FlashOptions::default().kernel(KernelChoice::Only(family));
+                    let p = select_on(dev, s, DType::Bf16, o, direction)
+                        .unwrap_or_else(|e| panic!("({d}, {d_v}) {family}: {e}"));
+                    assert_eq!(p.tiles.compiled_head_dim(), Some(compiled));
+                    if family == Family::Sm90 && direction == Direction::Forward {
+                        assert!(p.entry.contains("_padded_"), "{}", p.entry);
+                    }
+                }
+                let auto = select_on(&h, s, DType::Bf16, FlashOptions::default(), direction);
+                assert_eq!(auto.unwrap().family, Family::Sm90);
+            }
+        }
+        let s = shape(128).with_head_dim_v(64);
+        for direction in [Direction::Forward, Direction::Backward] {
+            let p = select_on(&h, s, DType::F32, FlashOptions::default(), direction).unwrap();
+            assert_eq!(p.family, Family::Exact);
+            let Tiles::Exact(b) = p.tiles else {
+                panic!("{p:?}")
+            };
+            let kind = exact_kind(direction);
+            assert_eq!(p.shared_bytes as u64, kind.shared_bytes(b, 128, 64));
+            assert!(kind.shared_bytes(b, 128, 64) < kind.shared_bytes(b, 128, 128));
+        }
+        let decode = FlashOptions::default().kernel(KernelChoice::Only(Family::Decode));
+        let one_row = AttentionShape { n_q: 1, ..s };
+        let err = select_on(&h, one_row, DType::Bf16, decode, Direction::Forward).unwrap_err();
+        assert!(err.to_string().contains("head_dim_v 64 differ"), "{err}");
+        let narrow_v = shape(64).with_head_dim_v(20);
+        let sm90 = FlashOptions::default().kernel(KernelChoice::Only(Family::Sm90));
+        let err = select_on(&h, narrow_v, DType::Bf16, sm90, Direction::Forward).unwrap_err();
+        assert!(
+            err.to_string().contains("head_dim_v a multiple of 8"),
+            "{err}"
+        );
+        let auto = select_on(
+            &h,
+            narrow_v,
+            DType::Bf16,
+            FlashOptions::default(),
+            Direction::Forward,
+        );
+        assert_eq!(auto.unwrap().family, Family::Exact);
     }
 
     #[test]
@@ -772,7 +848,11 @@ mod tests {
             let o = || FlashOptions::new(options.clone());
             let problem = Problem::new(&s, DType::F16, &o()).unwrap();
             for direction in [Direction::Forward, Direction::Backward] {
-                let wide = AttentionShape { head_dim: 128, ..s };
+                let wide = AttentionShape {
+                    head_dim: 128,
+                    head_dim_v: 128,
+                    ..s
+                };
                 let p = select_on(&h, wide, DType::F16, o(), direction).unwrap();
                 assert_eq!(p.family, Family::Sm90);
                 assert!(p.entry.contains("_general_"), "{}", p.entry);
@@ -849,6 +929,7 @@ mod tests {
             heads_q: 2,
             heads_kv: 1,
             head_dim: 64,
+            head_dim_v: 64,
         };
         let plan = |s, d| select_on(&h200(), s, DType::Bf16, FlashOptions::default(), d).unwrap();
         assert_eq!(plan(many, Direction::Forward).grid, (1, 65_535, 3));
@@ -873,6 +954,7 @@ mod tests {
             heads_q: 1 << 10,
             heads_kv: 1 << 10,
             head_dim: 64,
+            head_dim_v: 64,
         };
         let b = select_on(
             &h200(),

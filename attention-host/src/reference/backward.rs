@@ -7,7 +7,7 @@ use super::validate::check;
 use crate::error::Result;
 use crate::options::AttentionOptions;
 
-/// `dq` has Q's layout, `dk` and `dv` K/V's (summed over the query heads of a GQA group);
+/// `dq` has Q's layout, `dk` K's and `dv` V's (summed over the query heads of a GQA group);
 /// `d_sinks` one value per query head when the call has sink logits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gradients {
@@ -29,7 +29,7 @@ pub fn backward(
     gradients(shape, (q, k, v), None, d_o, options)
 }
 
-/// [`backward`] with `D = rowsum(dO ∘ O)` taken from the given `o` (Q's layout) instead of the
+/// [`backward`] with `D = rowsum(dO ∘ O)` taken from the given `o` (O's layout) instead of the
 /// f64 forward: the stored output a kernel's backward reads, rounded to its dtype. Where a row's
 /// `dP` and `D` cancel (a row with one visible key has `dS = 0` exactly) the rounding of `O`
 /// alone moves `dQ` and `dK`; this is the reference for a backward given that `O`.
@@ -56,25 +56,29 @@ fn gradients(
             q.len(),
             AttentionShape::q_elems as fn(&AttentionShape) -> usize,
         ),
-        ("k", k.len(), AttentionShape::kv_elems),
-        ("v", v.len(), AttentionShape::kv_elems),
-        ("d_o", d_o.len(), AttentionShape::q_elems),
+        ("k", k.len(), AttentionShape::k_elems),
+        ("v", v.len(), AttentionShape::v_elems),
+        ("d_o", d_o.len(), AttentionShape::o_elems),
     ];
     if let Some(o) = given_o {
-        slices.push(("o", o.len(), AttentionShape::q_elems));
+        slices.push(("o", o.len(), AttentionShape::o_elems));
     }
     check(shape, options, &slices)?;
     let problem = Problem::new(shape, q, k, options);
-    let d = shape.head_dim as usize;
+    let (d, d_v) = (shape.head_dim as usize, shape.head_dim_v as usize);
     let mut dq = vec![0.0; shape.q_elems()];
-    let mut dk = vec![0.0; shape.kv_elems()];
-    let mut dv = vec![0.0; shape.kv_elems()];
+    let mut dk = vec![0.0; shape.k_elems()];
+    let mut dv = vec![0.0; shape.v_elems()];
     let mut d_sinks = problem.sinks.as_ref().map(|s| vec![0.0; s.len()]);
-    let mut o = vec![0.0; d];
+    let mut o = vec![0.0; d_v];
     for row in problem.rows() {
-        let q_off = problem.row_offset(&row);
-        let d_o_row = &d_o[q_off..q_off + d];
-        let support: Vec<(usize, f64, f64, usize)> = row
+        let (q_off, o_off) = (
+            problem.row_offset(&row, shape.head_dim),
+            problem.row_offset(&row, shape.head_dim_v),
+        );
+        let d_o_row = &d_o[o_off..o_off + d_v];
+        // (key, P, Z, offset in K/dK, offset in V/dV)
+        let support: Vec<(usize, f64, f64, usize, usize)> = row
             .softmax
             .support()
             .map(|(j, p)| {
@@ -82,31 +86,34 @@ fn gradients(
                     j,
                     p,
                     problem.multiplier(&row, j),
-                    problem.key_offset(&row, j),
+                    problem.key_offset(&row, j, shape.head_dim),
+                    problem.key_offset(&row, j, shape.head_dim_v),
                 )
             })
             .collect();
         o.fill(0.0);
-        for &(_, p, z, kv) in &support {
-            for c in 0..d {
-                o[c] += p * z * v[kv + c];
+        for &(_, p, z, _, vo) in &support {
+            for c in 0..d_v {
+                o[c] += p * z * v[vo + c];
             }
         }
         let row_dot = match given_o {
-            Some(given) => dot(d_o_row, &given[q_off..q_off + d]),
+            Some(given) => dot(d_o_row, &given[o_off..o_off + d_v]),
             None => dot(d_o_row, &o),
         };
         // ∂LSE/∂σ = P_sink, and O moves with every P_j = e^{s_j − LSE}: dσ = −P_sink · D.
         if let Some(d_sinks) = &mut d_sinks {
             d_sinks[row.head as usize] -= row.softmax.sink_prob * row_dot;
         }
-        for &(j, p, z, kv) in &support {
-            let dp = z * dot(d_o_row, &v[kv..kv + d]);
+        for &(j, p, z, ko, vo) in &support {
+            let dp = z * dot(d_o_row, &v[vo..vo + d_v]);
             let ds = p * (dp - row_dot) * row.softmax.grad(j);
+            for c in 0..d_v {
+                dv[vo + c] += p * z * d_o_row[c];
+            }
             for c in 0..d {
-                dv[kv + c] += p * z * d_o_row[c];
-                dq[q_off + c] += problem.scale * ds * k[kv + c];
-                dk[kv + c] += problem.scale * ds * q[q_off + c];
+                dq[q_off + c] += problem.scale * ds * k[ko + c];
+                dk[ko + c] += problem.scale * ds * q[q_off + c];
             }
         }
     }

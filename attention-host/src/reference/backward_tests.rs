@@ -33,13 +33,13 @@ fn check_by_finite_differences(s: &AttentionShape, options: &AttentionOptions, s
     );
     assert_relative_eq!(
         grads.dk[..],
-        numeric(|x| &mut x.k, s.kv_elems())[..],
+        numeric(|x| &mut x.k, s.k_elems())[..],
         epsilon = 1e-8,
         max_relative = 0.0
     );
     assert_relative_eq!(
         grads.dv[..],
-        numeric(|x| &mut x.v, s.kv_elems())[..],
+        numeric(|x| &mut x.v, s.v_elems())[..],
         epsilon = 1e-8,
         max_relative = 0.0
     );
@@ -303,4 +303,40 @@ fn a_one_key_row_moves_with_the_given_output() {
         let want = scale * (-x.d_o[2] * eps) * x.k[c];
         assert_relative_eq!(got.dq[c], want, max_relative = 1e-9);
     }
+}
+
+/// V and O rows of another head dim than Q and K (narrower, as DeepSeek's 192/128, and wider),
+/// with GQA, causal alignment, dropout, score modifiers and sinks.
+#[test]
+fn finite_differences_with_a_value_head_dim_of_its_own() {
+    check_by_finite_differences(
+        &shape(1, 4, 5, 2, 1, 3).with_head_dim_v(2),
+        &AttentionOptions::new().causal(true),
+        70,
+    );
+    check_by_finite_differences(
+        &shape(2, 3, 4, 2, 2, 2).with_head_dim_v(5),
+        &AttentionOptions::new()
+            .dropout(0.3, 4, 1)
+            .key_lengths(vec![4, 2]),
+        71,
+    );
+    check_by_finite_differences(
+        &shape(1, 5, 5, 2, 1, 4).with_head_dim_v(1),
+        &AttentionOptions::new()
+            .window(1, 1)
+            .softcap(1.1)
+            .alibi_slopes(vec![0.3, 0.6])
+            .sinks(vec![0.2, -0.4]),
+        72,
+    );
+    let s = shape(1, 3, 4, 2, 1, 3).with_head_dim_v(2);
+    let x = inputs(&s, 73);
+    let g = backward(&s, &x.q, &x.k, &x.v, &x.d_o, &AttentionOptions::new()).unwrap();
+    assert_eq!(
+        (g.dq.len(), g.dk.len(), g.dv.len()),
+        (s.q_elems(), s.k_elems(), s.v_elems())
+    );
+    let wrong_d_o = backward(&s, &x.q, &x.k, &x.v, &x.q, &AttentionOptions::new());
+    assert!(wrong_d_o.unwrap_err().to_string().contains("d_o"));
 }

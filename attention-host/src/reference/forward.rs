@@ -7,7 +7,7 @@ use super::validate::check;
 use crate::error::{Result, invalid};
 use crate::options::AttentionOptions;
 
-/// `o`: `[batch, n_q, heads_q, head_dim]`; `lse`: `[batch, heads_q, n_q]`, `−∞` for rows with no
+/// `o`: `[batch, n_q, heads_q, head_dim_v]`; `lse`: `[batch, heads_q, n_q]`, `−∞` for rows with no
 /// allowed key.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Forward {
@@ -15,8 +15,8 @@ pub struct Forward {
     pub lse: Vec<f64>,
 }
 
-/// Exact attention in f64 for `q` (`[batch, n_q, heads_q, d]`) and `k`, `v` (`[batch, n_k,
-/// heads_kv, d]`) under `options`.
+/// Exact attention in f64 for `q` (`[batch, n_q, heads_q, head_dim]`), `k` (`[batch, n_k,
+/// heads_kv, head_dim]`) and `v` (`[batch, n_k, heads_kv, head_dim_v]`) under `options`.
 pub fn forward(
     shape: &AttentionShape,
     q: &[f64],
@@ -25,13 +25,13 @@ pub fn forward(
     options: &AttentionOptions,
 ) -> Result<Forward> {
     let problem = checked_problem(shape, q, k, v, options)?;
-    let d = shape.head_dim as usize;
-    let mut o = vec![0.0; shape.q_elems()];
+    let d = shape.head_dim_v as usize;
+    let mut o = vec![0.0; shape.o_elems()];
     let mut lse = vec![f64::NEG_INFINITY; shape.row_elems()];
     for row in problem.rows() {
         lse[problem.lse_index(row.seq.item, row.head, row.seq.q_start + row.local)] =
             row.softmax.lse;
-        let o_off = problem.row_offset(&row);
+        let o_off = problem.row_offset(&row, shape.head_dim_v);
         accumulate_row(&problem, &row, v, &mut o[o_off..o_off + d]);
     }
     Ok(Forward { o, lse })
@@ -39,7 +39,7 @@ pub fn forward(
 
 /// `O` of selected rows only, for shapes whose full reference would take too long: each entry of
 /// `rows` is `(batch item, query head, query row)` in tensor coordinates; the result holds their
-/// `head_dim` outputs one after another, equal to the same rows of [`forward`].
+/// `head_dim_v` outputs one after another, equal to the same rows of [`forward`].
 pub fn forward_rows(
     shape: &AttentionShape,
     q: &[f64],
@@ -49,7 +49,7 @@ pub fn forward_rows(
     rows: &[(u32, u32, u32)],
 ) -> Result<Vec<f64>> {
     let problem = checked_problem(shape, q, k, v, options)?;
-    let d = shape.head_dim as usize;
+    let d = shape.head_dim_v as usize;
     let mut o = vec![0.0; rows.len() * d];
     for (out, &(item, head, t)) in o.chunks_mut(d).zip(rows) {
         let Some(row) = problem.row_at(item, head, t) else {
@@ -75,8 +75,8 @@ fn checked_problem<'a>(
         options,
         &[
             ("q", q.len(), AttentionShape::q_elems),
-            ("k", k.len(), AttentionShape::kv_elems),
-            ("v", v.len(), AttentionShape::kv_elems),
+            ("k", k.len(), AttentionShape::k_elems),
+            ("v", v.len(), AttentionShape::v_elems),
         ],
     )?;
     Ok(Problem::new(shape, q, k, options))
@@ -86,7 +86,7 @@ fn checked_problem<'a>(
 fn accumulate_row(problem: &Problem, row: &Row, v: &[f64], out: &mut [f64]) {
     for (j, p) in row.softmax.support() {
         let weight = p * problem.multiplier(row, j);
-        let v_off = problem.key_offset(row, j);
+        let v_off = problem.key_offset(row, j, problem.shape.head_dim_v);
         for (o_c, v_c) in out.iter_mut().zip(&v[v_off..]) {
             *o_c += weight * v_c;
         }

@@ -91,10 +91,10 @@ fn matches_the_online_state_fold_under_masks_and_gqa() {
         let out = forward(&s, &x.q, &x.k, &x.v, &options).unwrap();
         let problem = super::super::row::Problem::new(&s, &x.q, &x.k, &options);
         for row in problem.rows() {
-            let q_off = problem.row_offset(&row);
+            let q_off = problem.row_offset(&row, D as u32);
             let scores = &row.softmax.scores;
             let values: Vec<[f64; D]> = (0..scores.len())
-                .map(|j| core::array::from_fn(|c| x.v[problem.key_offset(&row, j) + c]))
+                .map(|j| core::array::from_fn(|c| x.v[problem.key_offset(&row, j, D as u32) + c]))
                 .collect();
             let state = (0..scores.len())
                 .step_by(3)
@@ -255,7 +255,7 @@ fn dropout_mask_is_the_philox_keep_bit_at_every_coordinate() {
     let (cu_q, cu_k) = (vec![0u32, 3, 7], vec![0u32, 5, 8]);
     let s = shape(1, 7, 8, 4, 2, 8);
     let x = inputs(&s, 6);
-    let mut v = vec![0.0; s.kv_elems()];
+    let mut v = vec![0.0; s.v_elems()];
     for key in 0..8 {
         for g in 0..2 {
             let local = if key < 5 { key } else { key - 5 };
@@ -436,4 +436,40 @@ fn forward_rows_equal_the_same_rows_of_forward() {
     assert!(matches!(err, AttentionError::InvalidInput(_)), "{err}");
     let err = forward_rows(&s, &x.q, &x.k, &x.v, &options, &[(0, 4, 0)]).unwrap_err();
     assert!(matches!(err, AttentionError::InvalidInput(_)), "{err}");
+}
+
+/// O of a value head dim other than the query/key one equals O of V padded with zero columns to
+/// the query/key head dim (or of Q and K padded to a wider V), cut to its own columns; the
+/// scale defaults to `1/√head_dim` of Q and K; the LSE does not depend on V.
+#[test]
+fn a_value_head_dim_of_its_own_is_zero_padding_cut_off() {
+    let pad = |x: &[f64], rows: usize, from: usize, to: usize| -> Vec<f64> {
+        (0..rows)
+            .flat_map(|r| (0..to).map(move |c| if c < from { x[r * from + c] } else { 0.0 }))
+            .collect()
+    };
+    for (d, d_v) in [(6u32, 4u32), (3, 5)] {
+        let s = shape(2, 5, 7, 4, 2, d).with_head_dim_v(d_v);
+        let x = inputs(&s, 8);
+        let options = AttentionOptions::new().causal(true).key_lengths(vec![7, 3]);
+        let got = forward(&s, &x.q, &x.k, &x.v, &options).unwrap();
+        let wide = d.max(d_v);
+        let padded = shape(2, 5, 7, 4, 2, wide);
+        let (q_rows, k_rows) = ((2 * 5 * 4) as usize, (2 * 7 * 2) as usize);
+        let (q, k, v) = (
+            pad(&x.q, q_rows, d as usize, wide as usize),
+            pad(&x.k, k_rows, d as usize, wide as usize),
+            pad(&x.v, k_rows, d_v as usize, wide as usize),
+        );
+        let scaled = options.clone().scale(1.0 / (d as f32).sqrt());
+        let want = forward(&padded, &q, &k, &v, &scaled).unwrap();
+        let cut: Vec<f64> = want
+            .o
+            .chunks(wide as usize)
+            .flat_map(|row| row[..d_v as usize].to_vec())
+            .collect();
+        assert_eq!(got.o.len(), s.o_elems());
+        assert_relative_eq!(got.o[..], cut[..], max_relative = 1e-13);
+        assert_relative_eq!(got.lse[..], want.lse[..], max_relative = 1e-13);
+    }
 }

@@ -54,18 +54,20 @@ impl<'a> Problem<'a> {
         }
     }
 
-    /// Offset of row `t` of head `h` of batch item `item` in a `[batch, n_q, heads_q, d]` tensor.
-    pub fn q_offset(&self, item: u32, t: u32, h: u32) -> usize {
+    /// Offset of row `t` of head `h` of batch item `item` in a `[batch, n_q, heads_q, dim]`
+    /// tensor (`dim`: `head_dim` for Q and dQ, `head_dim_v` for O and dO).
+    pub fn q_offset(&self, item: u32, t: u32, h: u32, dim: u32) -> usize {
         let s = &self.shape;
         ((item as usize * s.n_q as usize + t as usize) * s.heads_q as usize + h as usize)
-            * s.head_dim as usize
+            * dim as usize
     }
 
-    /// Offset of key `t` of K/V head `g` of batch item `item` in a `[batch, n_k, heads_kv, d]` tensor.
-    pub fn kv_offset(&self, item: u32, t: u32, g: u32) -> usize {
+    /// Offset of key `t` of K/V head `g` of batch item `item` in a `[batch, n_k, heads_kv, dim]`
+    /// tensor (`dim`: `head_dim` for K and dK, `head_dim_v` for V and dV).
+    pub fn kv_offset(&self, item: u32, t: u32, g: u32, dim: u32) -> usize {
         let s = &self.shape;
         ((item as usize * s.n_k as usize + t as usize) * s.heads_kv as usize + g as usize)
-            * s.head_dim as usize
+            * dim as usize
     }
 
     /// Index of row `t` of head `h` of batch item `item` in the `[batch, heads_q, n_q]` LSE.
@@ -74,17 +76,18 @@ impl<'a> Problem<'a> {
         (item as usize * s.heads_q as usize + h as usize) * s.n_q as usize + t as usize
     }
 
-    /// Offset of the Q/O/dO row of `row`.
-    pub fn row_offset(&self, row: &Row) -> usize {
-        self.q_offset(row.seq.item, row.seq.q_start + row.local, row.head)
+    /// Offset of the Q/dQ row of `row` (O/dO with `dim = head_dim_v`).
+    pub fn row_offset(&self, row: &Row, dim: u32) -> usize {
+        self.q_offset(row.seq.item, row.seq.q_start + row.local, row.head, dim)
     }
 
-    /// Offset of local key `j` of `row`'s sequence in K/V/dK/dV.
-    pub fn key_offset(&self, row: &Row, j: usize) -> usize {
+    /// Offset of local key `j` of `row`'s sequence in K/dK (V/dV with `dim = head_dim_v`).
+    pub fn key_offset(&self, row: &Row, j: usize, dim: u32) -> usize {
         self.kv_offset(
             row.seq.item,
             row.seq.k_start + j as u32,
             self.shape.kv_head(row.head),
+            dim,
         )
     }
 
@@ -116,8 +119,9 @@ impl<'a> Problem<'a> {
     }
 
     fn row(&self, seq: Sequence, head: u32, local: u32) -> Row {
-        let d = self.shape.head_dim as usize;
-        let q_off = self.q_offset(seq.item, seq.q_start + local, head);
+        let dim = self.shape.head_dim;
+        let d = dim as usize;
+        let q_off = self.q_offset(seq.item, seq.q_start + local, head, dim);
         let q = &self.q[q_off..q_off + d];
         let (start, end) = key_range(local, seq.n_q, seq.n_k, self.causal, self.window);
         let score_mod = self.score_mod(head);
@@ -126,7 +130,8 @@ impl<'a> Problem<'a> {
                 if j < start {
                     return (f64::NEG_INFINITY, 0.0);
                 }
-                let k_off = self.kv_offset(seq.item, seq.k_start + j, self.shape.kv_head(head));
+                let k_off =
+                    self.kv_offset(seq.item, seq.k_start + j, self.shape.kv_head(head), dim);
                 let s = self.scale * dot(q, &self.k[k_off..k_off + d]);
                 score_mod.apply(s, local, j, seq.n_q, seq.n_k)
             })

@@ -105,7 +105,7 @@ fn brute_force(
 ) -> (Vec<f64>, Vec<f64>) {
     let d = s.head_dim as usize;
     let tau = o.scale_for(s.head_dim) as f64;
-    let mut out = vec![0.0; s.q_elems()];
+    let mut out = vec![0.0; s.o_elems()];
     let mut lse = vec![0.0; s.row_elems()];
     for h in 0..s.heads_q as usize {
         let g = s.kv_head(h as u32) as usize;

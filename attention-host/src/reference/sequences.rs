@@ -61,6 +61,7 @@ mod tests {
             heads_q: 1,
             heads_kv: 1,
             head_dim: 1,
+            head_dim_v: 1,
         };
         let seqs = sequences(
             &shape,
@@ -85,6 +86,7 @@ mod tests {
             heads_q: 1,
             heads_kv: 1,
             head_dim: 1,
+            head_dim_v: 1,
         };
         let seqs = sequences(&shape, &Lengths::KeyLengths(vec![4, 1]));
         assert_eq!(

@@ -19,6 +19,7 @@ pub fn shape(
         heads_q,
         heads_kv,
         head_dim,
+        head_dim_v: head_dim,
     }
 }
 
@@ -39,8 +40,8 @@ pub fn inputs(shape: &AttentionShape, seed: u64) -> Inputs {
     };
     Inputs {
         q: draw(shape.q_elems()),
-        k: draw(shape.kv_elems()),
-        v: draw(shape.kv_elems()),
-        d_o: draw(shape.q_elems()),
+        k: draw(shape.k_elems()),
+        v: draw(shape.v_elems()),
+        d_o: draw(shape.o_elems()),
     }
 }

@@ -105,7 +105,9 @@ impl ForwardStrides {
     pub const fn contiguous(shape: &AttentionShape) -> ForwardStrides {
         let q = TensorStrides::contiguous(shape.n_q, shape.heads_q, shape.head_dim);
         let k = TensorStrides::contiguous(shape.n_k, shape.heads_kv, shape.head_dim);
-        ForwardStrides { q, k, v: k, o: q }
+        let v = TensorStrides::contiguous(shape.n_k, shape.heads_kv, shape.head_dim_v);
+        let o = TensorStrides::contiguous(shape.n_q, shape.heads_q, shape.head_dim_v);
+        ForwardStrides { q, k, v, o }
     }
 }
 
@@ -129,15 +131,17 @@ impl BackwardStrides {
     pub const fn contiguous(shape: &AttentionShape) -> BackwardStrides {
         let q = TensorStrides::contiguous(shape.n_q, shape.heads_q, shape.head_dim);
         let k = TensorStrides::contiguous(shape.n_k, shape.heads_kv, shape.head_dim);
+        let v = TensorStrides::contiguous(shape.n_k, shape.heads_kv, shape.head_dim_v);
+        let o = TensorStrides::contiguous(shape.n_q, shape.heads_q, shape.head_dim_v);
         BackwardStrides {
             q,
             k,
-            v: k,
-            o: q,
-            d_o: q,
+            v,
+            o,
+            d_o: o,
             dq: q,
             dk: k,
-            dv: k,
+            dv: v,
         }
     }
 }
@@ -298,7 +302,7 @@ pub struct MergeParams {
 }
 
 /// The split-KV decode (`kernels::decode`): Q, K, V f16 or bf16 `[batch, seq, heads, head_dim]`
-/// (K and V a page pool when `pages` is paged); split `p` writes its partial O (f32, O's layout) at `o_part + p · q_elems` and its partial LSE
+/// (K and V a page pool when `pages` is paged); split `p` writes its partial O (f32, O's layout) at `o_part + p · o_elems` and its partial LSE
 /// (f32, natural log, LSE's layout) at `lse_part + p · row_elems` (elements), which
 /// [`MergeParams`]' strided combine merges.
 #[repr(C)]

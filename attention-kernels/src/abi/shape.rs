@@ -2,6 +2,9 @@
 //! reference.
 
 /// Shape of one attention call. `heads_q % heads_kv == 0` (GQA/MQA when `heads_kv < heads_q`).
+/// Q, K, dQ and dK rows hold `head_dim` elements; V, O, dV and dO rows hold `head_dim_v`, which
+/// most models keep equal to `head_dim` ([`AttentionShape::new`]) and some do not (DeepSeek's
+/// MLA: 192 for `Q·Kᵀ`, 128 for V).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AttentionShape {
@@ -10,17 +13,59 @@ pub struct AttentionShape {
     pub n_k: u32,
     pub heads_q: u32,
     pub heads_kv: u32,
+    /// Head dim of Q and K: the inner dimension of the scores.
     pub head_dim: u32,
+    /// Head dim of V and O.
+    pub head_dim_v: u32,
 }
 
 impl AttentionShape {
-    /// Elements of Q or O.
+    /// A shape whose V and O rows have the head dim of Q and K.
+    pub const fn new(
+        batch: u32,
+        n_q: u32,
+        n_k: u32,
+        heads_q: u32,
+        heads_kv: u32,
+        head_dim: u32,
+    ) -> Self {
+        AttentionShape {
+            batch,
+            n_q,
+            n_k,
+            heads_q,
+            heads_kv,
+            head_dim,
+            head_dim_v: head_dim,
+        }
+    }
+    /// The same shape with V and O rows of `head_dim_v` elements.
+    pub const fn with_head_dim_v(self, head_dim_v: u32) -> Self {
+        AttentionShape { head_dim_v, ..self }
+    }
+    /// The larger of the two head dims: what a kernel's tiles are padded to.
+    pub const fn widest_head_dim(&self) -> u32 {
+        if self.head_dim > self.head_dim_v {
+            self.head_dim
+        } else {
+            self.head_dim_v
+        }
+    }
+    /// Elements of Q or dQ.
     pub const fn q_elems(&self) -> usize {
         self.batch as usize * self.n_q as usize * self.heads_q as usize * self.head_dim as usize
     }
-    /// Elements of K or V.
-    pub const fn kv_elems(&self) -> usize {
+    /// Elements of O or dO.
+    pub const fn o_elems(&self) -> usize {
+        self.batch as usize * self.n_q as usize * self.heads_q as usize * self.head_dim_v as usize
+    }
+    /// Elements of K or dK.
+    pub const fn k_elems(&self) -> usize {
         self.batch as usize * self.n_k as usize * self.heads_kv as usize * self.head_dim as usize
+    }
+    /// Elements of V or dV.
+    pub const fn v_elems(&self) -> usize {
+        self.batch as usize * self.n_k as usize * self.heads_kv as usize * self.head_dim_v as usize
     }
     /// Elements of one materialized `[batch, heads_q, n_q, n_k]` score or probability tensor.
     pub const fn score_elems(&self) -> usize {

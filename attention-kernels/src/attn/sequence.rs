@@ -127,22 +127,44 @@ impl Sequence {
     /// [`Sequence::q_row`] in a contiguous tensor, for the kernels that take no strides (exact,
     /// decode): the same offset, in the arithmetic order those kernels were tuned with (the
     /// strided form costs the decode kernels registers); `abi::layout`'s tests check the two
-    /// agree.
+    /// agree. Q and dQ rows: `head_dim` elements.
     #[inline(always)]
     pub fn q_offset(&self, shape: &AttentionShape, i: u32, h: u32) -> usize {
-        ((self.batch as usize * shape.n_q as usize + (self.q_start + i) as usize)
-            * shape.heads_q as usize
-            + h as usize)
-            * shape.head_dim as usize
+        self.q_row_index(shape, i, h) * shape.head_dim as usize
     }
 
-    /// [`Sequence::k_row`] in a contiguous tensor (as [`Sequence::q_offset`]).
+    /// [`Sequence::q_offset`] in O or dO, whose rows hold `head_dim_v` elements.
+    #[inline(always)]
+    pub fn o_offset(&self, shape: &AttentionShape, i: u32, h: u32) -> usize {
+        self.q_row_index(shape, i, h) * shape.head_dim_v as usize
+    }
+
+    /// [`Sequence::k_row`] in a contiguous tensor (as [`Sequence::q_offset`]): K and dK.
     #[inline(always)]
     pub fn k_offset(&self, shape: &AttentionShape, j: u32, hk: u32) -> usize {
-        ((self.batch as usize * shape.n_k as usize + (self.k_start + j) as usize)
+        self.k_row_index(shape, j, hk) * shape.head_dim as usize
+    }
+
+    /// [`Sequence::k_offset`] in V or dV, whose rows hold `head_dim_v` elements.
+    #[inline(always)]
+    pub fn v_offset(&self, shape: &AttentionShape, j: u32, hk: u32) -> usize {
+        self.k_row_index(shape, j, hk) * shape.head_dim_v as usize
+    }
+
+    /// Row of (local query row `i`, head `h`) in a contiguous `[batch, n_q, heads_q, ·]` tensor.
+    #[inline(always)]
+    fn q_row_index(&self, shape: &AttentionShape, i: u32, h: u32) -> usize {
+        (self.batch as usize * shape.n_q as usize + (self.q_start + i) as usize)
+            * shape.heads_q as usize
+            + h as usize
+    }
+
+    /// Row of (local key `j`, K/V head `hk`) in a contiguous `[batch, n_k, heads_kv, ·]` tensor.
+    #[inline(always)]
+    fn k_row_index(&self, shape: &AttentionShape, j: u32, hk: u32) -> usize {
+        (self.batch as usize * shape.n_k as usize + (self.k_start + j) as usize)
             * shape.heads_kv as usize
-            + hk as usize)
-            * shape.head_dim as usize
+            + hk as usize
     }
 
     /// Index of (local query row `i`, head `h`) in LSE or D.

@@ -135,7 +135,7 @@ unsafe fn softmax<T: Storage>(p: &MaterializedSoftmaxParams) {
     }
 }
 
-/// Stage 3. Grid `(⌈d/16⌉, ⌈n_q/16⌉, batch·heads_q)`, block `16×16`, shared `2·16·17` f32.
+/// Stage 3. Grid `(⌈d_v/16⌉, ⌈n_q/16⌉, batch·heads_q)`, block `16×16`, shared `2·16·17` f32.
 unsafe fn output<T: Storage>(p: &MaterializedOutputParams) {
     let s = p.shape;
     let (tx, ty) = (thread_x(), thread_y());
@@ -143,7 +143,7 @@ unsafe fn output<T: Storage>(p: &MaterializedOutputParams) {
     let hk = s.kv_head(h);
     let i = block_y() * TILE + ty;
     let c = block_x() * TILE + tx;
-    let d = s.head_dim as usize;
+    let d = s.head_dim_v as usize;
     let (prob, v) = (p.p as *const T, p.v as *const T);
     let p_row = (b as usize * s.heads_q as usize + h as usize) * s.n_q as usize;
     let v_at = |j: u32, c: u32| {
@@ -166,7 +166,7 @@ unsafe fn output<T: Storage>(p: &MaterializedOutputParams) {
                 0.0
             };
             let vj = j0 + ty;
-            let vv = if vj < s.n_k && c < s.head_dim {
+            let vv = if vj < s.n_k && c < s.head_dim_v {
                 (*v.add(v_at(vj, c))).to_f32()
             } else {
                 0.0
@@ -184,7 +184,7 @@ unsafe fn output<T: Storage>(p: &MaterializedOutputParams) {
         sync_threads();
         j0 += TILE;
     }
-    if i < s.n_q && c < s.head_dim {
+    if i < s.n_q && c < s.head_dim_v {
         let at = ((b as usize * s.n_q as usize + i as usize) * s.heads_q as usize + h as usize) * d
             + c as usize;
         // SAFETY: `at` is inside O.

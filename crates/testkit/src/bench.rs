@@ -54,6 +54,7 @@ pub fn anchor_cases() -> Vec<(AttentionShape, bool)> {
                 heads_q: 2048 / d,
                 heads_kv: 2048 / d,
                 head_dim: d,
+                head_dim_v: d,
             };
             cases.push((shape, false));
             cases.push((shape, true));
@@ -76,6 +77,7 @@ pub fn window_cases() -> Vec<(AttentionShape, Option<(u32, u32)>)> {
         heads_q: 16,
         heads_kv: 16,
         head_dim: 128,
+        head_dim_v: 128,
     };
     vec![
         (shape(1, 16384), None),
@@ -104,6 +106,7 @@ pub fn headdim_cases() -> Vec<(AttentionShape, bool)> {
             heads_q: heads,
             heads_kv: heads,
             head_dim: d,
+            head_dim_v: d,
         };
         cases.push((shape, false));
         cases.push((shape, true));
@@ -120,6 +123,7 @@ pub fn running_fixture() -> AttentionShape {
         heads_q: 32,
         heads_kv: 32,
         head_dim: 128,
+        head_dim_v: 128,
     }
 }
 

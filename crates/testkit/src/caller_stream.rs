@@ -48,9 +48,9 @@ impl Inputs {
     pub fn new(seed: u64, shape: &AttentionShape) -> Inputs {
         Inputs {
             q: bf16_values(seed, shape.q_elems()),
-            k: bf16_values(seed ^ 1, shape.kv_elems()),
-            v: bf16_values(seed ^ 2, shape.kv_elems()),
-            d_o: bf16_values(seed ^ 3, shape.q_elems()),
+            k: bf16_values(seed ^ 1, shape.k_elems()),
+            v: bf16_values(seed ^ 2, shape.v_elems()),
+            d_o: bf16_values(seed ^ 3, shape.o_elems()),
         }
     }
 }
@@ -70,7 +70,7 @@ pub fn forward_backward(
 ) -> Results {
     let up = |v: &[bf16]| stream.clone_htod(v).unwrap();
     let (q, k, v, d_o) = (up(&x.q), up(&x.k), up(&x.v), up(&x.d_o));
-    let mut o = poisoned(stream, bf16::NAN, shape.q_elems());
+    let mut o = poisoned(stream, bf16::NAN, shape.o_elems());
     let mut lse = poisoned(stream, f32::NAN, shape.row_elems());
     let r = |t| TensorRef::new(t, stream);
     forward_on(
@@ -86,8 +86,8 @@ pub fn forward_backward(
     .unwrap();
     let mut g = [
         poisoned(stream, bf16::NAN, shape.q_elems()),
-        poisoned(stream, bf16::NAN, shape.kv_elems()),
-        poisoned(stream, bf16::NAN, shape.kv_elems()),
+        poisoned(stream, bf16::NAN, shape.k_elems()),
+        poisoned(stream, bf16::NAN, shape.v_elems()),
     ];
     {
         let [g_q, g_k, g_v] = &mut g;

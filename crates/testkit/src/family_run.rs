@@ -79,7 +79,7 @@ fn forward_on(
     (q, k, v): (&DeviceTensor, &DeviceTensor, &DeviceTensor),
 ) -> Option<(Vec<f32>, Vec<f32>)> {
     let fwd_plan = flash_attn::plan(gpu, shape, dt, options, Direction::Forward).ok()?;
-    let o = DeviceTensor::poisoned(dt, shape.q_elems()).unwrap();
+    let o = DeviceTensor::poisoned(dt, shape.o_elems()).unwrap();
     let lse = DeviceF32::poisoned(shape.row_elems()).unwrap();
     let ran = flash_attn::forward_into(gpu, shape, q, k, v, &o, &lse, options).unwrap();
     assert_eq!(

@@ -147,6 +147,7 @@ mod tests {
             heads_q: 1,
             heads_kv: 1,
             head_dim: 1,
+            head_dim_v: 1,
         };
         let options = AttentionOptions::new().scale(1.0);
         let (q, k, v) = ([3f32.ln(), 0.0], [0.0f32, 1.0], [4.0f32, 8.0]);
@@ -174,13 +175,14 @@ mod tests {
             heads_q: 4,
             heads_kv: 2,
             head_dim: 8,
+            head_dim_v: 8,
         };
         let wave =
             |n: usize, k: f32| -> Vec<f32> { (0..n).map(|x| (x as f32 * k).sin() * 1.5).collect() };
         let (q, k, v, d_o) = (
             wave(shape.q_elems(), 0.7),
-            wave(shape.kv_elems(), 1.3),
-            wave(shape.kv_elems(), 2.1),
+            wave(shape.k_elems(), 1.3),
+            wave(shape.v_elems(), 2.1),
             wave(shape.q_elems(), 0.37),
         );
         let at = |t: &[f32]| t.to_vec();

@@ -63,7 +63,7 @@ pub(crate) fn launch_forward(
         },
         o_base: o_part,
         lse_base: lse_part,
-        o_part_stride: 4 * shape.q_elems() as u64,
+        o_part_stride: 4 * shape.o_elems() as u64,
         lse_part_stride: 4 * shape.row_elems() as u64,
         o: o.device_ptr(),
         lse: lse.device_ptr(),

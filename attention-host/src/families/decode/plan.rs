@@ -78,6 +78,12 @@ pub(crate) fn plan(
             "has fixed tiles; the paper's schedule and explicit (B_r, B_c) are exact's".into(),
         );
     }
+    if s.head_dim_v != s.head_dim {
+        return Err(format!(
+            "takes one head dim for Q, K and V (head_dim {} and head_dim_v {} differ)",
+            s.head_dim, s.head_dim_v
+        ));
+    }
     if !HEAD_DIMS.contains(&s.head_dim) {
         return Err(format!(
             "is compiled for head_dim 64 and 128, not {}",
@@ -115,7 +121,7 @@ pub(crate) fn plan(
         combine: o.decode_combine,
     };
     let pieces = [
-        ("o_partial", splits as u64 * s.q_elems() as u64),
+        ("o_partial", splits as u64 * s.o_elems() as u64),
         ("lse_partial", splits as u64 * s.row_elems() as u64),
     ];
     Ok(Plan {
@@ -156,6 +162,7 @@ mod tests {
             heads_q,
             heads_kv,
             head_dim: 128,
+            head_dim_v: 128,
         }
     }
 
@@ -319,6 +326,7 @@ mod tests {
             (
                 AttentionShape {
                     head_dim: 96,
+                    head_dim_v: 96,
                     ..one
                 },
                 DType::F16,

@@ -24,15 +24,17 @@ pub enum KernelFamily {
 }
 
 impl KernelFamily {
-    /// Shared memory the family's kernels need with these sizes, in bytes.
-    pub fn shared_bytes(self, b: BlockSizes, head_dim: u32) -> u64 {
-        let (br, bc, d) = (b.block_rows as u64, b.block_cols as u64, head_dim as u64);
-        let floats = |f: fn(u32, u32, u32) -> u32| {
+    /// Shared memory the family's kernels need with these sizes, in bytes, for Q and K rows of
+    /// `head_dim` elements and V and O rows of `head_dim_v`.
+    pub fn shared_bytes(self, b: BlockSizes, head_dim: u32, head_dim_v: u32) -> u64 {
+        let (br, bc) = (b.block_rows as u64, b.block_cols as u64);
+        let widest = head_dim.max(head_dim_v) as u64;
+        let floats = |f: fn(u32, u32, u32, u32) -> u32| {
             // Evaluate in u64: explicit sizes may be large enough to overflow the u32 sums.
-            if br * bc * d > u32::MAX as u64 / 16 {
+            if br * bc * widest > u32::MAX as u64 / 16 {
                 u64::MAX / 4
             } else {
-                f(br as u32, bc as u32, d as u32) as u64
+                f(br as u32, bc as u32, head_dim, head_dim_v) as u64
             }
         };
         4 * match self {
@@ -54,32 +56,34 @@ pub fn paper_block_sizes(m_elems: u32, d: u32) -> BlockSizes {
 }
 
 /// The sizes a call uses: `explicit` when given (checked to fit), else the paper's sizes for a
-/// device with `shared_limit` bytes per block, shrunk to fit as described above.
+/// device with `shared_limit` bytes per block (for the wider of `head_dim`, Q's and K's, and
+/// `head_dim_v`, V's and O's), shrunk to fit as described above.
 pub fn choose_block_sizes(
     family: KernelFamily,
-    head_dim: u32,
+    (head_dim, head_dim_v): (u32, u32),
     shared_limit: u32,
     explicit: Option<BlockSizes>,
 ) -> Result<BlockSizes> {
-    let fits = |b: BlockSizes| family.shared_bytes(b, head_dim) <= shared_limit as u64;
+    let bytes = |b: BlockSizes| family.shared_bytes(b, head_dim, head_dim_v);
+    let fits = |b: BlockSizes| bytes(b) <= shared_limit as u64;
     if let Some(b) = explicit {
         if b.block_rows == 0 || b.block_cols == 0 {
             return Err(invalid!("block sizes must be at least 1, got {b:?}"));
         }
         if !fits(b) {
             return Err(invalid!(
-                "block sizes {b:?} with head_dim {head_dim} need {} bytes of shared memory for the {family:?} \
+                "block sizes {b:?} with head_dim {head_dim} (head_dim_v {head_dim_v}) need {} bytes of shared memory for the {family:?} \
                  kernels, the device allows {shared_limit}",
-                family.shared_bytes(b, head_dim)
+                bytes(b)
             ));
         }
         return Ok(b);
     }
-    let mut b = paper_block_sizes(shared_limit / 4, head_dim);
+    let mut b = paper_block_sizes(shared_limit / 4, head_dim.max(head_dim_v));
     while !fits(b) {
         if b.block_rows == 1 && b.block_cols == 1 {
             return Err(invalid!(
-                "head_dim {head_dim} does not fit the {family:?} kernels in {shared_limit} bytes"
+                "head_dim {head_dim} (head_dim_v {head_dim_v}) does not fit the {family:?} kernels in {shared_limit} bytes"
             ));
         }
         let shrink = |x: u32| x.saturating_sub(8).max(1);
@@ -121,9 +125,9 @@ mod tests {
     fn chosen_sizes_fit_and_stay_paper_sized_when_they_can() {
         for d in [16, 32, 40, 64, 80, 96, 128, 256] {
             for family in [KernelFamily::Forward, KernelFamily::Backward] {
-                let b = choose_block_sizes(family, d, H200, None).unwrap();
+                let b = choose_block_sizes(family, (d, d), H200, None).unwrap();
                 assert!(
-                    family.shared_bytes(b, d) <= H200 as u64,
+                    family.shared_bytes(b, d, d) <= H200 as u64,
                     "{family:?} d={d} {b:?}"
                 );
                 let paper = paper_block_sizes(H200 / 4, d);
@@ -131,7 +135,7 @@ mod tests {
             }
         }
         assert_eq!(
-            choose_block_sizes(KernelFamily::Forward, 64, H200, None).unwrap(),
+            choose_block_sizes(KernelFamily::Forward, (64, 64), H200, None).unwrap(),
             BlockSizes {
                 block_rows: 64,
                 block_cols: 227
@@ -146,18 +150,18 @@ mod tests {
             block_cols: 32,
         };
         assert_eq!(
-            choose_block_sizes(KernelFamily::Backward, 64, H200, Some(ok)).unwrap(),
+            choose_block_sizes(KernelFamily::Backward, (64, 64), H200, Some(ok)).unwrap(),
             ok
         );
         let zero = BlockSizes {
             block_rows: 0,
             block_cols: 32,
         };
-        assert!(choose_block_sizes(KernelFamily::Forward, 64, H200, Some(zero)).is_err());
+        assert!(choose_block_sizes(KernelFamily::Forward, (64, 64), H200, Some(zero)).is_err());
         let huge = BlockSizes {
             block_rows: 4096,
             block_cols: 4096,
         };
-        assert!(choose_block_sizes(KernelFamily::Forward, 64, H200, Some(huge)).is_err());
+        assert!(choose_block_sizes(KernelFamily::Forward, (64, 64), H200, Some(huge)).is_err());
     }
 }

@@ -46,7 +46,8 @@ unsafe fn poison_row<T: Pair>(p: &TensorCoreBackwardParams, row: u32, lane: u32)
         return;
     };
     let local = i - seq.q_start;
-    let words = (s.head_dim / 2) as usize;
+    // Words of a Q, K, dQ or dK row, and of a dV row.
+    let (words, v_words) = ((s.head_dim / 2) as usize, (s.head_dim_v / 2) as usize);
     // Word offsets (strides are whole 16-byte chunks, so even in elements).
     let st = &p.strides;
     let q_word = |strides: &TensorStrides| (seq.q_row(strides, local, h) / 2) as usize;
@@ -57,7 +58,7 @@ unsafe fn poison_row<T: Pair>(p: &TensorCoreBackwardParams, row: u32, lane: u32)
     let q_at = q_word(&st.q);
     let (q, k) = (p.q as *const u32, p.k as *const u32);
     let nan = T::pack(f32::NAN, f32::NAN);
-    let poison = |base: u64, at: usize| {
+    let poison = |base: u64, at: usize, words: usize| {
         let mut w = lane as usize;
         while w < words {
             // SAFETY: a row of the tensor (the caller's offsets); racing writers store the same NaN.
@@ -82,12 +83,12 @@ unsafe fn poison_row<T: Pair>(p: &TensorCoreBackwardParams, row: u32, lane: u32)
         let d = distance(local, j, seq.q_len, seq.k_len);
         if score_mod.apply_log2(warp_sum(dot), p.scale_log2, d) != f32::NEG_INFINITY {
             any = true;
-            poison(p.dk, k_word(&st.dk));
-            poison(p.dv, k_word(&st.dv));
+            poison(p.dk, k_word(&st.dk), words);
+            poison(p.dv, k_word(&st.dv), v_words);
         }
     }
     if any {
-        poison(p.dq, q_word(&st.dq));
+        poison(p.dq, q_word(&st.dq), words);
     }
 }
 

@@ -16,7 +16,8 @@ use crate::tile::mma::MmaElem;
 /// so the main kernel's `P = 2^(S·τ·log2 e − LSE·log2 e)` and `dS = P ∘ (dP − D)` are 0 there
 /// without a test: a NaN row's gradients are the work of [`super::nan_rows`], which knows which
 /// of its keys leave its support. `W = d / 64` words per lane, `d` the compiled head dim: of a
-/// padded call only the real head dim's words exist (and count).
+/// padded call only the real head dims' words exist (and count): Q's for the accumulator, V's
+/// for O and dO.
 #[inline(always)]
 unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
     let s = p.shape;
@@ -50,7 +51,8 @@ unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
         }
         return;
     }
-    let words = s.head_dim as usize / 2;
+    // Words of a dQ-accumulator row (Q's head dim) and of an O and dO row (V's).
+    let (q_words, v_words) = (s.head_dim as usize / 2, s.head_dim_v as usize / 2);
     // The accumulator is contiguous; O and dO have their strides (whole 16-byte chunks, so their
     // element offsets are even).
     let elem = TensorStrides::contiguous(s.n_q, s.heads_q, s.head_dim).offset(b, i, h) as usize;
@@ -63,20 +65,25 @@ unsafe fn preprocess<T: Pair, const W: usize>(p: &TensorCoreBackwardParams) {
     let mut dot = 0.0f32;
     for w in 0..W {
         let at = w * 32 + lane as usize;
-        if at >= words {
+        if at >= q_words.max(v_words) {
             break;
         }
         // Consecutive lanes read consecutive words: one coalesced row.
         let word = elem / 2 + at;
-        // SAFETY: the row is inside O, dO and the accumulator (validated by the host).
+        // SAFETY: the words are inside their rows of O, dO and the accumulator (validated by
+        // the host).
         unsafe {
-            let (x, y) = (
-                T::unpack(*o.add(o_word + at)),
-                T::unpack(*d_o.add(d_o_word + at)),
-            );
-            dot += x[0] * y[0] + x[1] * y[1];
-            *acc.add(2 * word) = 0.0;
-            *acc.add(2 * word + 1) = 0.0;
+            if at < v_words {
+                let (x, y) = (
+                    T::unpack(*o.add(o_word + at)),
+                    T::unpack(*d_o.add(d_o_word + at)),
+                );
+                dot += x[0] * y[0] + x[1] * y[1];
+            }
+            if at < q_words {
+                *acc.add(2 * word) = 0.0;
+                *acc.add(2 * word + 1) = 0.0;
+            }
         }
     }
     let dot = warp_sum(dot);

@@ -367,7 +367,7 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
 
     // Partial O = u / ℓ (0 for a row with nothing allowed in this split), LSE = (m + log2 ℓ)·ln 2.
     let part = split as usize;
-    let o_part = (p.o_part as *mut f32).wrapping_add(part * s.q_elems());
+    let o_part = (p.o_part as *mut f32).wrapping_add(part * s.o_elems());
     let lse_part = (p.lse_part as *mut f32).wrapping_add(part * s.row_elems());
     let quads = d / 4;
     let mut i = tid;

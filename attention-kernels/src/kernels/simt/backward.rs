@@ -37,7 +37,7 @@ unsafe fn delta<T: Storage>(p: &FlashBackwardParams) {
     let i = row % s.n_q;
     let h = (row / s.n_q) % s.heads_q;
     let b = row / (s.n_q * s.heads_q);
-    let d = s.head_dim;
+    let d = s.head_dim_v;
     let at =
         ((b as usize * s.n_q as usize + i as usize) * s.heads_q as usize + h as usize) * d as usize;
     let mut acc = 0.0f32;
@@ -100,23 +100,21 @@ unsafe fn load_query_block<T: Storage>(
     rows: u32,
 ) {
     let s = &p.shape;
-    let at = seq.q_offset(s, i0, h);
-    let stride = s.heads_q as usize * s.head_dim as usize;
     // SAFETY: rows i0 .. i0 + rows of the sequence exist in Q, dO, LSE and D.
     unsafe {
         load_rows(
             t.q,
-            (p.q as *const T).wrapping_add(at),
-            stride,
+            (p.q as *const T).wrapping_add(seq.q_offset(s, i0, h)),
+            s.heads_q as usize * s.head_dim as usize,
             rows,
             s.head_dim,
         );
         load_rows(
             t.d_o,
-            (p.d_o as *const T).wrapping_add(at),
-            stride,
+            (p.d_o as *const T).wrapping_add(seq.o_offset(s, i0, h)),
+            s.heads_q as usize * s.head_dim_v as usize,
             rows,
-            s.head_dim,
+            s.head_dim_v,
         );
         for_each(rows, |r| {
             let row = seq.row_index(s, i0 + r, h);
@@ -136,23 +134,21 @@ unsafe fn load_kv_block<T: Storage>(
     cols: u32,
 ) {
     let s = &p.shape;
-    let at = seq.k_offset(s, j0, hk);
-    let stride = s.heads_kv as usize * s.head_dim as usize;
     // SAFETY: keys j0 .. j0 + cols of the sequence exist in K and V.
     unsafe {
         load_rows(
             k,
-            (p.k as *const T).wrapping_add(at),
-            stride,
+            (p.k as *const T).wrapping_add(seq.k_offset(s, j0, hk)),
+            s.heads_kv as usize * s.head_dim as usize,
             cols,
             s.head_dim,
         );
         load_rows(
             v,
-            (p.v as *const T).wrapping_add(at),
-            stride,
+            (p.v as *const T).wrapping_add(seq.v_offset(s, j0, hk)),
+            s.heads_kv as usize * s.head_dim_v as usize,
             cols,
-            s.head_dim,
+            s.head_dim_v,
         );
     }
 }
@@ -176,7 +172,7 @@ unsafe fn recompute_tile(
     cols: u32,
     key: [u32; 2],
 ) -> bool {
-    let d = p.shape.head_dim;
+    let (d, d_v) = (p.shape.head_dim, p.shape.head_dim_v);
     let causal = p.causal != 0;
     // SAFETY: the head's slope exists when ALiBi is on (validated by the host).
     let score_mod = unsafe { p.mods.for_head(h) };
@@ -200,7 +196,7 @@ unsafe fn recompute_tile(
             let (pr_drop, d_s) = if score != f32::NEG_INFINITY {
                 let pr = exp(score - qt.lse.get(0, r));
                 let z = dropout_multiplier(&p.dropout, key, seq.index, h, i, j);
-                let dp = dot(qt.d_o.row(r), v.row(c), d) * z;
+                let dp = dot(qt.d_o.row(r), v.row(c), d_v) * z;
                 (
                     pr * z,
                     allowed_weight(pr * (dp - qt.delta.get(0, r)) * grad),
@@ -221,7 +217,12 @@ unsafe fn recompute_tile(
 /// K/V blocks outer. Grid `(K/V blocks, (heads_kv, sequences) folded)`.
 unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
     let s = &p.shape;
-    let (br, bc, d) = (p.blocks.block_rows, p.blocks.block_cols, s.head_dim);
+    let (br, bc, d, d_v) = (
+        p.blocks.block_rows,
+        p.blocks.block_cols,
+        s.head_dim,
+        s.head_dim_v,
+    );
     let Some((hk, sq)) = head_and_sequence(s.heads_kv, p.layout.sequences) else {
         return;
     };
@@ -234,9 +235,9 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
     let cols = bc.min(seq.k_rows - j0);
     // Carved in the order of `smem::backward_kv_floats`.
     let mut a = Arena::new();
-    let (k, v) = (a.tile(bc, padded(d)), a.tile(bc, padded(d)));
-    let (dk, dv) = (a.tile(bc, d), a.tile(bc, d));
-    let (q, d_o) = (a.tile(br, padded(d)), a.tile(br, padded(d)));
+    let (k, v) = (a.tile(bc, padded(d)), a.tile(bc, padded(d_v)));
+    let (dk, dv) = (a.tile(bc, d), a.tile(bc, d_v));
+    let (q, d_o) = (a.tile(br, padded(d)), a.tile(br, padded(d_v)));
     let (p_drop, ds) = (a.tile(br, bc), a.tile(br, bc));
     let qt = QueryTiles {
         q,
@@ -251,7 +252,7 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
     unsafe {
         load_kv_block::<T>(p, &seq, k, v, hk, j0, cols);
         fill(dk, cols, d, 0.0);
-        fill(dv, cols, d, 0.0);
+        fill(dv, cols, d_v, 0.0);
         // GQA: dK_j, dV_j sum over every query head that reads K/V head hk.
         for h in hk * group..(hk + 1) * group {
             let mut i0 = 0;
@@ -283,7 +284,7 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
                     );
                     // Tiles without a masked entry (most of them) take the plain products.
                     let checked = sync_threads_or(masked);
-                    mul_t_acc(dv, p_drop, qt.d_o, cols, d, rows, checked);
+                    mul_t_acc(dv, p_drop, qt.d_o, cols, d_v, rows, checked);
                     mul_t_acc(dk, ds, qt.q, cols, d, rows, checked);
                     if p.dq_accum != 0 {
                         let dq = (p.dq_accum as *mut f32).wrapping_add(seq.q_offset(s, i0, h));
@@ -311,17 +312,22 @@ unsafe fn kv<T: Storage>(p: &FlashBackwardParams) {
             }
         }
         sync_threads();
-        let at = seq.k_offset(s, j0, hk);
-        let stride = s.heads_kv as usize * d as usize;
         store_rows(
-            (p.dk as *mut T).wrapping_add(at),
-            stride,
+            (p.dk as *mut T).wrapping_add(seq.k_offset(s, j0, hk)),
+            s.heads_kv as usize * d as usize,
             dk,
             p.scale,
             cols,
             d,
         );
-        store_rows((p.dv as *mut T).wrapping_add(at), stride, dv, 1.0, cols, d);
+        store_rows(
+            (p.dv as *mut T).wrapping_add(seq.v_offset(s, j0, hk)),
+            s.heads_kv as usize * d_v as usize,
+            dv,
+            1.0,
+            cols,
+            d_v,
+        );
     }
 }
 
@@ -343,8 +349,9 @@ unsafe fn dq<T: Storage>(p: &FlashBackwardParams) {
     let hk = s.kv_head(h);
     // Carved in the order of `smem::backward_dq_floats`.
     let mut a = Arena::new();
-    let (q, d_o) = (a.tile(br, padded(d)), a.tile(br, padded(d)));
-    let (k, v) = (a.tile(bc, padded(d)), a.tile(bc, padded(d)));
+    let d_v = s.head_dim_v;
+    let (q, d_o) = (a.tile(br, padded(d)), a.tile(br, padded(d_v)));
+    let (k, v) = (a.tile(bc, padded(d)), a.tile(bc, padded(d_v)));
     let ds = a.tile(br, bc);
     let dq_acc = a.tile(br, d);
     let qt = QueryTiles {

@@ -63,14 +63,15 @@ struct Tiles {
 }
 
 impl Tiles {
-    fn carve(br: u32, bc: u32, d: u32) -> Tiles {
+    /// `d` columns of Q and K, `d_v` of V and the O accumulator.
+    fn carve(br: u32, bc: u32, d: u32, d_v: u32) -> Tiles {
         let mut a = Arena::new();
         Tiles {
             q: a.tile(br, padded(d)),
             k: a.tile(bc, padded(d)),
-            v: a.tile(bc, d),
+            v: a.tile(bc, d_v),
             s: a.tile(br, bc),
-            acc: a.tile(br, d),
+            acc: a.tile(br, d_v),
             row_max: a.vector(br),
             row_sum: a.vector(br),
             rescale: a.vector(br),
@@ -106,27 +107,25 @@ unsafe fn merge_kv_block<T: Storage>(
     key: [u32; 2],
 ) {
     let s = &p.shape;
-    let d = s.head_dim;
+    let (d, d_v) = (s.head_dim, s.head_dim_v);
     let cols = p.blocks.block_cols.min(qb.seq.k_rows - j0);
-    let kv_stride = s.heads_kv as usize * d as usize;
-    let kv_at = qb.seq.k_offset(s, j0, qb.hk);
     // The previous block's readers of K_j, V_j and S are done before they are overwritten.
     sync_threads();
     // SAFETY: keys j0 .. j0 + cols of the sequence exist in K and V; the tiles hold B_c rows.
     unsafe {
         load_rows(
             t.k,
-            (p.k as *const T).wrapping_add(kv_at),
-            kv_stride,
+            (p.k as *const T).wrapping_add(qb.seq.k_offset(s, j0, qb.hk)),
+            s.heads_kv as usize * d as usize,
             cols,
             d,
         );
         load_rows(
             t.v,
-            (p.v as *const T).wrapping_add(kv_at),
-            kv_stride,
+            (p.v as *const T).wrapping_add(qb.seq.v_offset(s, j0, qb.hk)),
+            s.heads_kv as usize * d_v as usize,
             cols,
-            d,
+            d_v,
         );
     }
     sync_threads();
@@ -202,7 +201,18 @@ unsafe fn merge_kv_block<T: Storage>(
     // Tiles without a masked entry (most of them) take the plain product.
     let checked = sync_threads_or(any_masked);
     // SAFETY: extents are inside the carved tiles.
-    unsafe { mul_acc(t.acc, Some(t.rescale), t.s, t.v, qb.rows, d, cols, checked) };
+    unsafe {
+        mul_acc(
+            t.acc,
+            Some(t.rescale),
+            t.s,
+            t.v,
+            qb.rows,
+            d_v,
+            cols,
+            checked,
+        )
+    };
 }
 
 /// Writes O_i = acc / ℓ_i in the storage type and LSE_i = m_i + log ℓ_i; a row with no allowed
@@ -210,8 +220,8 @@ unsafe fn merge_kv_block<T: Storage>(
 /// LSE include it (`score_mod::with_sink`): an empty row gets O = 0 and LSE = sink.
 unsafe fn write_output<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &Tiles) {
     let s = &p.shape;
-    let d = s.head_dim;
-    let o = (p.o as *mut T).wrapping_add(qb.seq.q_offset(s, qb.i0, qb.h));
+    let d = s.head_dim_v;
+    let o = (p.o as *mut T).wrapping_add(qb.seq.o_offset(s, qb.i0, qb.h));
     let stride = s.heads_q as usize * d as usize;
     // SAFETY: the head's sink exists when sinks are on (validated by the host).
     let sink = unsafe { p.mods.sink(qb.h) };
@@ -245,13 +255,13 @@ unsafe fn write_output<T: Storage>(p: &FlashForwardParams, qb: &QueryBlock, t: &
     });
 }
 
-/// Empty state: m = −∞, ℓ = 0, O = 0.
-unsafe fn init_state(qb: &QueryBlock, t: &Tiles, d: u32) {
+/// Empty state: m = −∞, ℓ = 0, O = 0 (`d_v` columns).
+unsafe fn init_state(qb: &QueryBlock, t: &Tiles, d_v: u32) {
     // SAFETY: extents are inside the carved tiles.
     unsafe {
         fill(t.row_max, 1, qb.rows, f32::NEG_INFINITY);
         fill(t.row_sum, 1, qb.rows, 0.0);
-        fill(t.acc, qb.rows, d, 0.0);
+        fill(t.acc, qb.rows, d_v, 0.0);
     }
 }
 
@@ -260,13 +270,13 @@ unsafe fn row_owned<T: Storage>(p: &FlashForwardParams) {
     let Some(qb) = (unsafe { QueryBlock::locate(p) }) else {
         return;
     };
-    let d = p.shape.head_dim;
-    let t = Tiles::carve(p.blocks.block_rows, p.blocks.block_cols, d);
+    let (d, d_v) = (p.shape.head_dim, p.shape.head_dim_v);
+    let t = Tiles::carve(p.blocks.block_rows, p.blocks.block_cols, d, d_v);
     let key = p.dropout.key();
     // SAFETY: tiles are sized by the host from `smem::forward_floats`.
     unsafe {
         load_query::<T>(p, &qb, &t);
-        init_state(&qb, &t, d);
+        init_state(&qb, &t, d_v);
         // Blocks no row of the Q block sees (causal, windowed) are skipped.
         let (mut j0, kv_end) = qb.seq.block_key_range(
             qb.i0,
@@ -289,10 +299,11 @@ unsafe fn paper<T: Storage>(p: &FlashForwardParams) {
         return;
     };
     let s = &p.shape;
-    let d = s.head_dim;
-    let t = Tiles::carve(p.blocks.block_rows, p.blocks.block_cols, d);
+    // The O state has O's rows: `d_v` columns.
+    let d = s.head_dim_v;
+    let t = Tiles::carve(p.blocks.block_rows, p.blocks.block_cols, s.head_dim, d);
     let stride = s.heads_q as usize * d as usize;
-    let o_state = (p.o_state as *mut f32).wrapping_add(qb.seq.q_offset(s, qb.i0, qb.h));
+    let o_state = (p.o_state as *mut f32).wrapping_add(qb.seq.o_offset(s, qb.i0, qb.h));
     let row = |r: u32| qb.seq.row_index(s, qb.i0 + r, qb.h);
     // SAFETY: tiles are sized by the host; the state buffers hold every row of O and LSE.
     unsafe {

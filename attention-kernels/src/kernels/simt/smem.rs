@@ -9,21 +9,25 @@ pub const fn padded(d: u32) -> u32 {
     d + 1
 }
 
-/// Row-owned and paper forward: Q_i, K_j (padded), V_j, S_ij/P_ij, the O_i accumulator, and the
-/// row statistics m_i, ℓ_i and the rescale factor of each row.
-pub const fn forward_floats(br: u32, bc: u32, d: u32) -> u32 {
-    br * padded(d) + bc * padded(d) + bc * d + br * bc + br * d + 3 * br
+/// Row-owned and paper forward: Q_i, K_j (padded, `d` columns), V_j (`d_v`), S_ij/P_ij, the O_i
+/// accumulator (`d_v`), and the row statistics m_i, ℓ_i and the rescale factor of each row.
+pub const fn forward_floats(br: u32, bc: u32, d: u32, d_v: u32) -> u32 {
+    br * padded(d) + bc * padded(d) + bc * d_v + br * bc + br * d_v + 3 * br
 }
 
 /// K/V-outer backward: K_j, V_j (padded), the dK_j and dV_j accumulators, Q_i, dO_i (padded),
-/// the P_drop and dS tiles, and LSE_i, D_i.
-pub const fn backward_kv_floats(br: u32, bc: u32, d: u32) -> u32 {
-    2 * bc * padded(d) + 2 * bc * d + 2 * br * padded(d) + 2 * br * bc + 2 * br
+/// the P_drop and dS tiles, and LSE_i, D_i. V, dV and dO have `d_v` columns, the others `d`.
+pub const fn backward_kv_floats(br: u32, bc: u32, d: u32, d_v: u32) -> u32 {
+    bc * (padded(d) + padded(d_v))
+        + bc * (d + d_v)
+        + br * (padded(d) + padded(d_v))
+        + 2 * br * bc
+        + 2 * br
 }
 
 /// Row-owned dQ pass: Q_i, dO_i, K_j, V_j (padded), the dS tile, the dQ_i accumulator, LSE_i, D_i.
-pub const fn backward_dq_floats(br: u32, bc: u32, d: u32) -> u32 {
-    2 * br * padded(d) + 2 * bc * padded(d) + br * bc + br * d + 2 * br
+pub const fn backward_dq_floats(br: u32, bc: u32, d: u32, d_v: u32) -> u32 {
+    br * (padded(d) + padded(d_v)) + bc * (padded(d) + padded(d_v)) + br * bc + br * d + 2 * br
 }
 
 pub const fn bytes(floats: u32) -> u32 {

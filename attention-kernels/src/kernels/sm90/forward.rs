@@ -166,12 +166,17 @@ unsafe fn forward<
         return;
     }
 
-    // Rows in memory hold the real head dim; the tiles hold `d`, zeros past it. Instances for
-    // the compiled head dim only (`!PADDED`, the host's choice when they are equal) fold the
-    // real head dim's guards away: a run-time head dim costs the d = 64 kernel 34 registers.
-    let real_head_dim = if PADDED { s.head_dim } else { d };
+    // Rows in memory hold the real head dims (`head_dim` for Q and K, `head_dim_v` for V and
+    // O); the tiles hold `d`, zeros past them. Instances for the compiled head dim only
+    // (`!PADDED`, the host's choice when both equal it) fold the real head dims' guards away: a
+    // run-time head dim costs the d = 64 kernel 34 registers.
+    let (real_head_dim, real_head_dim_v) = if PADDED {
+        (s.head_dim, s.head_dim_v)
+    } else {
+        (d, d)
+    };
     // Byte addresses of the sequence's row 0 of head h (K/V head) and byte strides between rows.
-    let (st, real_chunks) = (&p.strides, real_head_dim / 8);
+    let (st, real_chunks, v_chunks) = (&p.strides, real_head_dim / 8, real_head_dim_v / 8);
     let hk = s.kv_head(h);
     let q_rows = GlobalRows {
         base: p.q + 2 * seq.q_row(&st.q, 0, h),
@@ -189,6 +194,7 @@ unsafe fn forward<
     let v_rows = GlobalRows {
         base: p.v + 2 * seq.k_row(&st.v, 0, hk),
         stride: 2 * st.v.seq,
+        chunks: v_chunks,
         ..k_rows
     };
 
@@ -334,7 +340,7 @@ unsafe fn forward<
         let v = Operand {
             base: v_rows.base,
             stride: v_rows.stride,
-            tiles: real_chunks,
+            tiles: v_chunks,
         };
         // Every visited block: blocks the product already took non-finite values from add
         // them again, which changes nothing.
@@ -407,8 +413,8 @@ unsafe fn forward<
     // The sequence again: read anew rather than kept in registers across the loop.
     let seq = locate();
     let (o_dst, o_stride) = (p.o + 2 * seq.q_row(&p.strides.o, 0, h), 2 * p.strides.o.seq);
-    // The real head dim's chunks only (the staging tile may hold padding columns past them).
-    let chunks = real_chunks;
+    // O's real head dim's chunks only (the staging tile may hold padding columns past them).
+    let chunks = v_chunks;
     let mut i = tid;
     while i < br * chunks {
         let (r, c) = (i / chunks, i % chunks);

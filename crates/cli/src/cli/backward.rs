@@ -15,10 +15,11 @@ pub struct BackwardArgs {
     /// K, `[batch, n_k, heads_kv, head_dim]`, same dtype as Q.
     #[arg(long)]
     pub k: PathBuf,
-    /// V, shape of K.
+    /// V, `[batch, n_k, heads_kv, head_dim_v]`: K's shape but for the last dimension, which
+    /// may differ from Q's and K's.
     #[arg(long)]
     pub v: PathBuf,
-    /// Gradient of the loss with respect to O (shape of Q).
+    /// Gradient of the loss with respect to O (shape of O: `[batch, n_q, heads_q, head_dim_v]`).
     #[arg(long = "do")]
     pub d_o: PathBuf,
     /// O of the forward (with --lse; without both, the forward is recomputed).
@@ -50,10 +51,11 @@ pub struct BackwardArgs {
 pub fn run(args: &BackwardArgs) -> Result<(), Box<dyn std::error::Error>> {
     let ([q, k, v], shape) = read_qkv(&args.q, &args.k, &args.v)?;
     let d_o = npy::read(&args.d_o)?;
-    if d_o.shape != q.shape || d_o.dtype != q.dtype {
+    let o_shape = [q.shape[0], q.shape[1], q.shape[2], v.shape[3]];
+    if d_o.shape != o_shape || d_o.dtype != q.dtype {
         return Err(format!(
-            "do must match q: {:?} {:?} vs {:?} {:?}",
-            d_o.shape, d_o.dtype, q.shape, q.dtype
+            "do must be O's shape {o_shape:?} in q's dtype {:?}, it is {:?} {:?}",
+            q.dtype, d_o.shape, d_o.dtype
         )
         .into());
     }

@@ -266,7 +266,7 @@ fn inputs(
 ) -> flash_attn::Result<(Vec<Vec<f32>>, Vec<DeviceTensor>)> {
     flash_attn::options::validate_shape(shape)?;
     let seed = rand::random::<u64>();
-    let host: Vec<Vec<f32>> = [shape.q_elems(), shape.kv_elems(), shape.kv_elems()]
+    let host: Vec<Vec<f32>> = [shape.q_elems(), shape.k_elems(), shape.v_elems()]
         .iter()
         .enumerate()
         .map(|(t, &len)| {
@@ -316,7 +316,7 @@ fn bench_materialized<'a>(
     let (host, dev) = inputs(shape, args.dtype)?;
     memory::reset_peak();
     let workspace = MaterializedWorkspace::new(shape, args.dtype)?;
-    let o = DeviceTensor::poisoned(args.dtype, shape.q_elems())?;
+    let o = DeviceTensor::poisoned(args.dtype, shape.o_elems())?;
     let (samples_ms, calls_per_sample) = sample(gpu, args, || {
         materialized_forward(gpu, &workspace, &dev[0], &dev[1], &dev[2], &o, &options)
     })?;
@@ -404,7 +404,7 @@ fn bench_backward<'a>(
         .kernel(choice)
         .deterministic(args.deterministic);
     let (_, dev) = inputs(shape, args.dtype)?;
-    let d_o = DeviceTensor::from_f32(args.dtype, &uniform(rand::random(), shape.q_elems()))?;
+    let d_o = DeviceTensor::from_f32(args.dtype, &uniform(rand::random(), shape.o_elems()))?;
     let fwd = flash_attn::forward(gpu, shape, &dev[0], &dev[1], &dev[2], &options)?;
     let inputs = BackwardInputs {
         q: &dev[0],

@@ -168,10 +168,11 @@ pub struct ForwardArgs {
     /// K, `[batch, n_k, heads_kv, head_dim]`, same dtype as Q.
     #[arg(long)]
     pub k: PathBuf,
-    /// V, shape of K.
+    /// V, `[batch, n_k, heads_kv, head_dim_v]`: K's shape but for the last dimension, which
+    /// may differ from Q's and K's.
     #[arg(long)]
     pub v: PathBuf,
-    /// Where O is written (`[batch, n_q, heads_q, head_dim]`).
+    /// Where O is written (`[batch, n_q, heads_q, head_dim_v]`).
     #[arg(long)]
     pub out: PathBuf,
     /// Where LSE is written (f32, `[batch, heads_q, n_q]`).
@@ -200,8 +201,12 @@ pub fn read_qkv(
             return Err(format!("{name} is {:?} but q is {:?}", a.dtype, q.dtype).into());
         }
     }
-    if k.shape != v.shape {
-        return Err(format!("k {:?} and v {:?} differ in shape", k.shape, v.shape).into());
+    if k.shape[..3] != v.shape[..3] {
+        return Err(format!(
+            "k {:?} and v {:?} differ in batch, keys or heads",
+            k.shape, v.shape
+        )
+        .into());
     }
     let dim = |a: &NpyArray, i: usize| {
         u32::try_from(a.shape[i]).map_err(|_| format!("dimension {} too large", a.shape[i]))
@@ -213,6 +218,7 @@ pub fn read_qkv(
         heads_q: dim(&q, 2)?,
         heads_kv: dim(&k, 2)?,
         head_dim: dim(&q, 3)?,
+        head_dim_v: dim(&v, 3)?,
     };
     if k.shape[0] != q.shape[0] || k.shape[3] != q.shape[3] {
         return Err(format!(
@@ -240,7 +246,8 @@ pub fn run(args: &ForwardArgs) -> Result<(), Box<dyn std::error::Error>> {
     if args.call.print_plan {
         print!("{}", out.plan);
     }
-    npy::write(&args.out, &q.shape, q.dtype, &out.o)?;
+    let o_shape = [q.shape[0], q.shape[1], q.shape[2], v.shape[3]];
+    npy::write(&args.out, &o_shape, q.dtype, &out.o)?;
     if let Some(path) = &args.lse {
         let rows = [
             shape.batch as usize,

@@ -65,6 +65,7 @@ pub fn run(args: &MemoryArgs) -> CliResult {
             heads_q: args.heads,
             heads_kv: args.heads,
             head_dim: args.head_dim,
+            head_dim_v: args.head_dim,
         };
         let row = measure(&gpu, &shape, dtype, &args.kernel)?;
         println!(
@@ -106,8 +107,10 @@ pub fn run(args: &MemoryArgs) -> CliResult {
 fn planned_bytes(shape: &AttentionShape, dtype: DType, plan: &Plan) -> u64 {
     let e = dtype.size_bytes() as u64;
     let outputs = match plan.direction {
-        flash_attn::Direction::Forward => e * shape.q_elems() as u64 + 4 * shape.row_elems() as u64,
-        flash_attn::Direction::Backward => e * (shape.q_elems() + 2 * shape.kv_elems()) as u64,
+        flash_attn::Direction::Forward => e * shape.o_elems() as u64 + 4 * shape.row_elems() as u64,
+        flash_attn::Direction::Backward => {
+            e * (shape.q_elems() + shape.k_elems() + shape.v_elems()) as u64
+        }
     };
     outputs + plan.workspace_bytes()
 }
@@ -123,14 +126,14 @@ fn measure(
     let seed = rand::random::<u64>();
     let (q, k, v, d_o) = (
         upload(seed, shape.q_elems())?,
-        upload(seed + 1, shape.kv_elems())?,
-        upload(seed + 2, shape.kv_elems())?,
+        upload(seed + 1, shape.k_elems())?,
+        upload(seed + 2, shape.v_elems())?,
         upload(seed + 3, shape.q_elems())?,
     );
     let options = AttentionOptions::new();
     let materialized = extra_bytes(|| {
         let workspace = MaterializedWorkspace::new(shape, dtype)?;
-        let o = DeviceTensor::poisoned(dtype, shape.q_elems())?;
+        let o = DeviceTensor::poisoned(dtype, shape.o_elems())?;
         materialized_forward(gpu, &workspace, &q, &k, &v, &o, &options)?;
         gpu.synchronize()
     })?;

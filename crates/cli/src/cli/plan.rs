@@ -35,9 +35,12 @@ pub struct PlanArgs {
     /// K/V heads H_kv (default: H_q).
     #[arg(long)]
     heads_kv: Option<u32>,
-    /// Head dimension d.
+    /// Head dimension d of Q and K.
     #[arg(long, default_value_t = 128)]
     head_dim: u32,
+    /// Head dimension of V and O (default: --head-dim).
+    #[arg(long)]
+    head_dim_v: Option<u32>,
     /// Direction(s) to plan.
     #[arg(long, value_enum, default_value = "both")]
     pass: Pass,
@@ -60,6 +63,7 @@ pub fn run(args: &PlanArgs) -> CliResult {
         heads_q: args.heads_q,
         heads_kv: args.heads_kv.unwrap_or(args.heads_q),
         head_dim: args.head_dim,
+        head_dim_v: args.head_dim_v.unwrap_or(args.head_dim),
     };
     let dtype = args.dtype;
     let options = args
@@ -78,13 +82,18 @@ pub fn run(args: &PlanArgs) -> CliResult {
     };
     let problem = Problem::new(&shape, dtype, &options)?;
     println!(
-        "call        B={} N_q={} N_k={} H_q={} H_kv={} d={} {dtype}, --kernel {}, on {on}",
+        "call        B={} N_q={} N_k={} H_q={} H_kv={} d={}{} {dtype}, --kernel {}, on {on}",
         shape.batch,
         shape.n_q,
         shape.n_k,
         shape.heads_q,
         shape.heads_kv,
         shape.head_dim,
+        if shape.head_dim_v == shape.head_dim {
+            String::new()
+        } else {
+            format!(" d_v={}", shape.head_dim_v)
+        },
         options.kernel
     );
     let directions: &[Direction] = match args.pass {

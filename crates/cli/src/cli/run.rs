@@ -72,6 +72,7 @@ pub fn run(args: &RunArgs) -> CliResult {
                 heads_q: args.heads,
                 heads_kv: args.heads,
                 head_dim: args.head_dim,
+                head_dim_v: args.head_dim,
             };
             run_gpu(&gpu, &shape, args, &options(args.heads))
         }
@@ -116,9 +117,9 @@ fn run_gpu(
     );
     let lens = [
         shape.q_elems(),
-        shape.kv_elems(),
-        shape.kv_elems(),
-        shape.q_elems(),
+        shape.k_elems(),
+        shape.v_elems(),
+        shape.o_elems(),
     ];
     let host: Vec<Vec<f32>> = lens
         .iter()
@@ -182,7 +183,7 @@ fn run_materialized(
     let dtype = args.dtype;
     memory::reset_peak();
     let workspace = MaterializedWorkspace::new(shape, dtype)?;
-    let o = DeviceTensor::poisoned(dtype, shape.q_elems())?;
+    let o = DeviceTensor::poisoned(dtype, shape.o_elems())?;
     let samples_ms = time_calls(gpu, 2, args.samples, || {
         materialized_forward(gpu, &workspace, q, k, v, &o, options)
     })?;
@@ -305,7 +306,7 @@ fn time_family(
     });
 
     memory::reset_peak();
-    let o = DeviceTensor::poisoned(dtype, shape.q_elems())?;
+    let o = DeviceTensor::poisoned(dtype, shape.o_elems())?;
     let lse = DeviceF32::poisoned(shape.row_elems())?;
     let samples_ms = time_calls(gpu, 2, samples, || {
         flash_attn::forward_into(gpu, shape, q, k, v, &o, &lse, flash).map(drop)
@@ -439,10 +440,11 @@ fn run_cpu(options: &AttentionOptions, seed: u64) -> CliResult {
         heads_q: CPU_HEADS,
         heads_kv: CPU_HEADS,
         head_dim: 32,
+        head_dim_v: 32,
     };
     let q = uniform(seed, shape.q_elems());
-    let k = uniform(seed + 1, shape.kv_elems());
-    let v = uniform(seed + 2, shape.kv_elems());
+    let k = uniform(seed + 1, shape.k_elems());
+    let v = uniform(seed + 2, shape.v_elems());
     let out = forward_f32(&shape, &q, &k, &v, options)?;
     let checksum: f64 = out.o.iter().sum();
     let largest = out.o.iter().fold(0.0f64, |m, x| m.max(x.abs()));

@@ -176,8 +176,12 @@ unsafe fn backward<
     let (n_q, n_k) = (seq.q_len, seq.k_len);
     let group = s.heads_q / s.heads_kv;
 
-    // Rows in memory hold the real head dim `dr`; the tiles hold `d`, zeros past it.
+    // Rows in memory hold the real head dims (`dr` for Q, K, dQ and dK, `head_dim_v` for V, O,
+    // dO and dV); the tiles hold `d`, zeros past them.
+    // V's chunk count is read anew at each use (`opaque`): held across the loop it costs the
+    // wide instances spills.
     let (dr, real_chunks) = (s.head_dim, s.head_dim / 8);
+    let v_chunks = || opaque(s.head_dim_v) / 8;
     let ts = &p.strides;
     // Byte address of the sequence's key row 0 of head hk in K-shaped tensors.
     let kv_at = |base: u64, strides: &TensorStrides| base + 2 * seq.k_row(strides, 0, hk);
@@ -242,14 +246,14 @@ unsafe fn backward<
             // The sequence's first row recomputed here (`opaque`): hoisted out of the loop, Q's
             // and dO's offsets would each hold a register pair across it.
             let (batch, row0) = (opaque(seq.batch), opaque(seq.q_start));
-            let rows = |base: u64, strides: &TensorStrides| GlobalRows {
+            let rows = |base: u64, strides: &TensorStrides, chunks: u32| GlobalRows {
                 base: base + 2 * strides.offset(batch, row0, h),
                 stride: 2 * strides.seq,
                 limit: n_q,
-                chunks: real_chunks,
+                chunks,
             };
-            q_tile(st).fill_async(rows(p.q, &ts.q), q0, br, tid, threads);
-            do_tile(st).fill_async(rows(p.d_o, &ts.d_o), q0, br, tid, threads);
+            q_tile(st).fill_async(rows(p.q, &ts.q, real_chunks), q0, br, tid, threads);
+            do_tile(st).fill_async(rows(p.d_o, &ts.d_o, v_chunks()), q0, br, tid, threads);
             let row = stats_row(h) + q0 as u64;
             if GENERAL {
                 if tid < 2 * br {
@@ -281,14 +285,14 @@ unsafe fn backward<
     // SAFETY: the K and V tiles hold `bc` rows; rows below n_k are inside K and V. Keys past
     // the sequence's length load as zeros and are masked.
     unsafe {
-        let rows = |base: u64, strides: &TensorStrides| GlobalRows {
+        let rows = |base: u64, strides: &TensorStrides, chunks: u32| GlobalRows {
             base: kv_at(base, strides),
             stride: 2 * strides.seq,
             limit: n_k,
-            chunks: real_chunks,
+            chunks,
         };
-        k_tile.fill_async(rows(p.k, &ts.k), k0, bc, tid, threads);
-        v_tile.fill_async(rows(p.v, &ts.v), k0, bc, tid, threads);
+        k_tile.fill_async(rows(p.k, &ts.k, real_chunks), k0, bc, tid, threads);
+        v_tile.fill_async(rows(p.v, &ts.v, v_chunks()), k0, bc, tid, threads);
     }
     if iters > 0 {
         fill(0, 0);
@@ -660,7 +664,10 @@ unsafe fn backward<
     sync_warp();
     // The warp's rows, its slice's chunks (all of them unless SLICED).
     let chunks = cols / 8;
-    for (tile, dst, strides) in [(k_tile, p.dk, &ts.dk), (v_tile, p.dv, &ts.dv)] {
+    for (tile, dst, strides, real) in [
+        (k_tile, p.dk, &ts.dk, real_chunks),
+        (v_tile, p.dv, &ts.dv, v_chunks()),
+    ] {
         let (dst, stride) = (kv_at(dst, strides), 2 * strides.seq);
         for n in 0..(16 * ND as u32 / 32) {
             let idx = 32 * n + lane;
@@ -671,10 +678,10 @@ unsafe fn backward<
             let (r, c) = (idx / chunks, col0 / 8 + idx % chunks);
             let key = k0 + key_row + r;
             // SAFETY: the shared chunk is inside the tile; the global row is below n_k and the
-            // chunk below the real head dim.
+            // chunk below the tensor's real head dim.
             unsafe {
                 let v = load_shared_16(tile.chunk_addr(key_row + r, c));
-                if key < seq.k_rows && c < real_chunks {
+                if key < seq.k_rows && c < real {
                     store_global_16(dst + key as u64 * stride + c as u64 * 16, v);
                 }
             }

@@ -97,8 +97,9 @@ unsafe fn forward<
         return;
     }
 
-    // Rows in memory hold the real head dim; the tiles hold `d`, zeros past it.
-    let (st, real_chunks) = (&p.strides, s.head_dim / 8);
+    // Rows in memory hold the real head dims (`head_dim` for Q and K, `head_dim_v` for V and
+    // O); the tiles hold `d`, zeros past them.
+    let (st, real_chunks, v_chunks) = (&p.strides, s.head_dim / 8, s.head_dim_v / 8);
     let hk = s.kv_head(h);
     // Byte address of (the sequence's row 0, head h) in O.
     // O's own offset is taken after the loop (held across it, it costs a register pair).
@@ -119,6 +120,7 @@ unsafe fn forward<
     let v_rows = GlobalRows {
         base: p.v + 2 * seq.k_row(&st.v, 0, hk),
         stride: 2 * st.v.seq,
+        chunks: v_chunks,
         ..k_rows
     };
 
@@ -242,7 +244,7 @@ unsafe fn forward<
         let v = Operand {
             base: v_rows.base,
             stride: v_rows.stride,
-            tiles: real_chunks,
+            tiles: v_chunks,
         };
         // Every visited block with a window: blocks the product already took non-finite values
         // from add them again, which changes nothing.
@@ -315,10 +317,10 @@ unsafe fn forward<
         let (r, c) = (idx / chunks, idx % chunks);
         let row = q0 + warp_row + r;
         // SAFETY: the shared chunk is inside the Q tile; the global row is below n_q and the
-        // chunk below the real head dim.
+        // chunk below O's real head dim.
         unsafe {
             let v = load_shared_16(q_tile.chunk_addr(warp_row + r, c));
-            if row < seq.q_len && c < real_chunks {
+            if row < seq.q_len && c < v_chunks {
                 store_global_16(o_dst + row as u64 * 2 * st.o.seq + c as u64 * 16, v);
             }
         }
