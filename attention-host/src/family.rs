@@ -10,8 +10,8 @@ pub enum Family {
     /// rows per K/V head (one 16-row tile); partials merged by the combine kernel.
     Decode,
     /// Hopper warpgroup tensor cores (`wgmma`, `sm_90a` module), bf16/f16, head dims every
-    /// multiple of 8 from 32 to 256 forward and backward (compiled for 64, 128, 192 and 256,
-    /// zero-padded in between).
+    /// multiple of 8 from 32 to 256 forward and backward (compiled for 64, 128, 192 and 256, the
+    /// forward for 96 too, zero-padded in between).
     Sm90,
     /// Warp tensor cores (`mma.sync`, sm_80+), bf16/f16, head dims as `Sm90`, scale and causal.
     Sm80,

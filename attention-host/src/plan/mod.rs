@@ -155,7 +155,13 @@ pub fn with_tiles(
     if forward_tiles != (direction == Direction::Forward) {
         return Err(invalid!("{tiles:?} is not a {direction:?} configuration"));
     }
-    if !compiled || tensor_core_head_dim(d) != Some(head_dim) {
+    // The compiled head dim the call pads to: the next multiple of 64, or the `wgmma` forward's
+    // own (`sm90::config`: 72–96 run d = 96).
+    let pads_to = match tiles {
+        Tiles::Sm90Forward(_) => sm90::config(d).map(|c| c.head_dim),
+        _ => tensor_core_head_dim(d),
+    };
+    if !compiled || pads_to != Some(head_dim) {
         return Err(invalid!("no compiled instance {tiles:?} for head_dim {d}"));
     }
     if problem.needs_general() && !default {
@@ -399,7 +405,7 @@ pub(crate) fn preprocess_blocks(s: &AttentionShape) -> u64 {
 fn head_dims(name: &str, d: u32) -> String {
     format!(
         "runs {name} a multiple of 8 from 32 to {MAX_TENSOR_CORE_HEAD_DIM} (compiled for 64, \
-         128, 192 and 256, zero-padded in between), not {d}"
+         128, 192 and 256, the sm90 forward for 96 too, zero-padded in between), not {d}"
     )
 }
 
@@ -592,9 +598,9 @@ mod tests {
     }
 
     /// Every multiple of 8 from 32 to 256 runs forward and backward on the next compiled head
-    /// dim (64, 128, 192, 256) of each tensor-core family on the H200 and the A100; the
-    /// preprocess that the backward launches is that instance's. Others fall to the exact
-    /// kernels.
+    /// dim (64, 128, 192, 256; the `wgmma` forward 96 too) of each tensor-core family on the
+    /// H200 and the A100; the preprocess that the backward launches is that instance's. Others
+    /// fall to the exact kernels.
     #[test]
     fn head_dims_pad_to_the_next_compiled_instance() {
         let (h, a) = (h200(), a100());
@@ -604,6 +610,15 @@ mod tests {
                 for (dev, family) in [(&h, Family::Sm90), (&a, Family::Sm80), (&h, Family::Sm80)] {
                     let o = FlashOptions::default().kernel(KernelChoice::Only(family));
                     let p = select_on(dev, shape(d), DType::Bf16, o, direction);
+                    // The `wgmma` forward compiles d = 96 too.
+                    let sm90_forward = family == Family::Sm90 && direction == Direction::Forward;
+                    let padded = padded.map(|pd| {
+                        if sm90_forward && (72..=96).contains(&d) {
+                            96
+                        } else {
+                            pd
+                        }
+                    });
                     match padded {
                         Some(pd) => {
                             let p = p.unwrap_or_else(|e| panic!("d={d} {family}: {e}"));

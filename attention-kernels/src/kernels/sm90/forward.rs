@@ -137,6 +137,8 @@ unsafe fn forward<
     const { assert!(ND == 2 * KD && NK == 2 * NP && NP > 0 && KD >= 4 && WG > 0) };
     const { assert!(WINDOW || !MODS) };
     let (d, bc, br) = (16 * KD as u32, 8 * NK as u32, 64 * WG as u32);
+    // Tiles hold whole 64-column panels: d = 96 uses three quarters of two (`WgConfig::tile_cols`).
+    let dt = d.next_multiple_of(64);
     let threads = 128 * WG as u32;
     let s = p.shape;
     let tid = thread_x();
@@ -167,7 +169,7 @@ unsafe fn forward<
     }
 
     // Rows in memory hold the real head dims (`head_dim` for Q and K, `head_dim_v` for V and
-    // O); the tiles hold `d`, zeros past them. Instances for the compiled head dim only
+    // O); the tiles hold `dt` columns, zeros past them. Instances for the compiled head dim only
     // (`!PADDED`, the host's choice when both equal it) fold the real head dims' guards away: a
     // run-time head dim costs the d = 64 kernel 34 registers.
     let (real_head_dim, real_head_dim_v) = if PADDED {
@@ -199,11 +201,11 @@ unsafe fn forward<
     };
 
     let smem = shared_window();
-    let q_tile = PanelTile::new(smem, br, d);
-    let kv_bytes = bc * d * 2;
-    let kv_base = smem + br * d * 2;
-    let k_tile = |block: u32| PanelTile::new(kv_base + (block & 1) * kv_bytes, bc, d);
-    let v_tile = |block: u32| PanelTile::new(kv_base + (2 + (block & 1)) * kv_bytes, bc, d);
+    let q_tile = PanelTile::new(smem, br, dt);
+    let kv_bytes = bc * dt * 2;
+    let kv_base = smem + br * dt * 2;
+    let k_tile = |block: u32| PanelTile::new(kv_base + (block & 1) * kv_bytes, bc, dt);
+    let v_tile = |block: u32| PanelTile::new(kv_base + (2 + (block & 1)) * kv_bytes, bc, dt);
     // SAFETY (both): each stage holds `bc` rows; rows below n_k are inside K and V.
     let fill_k =
         |block: u32| unsafe { k_tile(block).fill_async(k_rows, block * bc, bc, tid, threads) };
@@ -392,7 +394,7 @@ unsafe fn forward<
     // Stage O through the first K stage (row-major, 16-byte chunks swizzled) once every warpgroup
     // is done reading it, so that the global stores are 16 bytes wide and coalesced.
     sync_threads();
-    let staging = SwizzledTile::new(kv_base, d);
+    let staging = SwizzledTile::new(kv_base, dt);
     // SAFETY: the warp's 16 rows and all ND chunks are inside the staging tile.
     unsafe { stage_fragments::<T, ND>(staging, group_row + 16 * warp, &o, 1.0, lane) };
     if poisoned {
@@ -475,6 +477,16 @@ macro_rules! entry_points {
 entry_points! {
     flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
     flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    flash_wgmma_forward_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    flash_wgmma_forward_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    flash_wgmma_forward_general_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, false, false, true;
+    flash_wgmma_forward_general_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, false, false, true;
+    flash_wgmma_forward_mods_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, true, true, true;
+    flash_wgmma_forward_window_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, true, false, true;
+    flash_wgmma_forward_mods_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, true, true, true;
+    flash_wgmma_forward_window_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, true, false, true;
+    flash_wgmma_forward_padded_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, true;
+    flash_wgmma_forward_padded_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, true;
     flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, false;
     flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, false;
     flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false, true;

@@ -35,9 +35,14 @@ impl WgConfig {
     pub const fn threads(&self) -> u32 {
         128 * self.warpgroups
     }
+    /// Columns of the shared tiles: whole 64-column panels (128-byte swizzle rows), zeros past
+    /// the head dim (d = 96 fills three quarters of two).
+    pub const fn tile_cols(&self) -> u32 {
+        self.head_dim.next_multiple_of(64)
+    }
     /// The Q tile plus two stages each of K and V, 16-bit elements.
     pub const fn shared_bytes(&self) -> u32 {
-        (self.block_rows() + 4 * self.block_keys) * self.head_dim * 2
+        (self.block_rows() + 4 * self.block_keys) * self.tile_cols() * 2
     }
 }
 
@@ -48,6 +53,14 @@ pub const D64: WgConfig = WgConfig {
     head_dim: 64,
     warpgroups: 2,
     block_keys: 64,
+};
+/// d = 96 (and 72–88 padded to it): d = 128's tiles and shared memory (160 KiB, 128-key
+/// blocks) with three quarters of its tensor-core work: 6 k-steps of `Q·Kᵀ` and a 96-column
+/// `P·V` (`m64n96k16`).
+pub const D96: WgConfig = WgConfig {
+    head_dim: 96,
+    warpgroups: 2,
+    block_keys: 128,
 };
 /// d = 128: 160 KiB of shared memory, 175 registers, one block of 8 warps per SM; 13% faster
 /// than 64-key blocks (two blocks per SM) on the H200.
@@ -77,6 +90,7 @@ pub const D256: WgConfig = WgConfig {
 pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
     &[
         D64,
+        D96,
         D128,
         D192,
         D256,
@@ -102,14 +116,16 @@ pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
         },
     ]
 } else {
-    &[D64, D128, D192, D256]
+    &[D64, D96, D128, D192, D256]
 };
 
-/// The default configuration for a head dimension (padded to its compiled one,
-/// [`super::tensor_core_head_dim`]), `None` where no `wgmma` kernel runs it.
+/// The default forward configuration for a head dimension (padded to its compiled one:
+/// [`super::tensor_core_head_dim`]'s, but 72–96 to [`D96`]), `None` where no `wgmma` kernel
+/// runs it.
 pub const fn config(head_dim: u32) -> Option<WgConfig> {
     match super::tensor_core_head_dim(head_dim) {
         Some(64) => Some(D64),
+        Some(128) if head_dim <= 96 => Some(D96),
         Some(128) => Some(D128),
         Some(192) => Some(D192),
         Some(256) => Some(D256),
