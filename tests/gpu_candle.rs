@@ -45,15 +45,7 @@ struct Case {
 }
 
 fn shape(batch: u32, n: u32, heads_q: u32, heads_kv: u32, head_dim: u32) -> AttentionShape {
-    AttentionShape {
-        batch,
-        n_q: n,
-        n_k: n,
-        heads_q,
-        heads_kv,
-        head_dim,
-        head_dim_v: head_dim,
-    }
+    AttentionShape::new(batch, n, n, heads_q, heads_kv, head_dim)
 }
 
 fn cases() -> Vec<Case> {

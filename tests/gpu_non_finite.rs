@@ -39,15 +39,7 @@ struct Scenario {
 }
 
 fn shape(batch: u32, n_q: u32, n_k: u32, head_dim: u32) -> AttentionShape {
-    AttentionShape {
-        batch,
-        n_q,
-        n_k,
-        heads_q: 2,
-        heads_kv: 1,
-        head_dim,
-        head_dim_v: head_dim,
-    }
+    AttentionShape::new(batch, n_q, n_k, 2, 1, head_dim)
 }
 
 fn random(rng: &mut StdRng, n: usize, amp: f32, dt: DType) -> Vec<f32> {

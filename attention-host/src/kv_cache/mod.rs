@@ -173,15 +173,14 @@ impl KvCache {
 
     /// The shape of attention of `n_q` rows of `heads_q` heads over the cache.
     pub fn shape(&self, n_q: u32, heads_q: u32) -> AttentionShape {
-        AttentionShape {
-            batch: self.batch,
+        AttentionShape::new(
+            self.batch,
             n_q,
-            n_k: self.capacity,
+            self.capacity,
             heads_q,
-            heads_kv: self.heads_kv,
-            head_dim: self.head_dim,
-            head_dim_v: self.head_dim,
-        }
+            self.heads_kv,
+            self.head_dim,
+        )
     }
 }
 

@@ -367,15 +367,15 @@ impl PagedKvCache {
     /// most rows a sequence may reach (the key lengths are the sequences' rows), the same as a
     /// contiguous [`super::KvCache`] of that capacity (whose attention then runs the same splits).
     pub fn shape(&self, n_q: u32, heads_q: u32) -> AttentionShape {
-        AttentionShape {
-            batch: self.layout.sequences,
+        let l = &self.layout;
+        AttentionShape::new(
+            l.sequences,
             n_q,
-            n_k: self.capacity(),
+            self.capacity(),
             heads_q,
-            heads_kv: self.layout.heads_kv,
-            head_dim: self.layout.head_dim,
-            head_dim_v: self.layout.head_dim,
-        }
+            l.heads_kv,
+            l.head_dim,
+        )
     }
 }
 

@@ -115,31 +115,53 @@ pub fn with_tiles(
     tiles: Tiles,
 ) -> Result<Plan> {
     let d = tensor_core_head_dims(&problem.shape).map_err(|why| invalid!("{why}"))?;
-    let (family, compiled, head_dim, default) = match tiles {
-        Tiles::Sm90Forward(c) => (
-            Family::Sm90,
-            sm90::VARIANTS.contains(&c),
-            c.head_dim,
-            sm90::config(d) == Some(c),
-        ),
-        Tiles::Sm80Forward(c) => (
-            Family::Sm80,
-            sm80::forward::VARIANTS.contains(&c),
-            c.head_dim,
-            sm80::forward::config(d) == Some(c),
-        ),
-        Tiles::Sm90Backward(c) => (
-            Family::Sm90,
-            sm90::BACKWARD_VARIANTS.contains(&c),
-            c.head_dim,
-            sm90::backward_config(d) == Some(c),
-        ),
-        Tiles::Sm80Backward(c) => (
-            Family::Sm80,
-            sm80::backward::VARIANTS.contains(&c),
-            c.head_dim,
-            sm80::backward::config(d) == Some(c),
-        ),
+    // Per family: whether `tiles` is compiled, its head dim, and the head dim of the
+    // configuration the family chooses for the call (the one it pads to).
+    let (family, compiled, head_dim, pads_to, default) = match tiles {
+        Tiles::Sm90Forward(c) => {
+            let chosen = sm90::config(d);
+            let compiled = sm90::VARIANTS.contains(&c);
+            (
+                Family::Sm90,
+                compiled,
+                c.head_dim,
+                chosen.map(|x| x.head_dim),
+                chosen == Some(c),
+            )
+        }
+        Tiles::Sm80Forward(c) => {
+            let chosen = sm80::forward::config(d);
+            let compiled = sm80::forward::VARIANTS.contains(&c);
+            (
+                Family::Sm80,
+                compiled,
+                c.head_dim,
+                chosen.map(|x| x.head_dim),
+                chosen == Some(c),
+            )
+        }
+        Tiles::Sm90Backward(c) => {
+            let chosen = sm90::backward_config(d);
+            let compiled = sm90::BACKWARD_VARIANTS.contains(&c);
+            (
+                Family::Sm90,
+                compiled,
+                c.head_dim,
+                chosen.map(|x| x.head_dim),
+                chosen == Some(c),
+            )
+        }
+        Tiles::Sm80Backward(c) => {
+            let chosen = sm80::backward::config(d);
+            let compiled = sm80::backward::VARIANTS.contains(&c);
+            (
+                Family::Sm80,
+                compiled,
+                c.head_dim,
+                chosen.map(|x| x.head_dim),
+                chosen == Some(c),
+            )
+        }
         Tiles::Exact(_) => {
             return Err(invalid!(
                 "the exact kernels take explicit block sizes through FlashOptions::block_sizes"
@@ -155,12 +177,6 @@ pub fn with_tiles(
     if forward_tiles != (direction == Direction::Forward) {
         return Err(invalid!("{tiles:?} is not a {direction:?} configuration"));
     }
-    // The compiled head dim the call pads to: the next multiple of 64, or the `wgmma` forward's
-    // own (`sm90::config`: 72–96 run d = 96).
-    let pads_to = match tiles {
-        Tiles::Sm90Forward(_) => sm90::config(d).map(|c| c.head_dim),
-        _ => tensor_core_head_dim(d),
-    };
     if !compiled || pads_to != Some(head_dim) {
         return Err(invalid!("no compiled instance {tiles:?} for head_dim {d}"));
     }
@@ -532,15 +548,7 @@ mod tests {
     use crate::options::AttentionOptions;
 
     fn shape(head_dim: u32) -> AttentionShape {
-        AttentionShape {
-            batch: 2,
-            n_q: 100,
-            n_k: 70,
-            heads_q: 4,
-            heads_kv: 2,
-            head_dim,
-            head_dim_v: head_dim,
-        }
+        AttentionShape::new(2, 100, 70, 4, 2, head_dim)
     }
 
     fn h200() -> DeviceCaps {
@@ -714,6 +722,42 @@ mod tests {
             Direction::Forward,
         );
         assert_eq!(auto.unwrap().family, Family::Exact);
+    }
+
+    /// `with_tiles` plans a compiled configuration for the head dims it pads, and refuses one
+    /// the call's head dim does not pad to (d = 96 runs the `wgmma` forward's d = 96 tiles,
+    /// not d = 128's, whose backward it still runs) and a configuration of the other direction;
+    /// length masks run on the default tiles.
+    #[test]
+    fn explicit_tiles_are_planned_for_the_head_dims_they_pad() {
+        let h = h200();
+        let problem = |d: u32, o: FlashOptions| Problem::new(&shape(d), DType::Bf16, &o).unwrap();
+        let plain = FlashOptions::default();
+        let fwd = Direction::Forward;
+        for (d, tiles) in [
+            (80, Tiles::Sm90Forward(sm90::D96)),
+            (96, Tiles::Sm90Forward(sm90::D96)),
+            (128, Tiles::Sm90Forward(sm90::D128)),
+            (96, Tiles::Sm80Forward(sm80::forward::D128)),
+        ] {
+            let p = with_tiles(&h, &problem(d, plain.clone()), fwd, tiles).unwrap();
+            assert_eq!(p.tiles, tiles, "d={d}");
+        }
+        let back = Tiles::Sm90Backward(sm90::BACKWARD_D128);
+        assert!(with_tiles(&h, &problem(96, plain.clone()), Direction::Backward, back).is_ok());
+        let refused = |d: u32, o: FlashOptions, direction, tiles| {
+            with_tiles(&h, &problem(d, o), direction, tiles)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = refused(96, plain.clone(), fwd, Tiles::Sm90Forward(sm90::D128));
+        assert!(e.contains("no compiled instance"), "{e}");
+        let e = refused(64, plain.clone(), fwd, back);
+        assert!(e.contains("is not a Forward configuration"), "{e}");
+        // Length masks run on the default tiles: d = 96's are D96.
+        let masked = FlashOptions::new(AttentionOptions::new().key_lengths(vec![50, 70]));
+        let p = with_tiles(&h, &problem(96, masked), fwd, Tiles::Sm90Forward(sm90::D96));
+        assert!(p.unwrap().entry.contains("_general_"));
     }
 
     #[test]

@@ -12,15 +12,7 @@ pub fn shape(
     heads_kv: u32,
     head_dim: u32,
 ) -> AttentionShape {
-    AttentionShape {
-        batch,
-        n_q,
-        n_k,
-        heads_q,
-        heads_kv,
-        head_dim,
-        head_dim_v: head_dim,
-    }
+    AttentionShape::new(batch, n_q, n_k, heads_q, heads_kv, head_dim)
 }
 
 /// Q, K, V and dO of `shape`, uniform in `[-1, 1)`, from `seed`.

@@ -155,15 +155,7 @@ mod tests {
     use attention_kernels::kernels::decode::DecodeCombine;
 
     fn shape(batch: u32, n_q: u32, n_k: u32, heads_q: u32, heads_kv: u32) -> AttentionShape {
-        AttentionShape {
-            batch,
-            n_q,
-            n_k,
-            heads_q,
-            heads_kv,
-            head_dim: 128,
-            head_dim_v: 128,
-        }
+        AttentionShape::new(batch, n_q, n_k, heads_q, heads_kv, 128)
     }
 
     fn select_on(
