@@ -105,3 +105,56 @@ fn wgmma_products_are_not_outlined() {
     }
     assert!(products > 0, "the sm_90a module has no wgmma products");
 }
+
+/// The `wgmma` forward's parameters: the instances `sm90::tma_loads` names take the tensor maps
+/// ahead of the others (`TmaForwardParams`), which the host's launcher passes by the same rule;
+/// a mismatch would hand a kernel the wrong bytes.
+#[test]
+fn sm90_forward_entries_take_the_parameters_the_host_passes() {
+    use attention_kernels::abi::params::{TensorCoreForwardParams, TmaForwardParams};
+    use flash_attn::DType;
+    use flash_attn::instances::{
+        sm90_forward, sm90_forward_mods, sm90_forward_padded, sm90_forward_window,
+    };
+    let Some(hopper) = flash_attn::PTX_SM90A else {
+        return;
+    };
+    let param_bytes = |name: &str| {
+        let decl = format!(".param .align 16 .b8 {name}_param_0[");
+        let at = hopper
+            .find(&decl)
+            .or_else(|| hopper.find(&format!(".param .align 8 .b8 {name}_param_0[")))
+            .unwrap_or_else(|| panic!("{name}: no parameter declaration"));
+        let rest = &hopper[at..];
+        let open = rest.find('[').unwrap() + 1;
+        let close = rest.find(']').unwrap();
+        rest[open..close].parse::<usize>().unwrap()
+    };
+    let (tma, plain) = (
+        size_of::<TmaForwardParams>(),
+        size_of::<TensorCoreForwardParams>(),
+    );
+    let mut checked = 0;
+    for c in sm90::VARIANTS {
+        for dtype in [DType::F16, DType::Bf16] {
+            let default = sm90::config(c.head_dim) == Some(*c);
+            let mut entries = vec![(sm90_forward(dtype, c, false), false)];
+            if default {
+                entries.push((sm90_forward_padded(dtype, c), false));
+                entries.push((sm90_forward_window(dtype, c), false));
+                entries.push((sm90_forward(dtype, c, true), true));
+                entries.push((sm90_forward_mods(dtype, c), true));
+            }
+            for (name, general) in entries {
+                let want = if sm90::tma_loads(c, general) {
+                    tma
+                } else {
+                    plain
+                };
+                assert_eq!(param_bytes(&name), want, "{name}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 50, "{checked} entries checked");
+}

@@ -240,6 +240,7 @@ fn plan_tiles(
     // A window alone over full-length sequences without dropout: the `wgmma` family's `window`
     // instances, which carry neither the modifiers' nor the general options' registers.
     let window_only = !lengths_or_dropout && !problem.options.attention.modifies_scores();
+    let mut tensor_maps = false;
     let (entry, block_rows, block_keys, threads, shared_bytes) = match tiles {
         Tiles::Exact(b) => {
             let entry = match (direction, problem.options.schedule) {
@@ -259,12 +260,13 @@ fn plan_tiles(
             } else {
                 instances::sm90_forward_mods(dtype, &c)
             };
+            tensor_maps = sm90::tma_loads(&c, !window_only);
             (
                 entry,
                 c.block_rows(),
                 c.block_keys,
                 c.threads(),
-                c.shared_bytes(),
+                sm90::forward_shared_bytes(&c, tensor_maps),
             )
         }
         Tiles::Sm90Forward(c) => {
@@ -277,12 +279,13 @@ fn plan_tiles(
             } else {
                 instances::sm90_forward(dtype, &c, general)
             };
+            tensor_maps = sm90::tma_loads(&c, general);
             (
                 entry,
                 c.block_rows(),
                 c.block_keys,
                 c.threads(),
-                c.shared_bytes(),
+                sm90::forward_shared_bytes(&c, tensor_maps),
             )
         }
         Tiles::Sm80Forward(c) => {
@@ -375,6 +378,7 @@ fn plan_tiles(
         grid,
         threads,
         shared_bytes,
+        tensor_maps,
         workspace: workspace(problem, direction, &tiles),
         not_chosen: Vec::new(),
         staged: Vec::new(),
@@ -509,6 +513,9 @@ impl fmt::Display for Plan {
             gx as u64 * gy as u64 * gz as u64
         )?;
         writeln!(f, "shared      {} bytes per block", self.shared_bytes)?;
+        if self.tensor_maps {
+            writeln!(f, "loads       K and V through tensor maps (TMA)")?;
+        }
         let pieces: Vec<String> = self
             .workspace
             .iter()

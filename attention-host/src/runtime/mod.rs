@@ -185,6 +185,7 @@ kernel_params!(
     attention_kernels::abi::params::MaterializedSoftmaxParams,
     attention_kernels::abi::params::MaterializedOutputParams,
     attention_kernels::abi::params::TensorCoreForwardParams,
+    attention_kernels::abi::params::TmaForwardParams,
     attention_kernels::abi::params::TensorCoreBackwardParams,
     attention_kernels::abi::params::MergeParams,
     attention_kernels::abi::params::DecodeParams,

@@ -171,6 +171,38 @@ pub struct TensorCoreForwardParams {
     pub strides: ForwardStrides,
 }
 
+/// A CUDA tensor map (`CUtensorMap`): the opaque 128 bytes the driver's
+/// `cuTensorMapEncodeTiled` writes, which the tensor memory accelerator reads (`tile::tma`) at
+/// 64-byte aligned addresses. Declared 16-byte aligned, the most rustc's NVPTX calling
+/// convention gives a kernel parameter: [`TmaForwardParams`] places its maps.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TensorMap(pub [u64; 16]);
+
+/// Bytes ahead of [`TmaForwardParams`]'s tensor maps. On sm_90 a kernel's parameters start at
+/// offset 0x210 of constant bank 0, 16 bytes past a multiple of 64; the maps, which the
+/// accelerator reads in place, must sit at multiples of 64 (a misplaced one fails the launch
+/// with a misaligned address, which `gpu_variants` would show).
+pub const TMA_MAPS_OFFSET: usize = 48;
+
+/// The `wgmma` forward's instances that load K and V through the tensor memory accelerator
+/// (those without sequences of their own or dropout): K's and V's tensor maps, each over
+/// `[batch, n_k, heads_kv, head_dim]` with their strides and boxes of 64 columns by the block's
+/// keys, 128-byte swizzled, ahead of the other parameters at [`TMA_MAPS_OFFSET`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TmaForwardParams {
+    pub align: [u64; TMA_MAPS_OFFSET / 8],
+    pub k_map: TensorMap,
+    pub v_map: TensorMap,
+    pub base: TensorCoreForwardParams,
+}
+
+const _: () = assert!(
+    core::mem::offset_of!(TmaForwardParams, k_map) == TMA_MAPS_OFFSET
+        && core::mem::offset_of!(TmaForwardParams, v_map) == TMA_MAPS_OFFSET + 128
+);
+
 /// The tensor-core backward (`kernels::sm80::backward`, `kernels::sm90`), one struct for its
 /// kernels. Q, K, V, O, dO, dQ, dK, dV are f16 or bf16 `[batch, seq, heads, head_dim]` with the
 /// strides of `strides`; `lse` is the forward's f32 `[batch, heads_q, n_q]` (natural log).

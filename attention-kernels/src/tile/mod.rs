@@ -23,6 +23,8 @@ pub mod mma;
 #[cfg(target_arch = "nvptx64")]
 pub mod order;
 #[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
+pub mod tma;
+#[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
 pub mod wgmma;
 
 pub use panel::PanelTile;

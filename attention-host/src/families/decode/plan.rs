@@ -134,6 +134,7 @@ pub(crate) fn plan(
         grid: (splits, s.heads_kv, problem.sequences),
         threads: THREADS,
         shared_bytes,
+        tensor_maps: false,
         workspace: pieces
             .into_iter()
             .map(|(name, floats)| (name, (4 * floats).next_multiple_of(WORKSPACE_ALIGN)))

@@ -2,7 +2,9 @@
 //! (`attention_kernels::kernels::sm80::forward`, any sm_80+ device) and the `wgmma` ones
 //! (`attention_kernels::kernels::sm90`, the `sm_90a` module). [`crate::plan`] chose the instance.
 
-use attention_kernels::abi::params::{ForwardStrides, TensorCoreForwardParams};
+use attention_kernels::abi::params::{ForwardStrides, TensorCoreForwardParams, TmaForwardParams};
+
+use super::tensor_map::{Operand, encode};
 
 use crate::error::Result;
 use crate::layout::DeviceLayout;
@@ -41,6 +43,31 @@ pub(crate) fn launch_forward(
         causal: options.causal as u32,
         mods: mods.params,
         strides: *strides,
+    };
+    if !plan.tensor_maps {
+        return queue.launch(&plan.entry, plan.launch_config(), &params);
+    }
+    let kv = |ptr, head_dim, strides| Operand {
+        ptr,
+        batch: shape.batch,
+        rows: shape.n_k,
+        heads: shape.heads_kv,
+        head_dim,
+        strides,
+    };
+    let params = TmaForwardParams {
+        align: Default::default(),
+        k_map: encode(
+            problem.dtype,
+            &kv(params.k, shape.head_dim, strides.k),
+            plan.block_keys,
+        )?,
+        v_map: encode(
+            problem.dtype,
+            &kv(params.v, shape.head_dim_v, strides.v),
+            plan.block_keys,
+        )?,
+        base: params,
     };
     queue.launch(&plan.entry, plan.launch_config(), &params)
 }

@@ -4,3 +4,4 @@
 
 pub(crate) mod backward;
 pub(crate) mod forward;
+pub(crate) mod tensor_map;

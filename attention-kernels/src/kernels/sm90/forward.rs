@@ -23,10 +23,16 @@
 //! add softcap, ALiBi and sink logits (`attn::score_mod`). Each kept apart so that the others pay
 //! no registers for it: a window-only call of full-length sequences runs the `window` instance,
 //! whose registers are the plain one's, not the `mods` one's (which spills at d = 128).
+//! The instances without sequences of their own or dropout (plain, padded and window) up to
+//! d = 192 load K and V with the tensor memory accelerator (`sm90::tma_loads`): thread 0 issues each block's copies after the step
+//! barrier, and every thread waits on the stage's `mbarrier` instead of its own `cp.async`
+//! groups, so the warpgroups spend no issue slots on addresses and copies. Q, once per block,
+//! still comes by `cp.async`. The general instances (lengths, packed sequences) keep `cp.async`:
+//! their sequences do not sit at one tensor map's coordinates.
 //! Generic over `KD = d / 16` (k-steps of `Q·Kᵀ`), `ND = d / 8` (fragments of O), `NK` (fragments
 //! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
 
-use crate::abi::params::TensorCoreForwardParams;
+use crate::abi::params::{TensorCoreForwardParams, TmaForwardParams};
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{
     block_x, grid_dim_x, opaque, shared_window, sync_threads, sync_threads_or, thread_x,
@@ -45,6 +51,7 @@ use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::load_shared_u32;
 use crate::tile::mma::{FragA, FragC};
+use crate::tile::tma;
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
 
@@ -128,14 +135,17 @@ unsafe fn forward<
     const WINDOW: bool,
     const MODS: bool,
     const PADDED: bool,
+    const TMA: bool,
 >(
     p: &TensorCoreForwardParams,
+    maps: u64,
 ) where
     [FragC; NK]: Accumulator,
     [FragC; ND]: Accumulator,
 {
     const { assert!(ND == 2 * KD && NK == 2 * NP && NP > 0 && KD >= 4 && WG > 0) };
     const { assert!(WINDOW || !MODS) };
+    const { assert!(!(TMA && GENERAL)) };
     let (d, bc, br) = (16 * KD as u32, 8 * NK as u32, 64 * WG as u32);
     // Tiles hold whole 64-column panels: d = 96 uses three quarters of two (`WgConfig::tile_cols`).
     let dt = d.next_multiple_of(64);
@@ -206,11 +216,43 @@ unsafe fn forward<
     let kv_base = smem + br * dt * 2;
     let k_tile = |block: u32| PanelTile::new(kv_base + (block & 1) * kv_bytes, bc, dt);
     let v_tile = |block: u32| PanelTile::new(kv_base + (2 + (block & 1)) * kv_bytes, bc, dt);
+    // The tensor memory accelerator's instances (`TMA`): a barrier per stage of K and of V,
+    // after the tiles, and the two tensor maps at `maps` (K's, then V's).
+    let barriers = kv_base + 4 * kv_bytes;
+    let k_barrier = |block: u32| barriers + (block & 1) * tma::BARRIER_BYTES;
+    let v_barrier = |block: u32| barriers + (2 + (block & 1)) * tma::BARRIER_BYTES;
+    let map_bytes = core::mem::size_of::<crate::abi::params::TensorMap>() as u64;
+    // One thread issues a block's boxes, a 64-column panel each, and expects all of their bytes
+    // (zeros past the keys and the head dim count too).
+    let load = |map: u64, bar: u32, tile: PanelTile, block: u32| {
+        if tid == 0 {
+            let at = [0, hk as i32, (block * bc) as i32, seq.batch as i32];
+            // SAFETY: the barrier is initialized; the stage is free (the step barrier before
+            // this issue follows every read of its previous block), each panel 1024-byte aligned.
+            unsafe {
+                tma::arrive_expect_tx(bar, kv_bytes);
+                for panel in 0..dt / 64 {
+                    let dst = tile.chunk_addr(0, 8 * panel);
+                    tma::load_4d(dst, map, bar, [64 * panel as i32, at[1], at[2], at[3]]);
+                }
+            }
+        }
+    };
     // SAFETY (both): each stage holds `bc` rows; rows below n_k are inside K and V.
-    let fill_k =
-        |block: u32| unsafe { k_tile(block).fill_async(k_rows, block * bc, bc, tid, threads) };
-    let fill_v =
-        |block: u32| unsafe { v_tile(block).fill_async(v_rows, block * bc, bc, tid, threads) };
+    let fill_k = |block: u32| {
+        if TMA {
+            load(maps, k_barrier(block), k_tile(block), block)
+        } else {
+            unsafe { k_tile(block).fill_async(k_rows, block * bc, bc, tid, threads) }
+        }
+    };
+    let fill_v = |block: u32| {
+        if TMA {
+            load(maps + map_bytes, v_barrier(block), v_tile(block), block)
+        } else {
+            unsafe { v_tile(block).fill_async(v_rows, block * bc, bc, tid, threads) }
+        }
+    };
 
     // The window: `WINDOW` instances only (the host routes every call that has one there), so
     // the others compile without it.
@@ -226,6 +268,19 @@ unsafe fn forward<
         (first / bc, end.div_ceil(bc))
     };
 
+    // A stage's barrier completes once per block it holds: block `b`'s phase has the parity of
+    // the stage's uses before it.
+    let parity = |block: u32| ((block - first_block) / 2) & 1;
+    if TMA {
+        if tid == 0 {
+            for i in 0..4 {
+                // SAFETY: the barriers lie past the tiles, inside the block's shared memory.
+                unsafe { tma::init(barriers + i * tma::BARRIER_BYTES, 1) };
+            }
+            tma::fence_barrier_init();
+        }
+        sync_threads();
+    }
     // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
     unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };
     if n_blocks > first_block {
@@ -258,13 +313,26 @@ unsafe fn forward<
     // (each thread its own chunks, before the step barrier that publishes them to the tensor
     // cores; the barrier votes whether any was non-finite), and the allowed keys' non-finite
     // part is added to O after the loop (±∞ and NaN survive every rescaling). Keys past the
-    // sequence's length load as zeros and need nothing. `v_landed`: the block whose V this
-    // barrier publishes, if any.
-    let step_barrier = |v_landed: Option<u32>| {
+    // sequence's length load as zeros and need nothing. `k_landed`, `v_landed`: the blocks whose
+    // K and V this barrier publishes, if any.
+    let step_barrier = |k_landed: Option<u32>, v_landed: Option<u32>| {
+        // Q's copies (the first barrier), and K's and V's without the accelerator.
         wait_all();
+        if TMA {
+            // SAFETY: each block waited for was issued on its stage's barrier.
+            unsafe {
+                if let Some(block) = k_landed {
+                    tma::wait(k_barrier(block), parity(block));
+                }
+                if let Some(block) = v_landed {
+                    tma::wait(v_barrier(block), parity(block));
+                }
+            }
+        }
         let bad = match v_landed {
             Some(block) if (causal || windowed) && keys.partial(block * bc, bc) => {
-                // SAFETY: the thread's own copies of V_block have landed (`wait_all`).
+                // SAFETY: the thread's own copies of V_block have landed (`wait_all`, or the
+                // stage's barrier).
                 unsafe { sanitize_own_chunks::<T, _>(&v_tile(block), bc, tid, threads) }
             }
             _ => false,
@@ -275,7 +343,7 @@ unsafe fn forward<
     let mut poisoned = false;
 
     if n_blocks > first_block {
-        step_barrier(None);
+        step_barrier(Some(first_block), None);
         if n_blocks > first_block + 1 {
             fill_k(first_block + 1);
         }
@@ -295,7 +363,7 @@ unsafe fn forward<
         // P of the previous step, waiting for its V.
         let mut pf = pack::<T, NK, NP>(&sc);
         for block in first_block + 1..n_blocks {
-            poisoned |= step_barrier(Some(block - 1));
+            poisoned |= step_barrier(Some(block), Some(block - 1));
             if block + 1 < n_blocks {
                 fill_k(block + 1);
             }
@@ -319,7 +387,7 @@ unsafe fn forward<
             rescale(&mut o, alpha);
             pf = pack::<T, NK, NP>(&sc);
         }
-        poisoned |= step_barrier(Some(n_blocks - 1));
+        poisoned |= step_barrier(None, Some(n_blocks - 1));
         wgmma::fence();
         // SAFETY: V_{n_blocks−1} is published (barrier above).
         unsafe { accumulate::<T, ND, NP>(&mut o, &pf, v_tile(n_blocks - 1)) };
@@ -351,11 +419,15 @@ unsafe fn forward<
         } else {
             keys.unmasked_end / bc * bc
         };
-        let dropping = GENERAL && p.dropout.enabled();
-        let key = p.dropout.key();
+        // Copies of the parameters the slow path's closures read: a reference into the
+        // parameters that escaped into the call would make every block copy all of them to
+        // local memory at its start.
+        let (rng, scale_log2) = (p.dropout, p.scale_log2);
+        let dropping = GENERAL && rng.enabled();
+        let key = rng.key();
         let rows = [row_lo, row_hi];
         let dropped = |r: usize, col: u32| {
-            dropping && dropout_multiplier(&p.dropout, key, seq.index, h, rows[r], col) == 0.0
+            dropping && dropout_multiplier(&rng, key, seq.index, h, rows[r], col) == 0.0
         };
         let (starts, ends) = keys.ranges();
         let (q_op, k_op) = (
@@ -373,7 +445,7 @@ unsafe fn forward<
         let (n_q, n_k) = (seq.q_len, seq.k_len);
         let in_support = |r: usize, key: u32| {
             let score =
-                |raw| score_mod.apply_log2(raw, p.scale_log2, distance(rows[r], key, n_q, n_k));
+                |raw| score_mod.apply_log2(raw, scale_log2, distance(rows[r], key, n_q, n_k));
             // SAFETY: a row below the sequence's length is a row of Q; an allowed key of K.
             rows[r] >= n_q
                 || !unsafe { scored_out::<T>(q_op, k_op, (rows[r], key), real_head_dim, score) }
@@ -449,13 +521,45 @@ unsafe fn forward<
 /// `flash_wgmma_forward_window_…` (the window alone) and `flash_wgmma_forward_mods_…` (all of
 /// those and the score modifiers) for the defaults. The defaults' plain instances take the
 /// compiled head dim only; `flash_wgmma_forward_padded_…` takes smaller ones (zero-padded
-/// columns), as every other instance does.
+/// columns), as every other instance does. `cp_async` lines take [`TensorCoreForwardParams`],
+/// `tma` ones (`sm90::tma_loads`) [`TmaForwardParams`], whose tensor maps the kernel reads in
+/// parameter space: its address, taken by name (`<entry>_param_0`), made generic, plus
+/// `TMA_MAPS_OFFSET`.
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $dropout:literal, $window:literal, $mods:literal, $padded:literal;)*) => {$(
+    (@params cp_async $name:ident $p:ident) => {
+        TensorCoreForwardParams
+    };
+    (@params tma $name:ident $p:ident) => {
+        TmaForwardParams
+    };
+    (@run cp_async $name:ident $p:ident) => {
+        (&$p, 0)
+    };
+    (@tma cp_async) => {
+        false
+    };
+    (@tma tma) => {
+        true
+    };
+    (@run tma $name:ident $p:ident) => {{
+        let maps: u64;
+        // SAFETY: the address of the entry's own parameter has no preconditions.
+        unsafe {
+            core::arch::asm!(
+                concat!("mov.u64 {m}, ", stringify!($name), "_param_0;"),
+                "cvta.param.u64 {m}, {m};",
+                m = out(reg64) maps,
+                options(pure, nomem, nostack)
+            )
+        };
+        (&$p.base, maps + crate::abi::params::TMA_MAPS_OFFSET as u64)
+    }};
+    ($($kind:ident $name:ident => $t:ty, $cfg:expr, $dropout:literal, $window:literal, $mods:literal, $padded:literal;)*) => {$(
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreForwardParams) {
+        pub unsafe extern "ptx-kernel" fn $name(p: entry_points!(@params $kind $name p)) {
+            let (params, maps) = entry_points!(@run $kind $name p);
             // SAFETY: the host validated the buffers against `p` and launched the configuration's
-            // grid, block and shared memory.
+            // grid, block and shared memory (and encoded the tensor maps of a `tma` entry).
             unsafe {
                 forward::<
                     $t,
@@ -468,74 +572,75 @@ macro_rules! entry_points {
                     $window,
                     $mods,
                     $padded,
-                >(&p)
+                    { entry_points!(@tma $kind) },
+                >(params, maps)
             }
         }
     )*};
 }
 
 entry_points! {
-    flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
-    flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
-    flash_wgmma_forward_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;
-    flash_wgmma_forward_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;
-    flash_wgmma_forward_general_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, false, false, true;
-    flash_wgmma_forward_general_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, false, false, true;
-    flash_wgmma_forward_mods_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, true, true, true;
-    flash_wgmma_forward_window_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, true, false, true;
-    flash_wgmma_forward_mods_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, true, true, true;
-    flash_wgmma_forward_window_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, true, false, true;
-    flash_wgmma_forward_padded_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, true;
-    flash_wgmma_forward_padded_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, true;
-    flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, false;
-    flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, false;
-    flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false, true;
-    flash_wgmma_forward_general_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false, true;
-    flash_wgmma_forward_general_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false, false, true;
-    flash_wgmma_forward_general_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false, false, true;
-    flash_wgmma_forward_mods_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true, true, true;
-    flash_wgmma_forward_window_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, true, false, true;
-    flash_wgmma_forward_mods_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true, true, true;
-    flash_wgmma_forward_window_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, true, false, true;
-    flash_wgmma_forward_mods_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true, true;
-    flash_wgmma_forward_window_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false, true;
-    flash_wgmma_forward_mods_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true, true;
-    flash_wgmma_forward_window_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false, true;
-    flash_wgmma_forward_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, false;
-    flash_wgmma_forward_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, false;
-    flash_wgmma_forward_general_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false, false, true;
-    flash_wgmma_forward_general_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false, false, true;
-    flash_wgmma_forward_mods_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true, true, true;
-    flash_wgmma_forward_window_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, true, false, true;
-    flash_wgmma_forward_mods_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true, true, true;
-    flash_wgmma_forward_window_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, true, false, true;
-    flash_wgmma_forward_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, false;
-    flash_wgmma_forward_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, false;
-    flash_wgmma_forward_general_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false, false, true;
-    flash_wgmma_forward_general_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false, false, true;
-    flash_wgmma_forward_mods_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true, true, true;
-    flash_wgmma_forward_window_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, true, false, true;
-    flash_wgmma_forward_mods_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true, true, true;
-    flash_wgmma_forward_window_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, true, false, true;
-    flash_wgmma_forward_padded_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, true;
-    flash_wgmma_forward_padded_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, true;
-    flash_wgmma_forward_padded_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, true;
-    flash_wgmma_forward_padded_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, true;
-    flash_wgmma_forward_padded_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, true;
-    flash_wgmma_forward_padded_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, true;
-    flash_wgmma_forward_padded_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, true;
-    flash_wgmma_forward_padded_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    tma flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    tma flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    tma flash_wgmma_forward_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    tma flash_wgmma_forward_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    cp_async flash_wgmma_forward_general_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, false, false, true;
+    cp_async flash_wgmma_forward_general_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, false, false, true;
+    cp_async flash_wgmma_forward_mods_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, true, true, true;
+    tma flash_wgmma_forward_window_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, true, false, true;
+    cp_async flash_wgmma_forward_mods_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, true, true, true;
+    tma flash_wgmma_forward_window_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, true, false, true;
+    tma flash_wgmma_forward_padded_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, true;
+    tma flash_wgmma_forward_padded_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, true;
+    tma flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    tma flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    cp_async flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false, true;
+    cp_async flash_wgmma_forward_general_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false, true;
+    cp_async flash_wgmma_forward_general_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false, false, true;
+    cp_async flash_wgmma_forward_general_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false, false, true;
+    cp_async flash_wgmma_forward_mods_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true, true, true;
+    tma flash_wgmma_forward_window_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, true, false, true;
+    cp_async flash_wgmma_forward_mods_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true, true, true;
+    tma flash_wgmma_forward_window_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, true, false, true;
+    cp_async flash_wgmma_forward_mods_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true, true;
+    tma flash_wgmma_forward_window_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false, true;
+    cp_async flash_wgmma_forward_mods_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true, true;
+    tma flash_wgmma_forward_window_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false, true;
+    tma flash_wgmma_forward_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    tma flash_wgmma_forward_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    cp_async flash_wgmma_forward_general_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false, false, true;
+    cp_async flash_wgmma_forward_general_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false, false, true;
+    cp_async flash_wgmma_forward_mods_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true, true, true;
+    tma flash_wgmma_forward_window_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, true, false, true;
+    cp_async flash_wgmma_forward_mods_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true, true, true;
+    tma flash_wgmma_forward_window_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, true, false, true;
+    cp_async flash_wgmma_forward_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    cp_async flash_wgmma_forward_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    cp_async flash_wgmma_forward_general_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false, false, true;
+    cp_async flash_wgmma_forward_general_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false, false, true;
+    cp_async flash_wgmma_forward_mods_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true, true, true;
+    cp_async flash_wgmma_forward_window_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, true, false, true;
+    cp_async flash_wgmma_forward_mods_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true, true, true;
+    cp_async flash_wgmma_forward_window_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, true, false, true;
+    tma flash_wgmma_forward_padded_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    tma flash_wgmma_forward_padded_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    tma flash_wgmma_forward_padded_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, true;
+    tma flash_wgmma_forward_padded_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, true;
+    tma flash_wgmma_forward_padded_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    tma flash_wgmma_forward_padded_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    cp_async flash_wgmma_forward_padded_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    cp_async flash_wgmma_forward_padded_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, true;
 }
 
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
 #[cfg(feature = "tuning")]
 entry_points! {
-    flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false, true;
-    flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false, true;
-    flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, true;
-    flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, true;
-    flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false, true;
-    flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false, true;
-    flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false, true;
-    flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    tma flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false, true;
+    tma flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false, true;
+    tma flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, true;
+    tma flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, true;
+    tma flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false, true;
+    tma flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false, true;
+    tma flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    tma flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false, true;
 }

@@ -133,6 +133,20 @@ pub const fn config(head_dim: u32) -> Option<WgConfig> {
     }
 }
 
+/// Whether the forward instance of `c` for full-length sequences without dropout (`general`
+/// false: the plain, padded and window instances) loads K and V with the tensor memory
+/// accelerator, taking `abi::params::TmaForwardParams`; up to d = 192 (at d = 256 the barriers'
+/// registers made the plain instance spill).
+pub const fn tma_loads(c: &WgConfig, general: bool) -> bool {
+    !general && c.head_dim <= 192
+}
+
+/// Bytes of shared memory an instance takes: its tiles, and with the tensor memory
+/// accelerator's loads a barrier per stage of K and of V after them.
+pub const fn forward_shared_bytes(c: &WgConfig, tma: bool) -> u32 {
+    c.shared_bytes() + if tma { 4 * 8 } else { 0 }
+}
+
 /// Tiles of the backward's main kernel: `warpgroups` groups of 4 warps, each owning 64 keys of the
 /// K/V block for `Sᵀ`, `dPᵀ`, dK and dV; Q blocks of 64 rows, whose dQ the groups split by
 /// columns (each reads every group's `dSᵀ` rows). Past d = 128 the block is [`sliced`]: both

@@ -1,0 +1,94 @@
+//! Hopper's tensor memory accelerator: `cp.async.bulk.tensor` copies of whole tiles, described by
+//! a tensor map the host encoded (`abi::params::TensorMap`), completing on an `mbarrier` in
+//! shared memory. One thread issues a tile's copies and tells the barrier how many bytes to
+//! expect; every thread that reads the tile waits on the barrier's phase.
+//!
+//! A tensor map with a 128-byte swizzle writes a box of 64 16-bit columns exactly as one panel of
+//! a [`super::PanelTile`] (1024-byte aligned), and fills what lies outside the tensor with
+//! zeros: keys past the sequence and columns past the head dim.
+
+use core::arch::asm;
+
+/// Bytes of one `mbarrier` object.
+pub const BARRIER_BYTES: u32 = 8;
+
+/// Initializes the barrier at shared address `bar` for `count` arrivals per phase.
+///
+/// # Safety
+/// `bar` is an 8-byte aligned shared address no thread uses as a barrier yet; the barrier is
+/// published to the other threads (`fence_barrier_init`, then a block barrier) before they wait.
+#[inline(always)]
+pub unsafe fn init(bar: u32, count: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        asm!("mbarrier.init.shared::cta.b64 [{b}], {c};", b = in(reg32) bar, c = in(reg32) count,
+            options(nostack))
+    }
+}
+
+/// Makes the barriers this thread initialized visible to the async proxy (the copies that
+/// complete on them).
+#[inline(always)]
+pub fn fence_barrier_init() {
+    // SAFETY: a fence has no preconditions.
+    unsafe { asm!("fence.mbarrier_init.release.cluster;", options(nostack)) }
+}
+
+/// Arrives on `bar` and raises the bytes its current phase waits for by `bytes`.
+///
+/// # Safety
+/// `bar` is an initialized barrier; the copies that complete those bytes are issued on it.
+#[inline(always)]
+pub unsafe fn arrive_expect_tx(bar: u32, bytes: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{b}], {n};", b = in(reg32) bar,
+            n = in(reg32) bytes, options(nostack))
+    }
+}
+
+/// Waits until the phase of `bar` with parity `parity` has completed: its arrivals and bytes.
+///
+/// # Safety
+/// `bar` is an initialized barrier whose phase `parity` completes.
+#[inline(always)]
+pub unsafe fn wait(bar: u32, parity: u32) {
+    loop {
+        let done: u32;
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            asm!(
+                "{{",
+                ".reg .pred p;",
+                "mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {ph};",
+                "selp.u32 {d}, 1, 0, p;",
+                "}}",
+                b = in(reg32) bar, ph = in(reg32) parity, d = out(reg32) done,
+                options(nostack)
+            )
+        }
+        if done != 0 {
+            return;
+        }
+    }
+}
+
+/// Copies the box at coordinates `c` (innermost first) of the four-dimensional tensor map at
+/// generic address `map` into shared memory at `dst`, completing its bytes on `bar`.
+///
+/// # Safety
+/// `map` addresses a valid tensor map in kernel-parameter, constant or global memory; `dst` is
+/// the start of a box-sized shared region aligned as the map's swizzle needs (1024 bytes for
+/// 128-byte swizzling) that nothing else reads or writes until `bar`'s phase completes.
+#[inline(always)]
+pub unsafe fn load_4d(dst: u32, map: u64, bar: u32, c: [i32; 4]) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        asm!(
+            "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{d}], [{m}, {{{c0}, {c1}, {c2}, {c3}}}], [{b}];",
+            d = in(reg32) dst, m = in(reg64) map, b = in(reg32) bar,
+            c0 = in(reg32) c[0], c1 = in(reg32) c[1], c2 = in(reg32) c[2], c3 = in(reg32) c[3],
+            options(nostack)
+        )
+    }
+}
