@@ -1,6 +1,6 @@
 use super::*;
 use crate::reference::forward;
-use crate::reference::test_support::{Inputs, inputs, shape};
+use crate::reference::test_support::{Inputs, inputs};
 use approx::assert_relative_eq;
 
 /// `⟨dO, O(q, k, v)⟩`, the scalar whose gradient `backward` returns.
@@ -47,9 +47,13 @@ fn check_by_finite_differences(s: &AttentionShape, options: &AttentionOptions, s
 
 #[test]
 fn finite_differences_plain_and_scaled() {
-    check_by_finite_differences(&shape(2, 3, 4, 2, 2, 3), &AttentionOptions::new(), 11);
     check_by_finite_differences(
-        &shape(1, 4, 3, 1, 1, 2),
+        &AttentionShape::new(2, 3, 4, 2, 2, 3),
+        &AttentionOptions::new(),
+        11,
+    );
+    check_by_finite_differences(
+        &AttentionShape::new(1, 4, 3, 1, 1, 2),
         &AttentionOptions::new().scale(1.7),
         12,
     );
@@ -58,12 +62,12 @@ fn finite_differences_plain_and_scaled() {
 #[test]
 fn finite_differences_causal_with_unequal_lengths() {
     check_by_finite_differences(
-        &shape(1, 5, 3, 2, 1, 2),
+        &AttentionShape::new(1, 5, 3, 2, 1, 2),
         &AttentionOptions::new().causal(true),
         13,
     );
     check_by_finite_differences(
-        &shape(2, 3, 5, 2, 2, 3),
+        &AttentionShape::new(2, 3, 5, 2, 2, 3),
         &AttentionOptions::new().causal(true),
         14,
     );
@@ -72,12 +76,12 @@ fn finite_differences_causal_with_unequal_lengths() {
 #[test]
 fn finite_differences_gqa_key_lengths_and_packed() {
     check_by_finite_differences(
-        &shape(2, 3, 4, 4, 2, 2),
+        &AttentionShape::new(2, 3, 4, 4, 2, 2),
         &AttentionOptions::new().key_lengths(vec![2, 4]),
         15,
     );
     check_by_finite_differences(
-        &shape(1, 5, 6, 3, 1, 2),
+        &AttentionShape::new(1, 5, 6, 3, 1, 2),
         &AttentionOptions::new()
             .causal(true)
             .packed(vec![0, 2, 5], vec![0, 4, 6]),
@@ -88,12 +92,12 @@ fn finite_differences_gqa_key_lengths_and_packed() {
 #[test]
 fn finite_differences_with_dropout_replayed() {
     check_by_finite_differences(
-        &shape(2, 4, 5, 2, 1, 3),
+        &AttentionShape::new(2, 4, 5, 2, 1, 3),
         &AttentionOptions::new().dropout(0.3, 9, 2),
         17,
     );
     check_by_finite_differences(
-        &shape(1, 6, 6, 2, 2, 2),
+        &AttentionShape::new(1, 6, 6, 2, 2, 2),
         &AttentionOptions::new()
             .causal(true)
             .dropout(0.5, 1, 0)
@@ -105,7 +109,7 @@ fn finite_differences_with_dropout_replayed() {
 /// 0x0DD's structure: a key no row may see gets zero dK and dV; a row with no key gets zero dQ.
 #[test]
 fn unused_keys_and_empty_rows_have_zero_gradients() {
-    let s = shape(1, 4, 5, 1, 1, 3);
+    let s = AttentionShape::new(1, 4, 5, 1, 1, 3);
     let x = inputs(&s, 19);
     let options = AttentionOptions::new()
         .causal(true)
@@ -117,7 +121,7 @@ fn unused_keys_and_empty_rows_have_zero_gradients() {
     assert!(g.dq.iter().chain(&g.dk).chain(&g.dv).all(|v| v.is_finite()));
     assert!(g.dk[..12].iter().any(|v| *v != 0.0));
 
-    let past = shape(1, 4, 2, 1, 1, 3);
+    let past = AttentionShape::new(1, 4, 2, 1, 1, 3);
     let y = inputs(&past, 20);
     let g = backward(
         &past,
@@ -136,7 +140,7 @@ fn unused_keys_and_empty_rows_have_zero_gradients() {
 
 #[test]
 fn gqa_gradients_sum_over_the_group() {
-    let gqa = shape(1, 3, 4, 4, 2, 2);
+    let gqa = AttentionShape::new(1, 3, 4, 4, 2, 2);
     let x = inputs(&gqa, 21);
     let mha = AttentionShape { heads_kv: 4, ..gqa };
     let repeat =
@@ -166,7 +170,7 @@ fn gqa_gradients_sum_over_the_group() {
 
 #[test]
 fn nan_input_poisons_only_its_row_gradients() {
-    let s = shape(1, 2, 2, 1, 1, 1);
+    let s = AttentionShape::new(1, 2, 2, 1, 1, 1);
     let g = backward(
         &s,
         &[1.0, f64::NAN],
@@ -182,7 +186,7 @@ fn nan_input_poisons_only_its_row_gradients() {
 
 #[test]
 fn d_o_length_is_checked() {
-    let s = shape(1, 2, 2, 1, 1, 1);
+    let s = AttentionShape::new(1, 2, 2, 1, 1, 1);
     assert!(
         backward(
             &s,
@@ -199,17 +203,17 @@ fn d_o_length_is_checked() {
 #[test]
 fn finite_differences_window_softcap_and_alibi() {
     check_by_finite_differences(
-        &shape(1, 5, 6, 2, 1, 3),
+        &AttentionShape::new(1, 5, 6, 2, 1, 3),
         &AttentionOptions::new().causal(true).window(2, 0),
         60,
     );
     check_by_finite_differences(
-        &shape(1, 4, 6, 2, 2, 2),
+        &AttentionShape::new(1, 4, 6, 2, 2, 2),
         &AttentionOptions::new().window(1, 2).softcap(0.8),
         61,
     );
     check_by_finite_differences(
-        &shape(2, 4, 3, 2, 1, 3),
+        &AttentionShape::new(2, 4, 3, 2, 1, 3),
         &AttentionOptions::new()
             .scale(2.0)
             .softcap(1.3)
@@ -217,7 +221,7 @@ fn finite_differences_window_softcap_and_alibi() {
         62,
     );
     check_by_finite_differences(
-        &shape(1, 6, 6, 2, 1, 2),
+        &AttentionShape::new(1, 6, 6, 2, 1, 2),
         &AttentionOptions::new()
             .causal(true)
             .dropout(0.3, 4, 1)
@@ -232,7 +236,7 @@ fn finite_differences_window_softcap_and_alibi() {
 /// P_sink is 1 but D is 0) and a window.
 #[test]
 fn finite_differences_of_the_sink_logits() {
-    let s = shape(1, 5, 3, 3, 1, 2);
+    let s = AttentionShape::new(1, 5, 3, 3, 1, 2);
     let x = inputs(&s, 64);
     let sinks = vec![0.4f32, -1.25, 1.5];
     let options = |sinks: Vec<f32>| {
@@ -271,7 +275,7 @@ fn finite_differences_of_the_sink_logits() {
 
 #[test]
 fn given_the_forwards_output_the_gradients_are_backwards() {
-    let s = shape(2, 5, 7, 4, 2, 8);
+    let s = AttentionShape::new(2, 5, 7, 4, 2, 8);
     let x = inputs(&s, 11);
     let options = AttentionOptions::new().causal(true).dropout(0.2, 5, 3);
     let o = forward(&s, &x.q, &x.k, &x.v, &options).unwrap().o;
@@ -289,7 +293,7 @@ fn given_the_forwards_output_the_gradients_are_backwards() {
 /// an `O` rounded to bf16 cannot avoid.
 #[test]
 fn a_one_key_row_moves_with_the_given_output() {
-    let s = shape(1, 1, 1, 1, 1, 4);
+    let s = AttentionShape::new(1, 1, 1, 1, 1, 4);
     let x = inputs(&s, 3);
     let options = AttentionOptions::new();
     let exact = backward(&s, &x.q, &x.k, &x.v, &x.d_o, &options).unwrap();
@@ -310,19 +314,19 @@ fn a_one_key_row_moves_with_the_given_output() {
 #[test]
 fn finite_differences_with_a_value_head_dim_of_its_own() {
     check_by_finite_differences(
-        &shape(1, 4, 5, 2, 1, 3).with_head_dim_v(2),
+        &AttentionShape::new(1, 4, 5, 2, 1, 3).with_head_dim_v(2),
         &AttentionOptions::new().causal(true),
         70,
     );
     check_by_finite_differences(
-        &shape(2, 3, 4, 2, 2, 2).with_head_dim_v(5),
+        &AttentionShape::new(2, 3, 4, 2, 2, 2).with_head_dim_v(5),
         &AttentionOptions::new()
             .dropout(0.3, 4, 1)
             .key_lengths(vec![4, 2]),
         71,
     );
     check_by_finite_differences(
-        &shape(1, 5, 5, 2, 1, 4).with_head_dim_v(1),
+        &AttentionShape::new(1, 5, 5, 2, 1, 4).with_head_dim_v(1),
         &AttentionOptions::new()
             .window(1, 1)
             .softcap(1.1)
@@ -330,7 +334,7 @@ fn finite_differences_with_a_value_head_dim_of_its_own() {
             .sinks(vec![0.2, -0.4]),
         72,
     );
-    let s = shape(1, 3, 4, 2, 1, 3).with_head_dim_v(2);
+    let s = AttentionShape::new(1, 3, 4, 2, 1, 3).with_head_dim_v(2);
     let x = inputs(&s, 73);
     let g = backward(&s, &x.q, &x.k, &x.v, &x.d_o, &AttentionOptions::new()).unwrap();
     assert_eq!(

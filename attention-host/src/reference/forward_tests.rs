@@ -2,7 +2,7 @@ use attention_kernels::attn::online_state::OnlineState;
 
 use super::*;
 use crate::error::AttentionError;
-use crate::reference::test_support::{inputs, shape};
+use crate::reference::test_support::inputs;
 use approx::assert_relative_eq;
 
 /// Keys `[s_j, 0]` against the query `[1, 0]` with `τ = 1` make the scores exactly `s_j`.
@@ -18,7 +18,7 @@ fn article_three_block_row() {
     let (q, k) = scores_as_keys(&[0.0, -2.0, 3.0, 1.0, -1.0]);
     let v = [1.0, 0.0, 0.0, 2.0, 4.0, 1.0, 2.0, 3.0, -1.0, 2.0];
     let out = forward(
-        &shape(1, 1, 5, 1, 1, 2),
+        &AttentionShape::new(1, 1, 5, 1, 1, 2),
         &q,
         &k,
         &v,
@@ -45,7 +45,14 @@ fn article_masked_row_six_lse() {
     let (q, k) = scores_as_keys(&[0.0, -2.0, 3.0, 1.0, -1.0, 4.0, 2.0, 7.0, 5.0, 6.0]);
     let v = vec![0.5; 20];
     let options = AttentionOptions::new().scale(1.0).key_lengths(vec![7]);
-    let out = forward(&shape(1, 1, 10, 1, 1, 2), &q, &k, &v, &options).unwrap();
+    let out = forward(
+        &AttentionShape::new(1, 1, 10, 1, 1, 2),
+        &q,
+        &k,
+        &v,
+        &options,
+    )
+    .unwrap();
     assert_relative_eq!(
         out.lse[..],
         [4.0 + 1.580534130840f64.ln()][..],
@@ -63,7 +70,7 @@ fn article_masked_row_six_lse() {
 #[test]
 fn article_naive_block_counterexample() {
     let out = forward(
-        &shape(1, 1, 3, 1, 1, 1),
+        &AttentionShape::new(1, 1, 3, 1, 1, 1),
         &[1.0],
         &[0.0, 0.0, 10.0],
         &[1.0, 1.0, 100.0],
@@ -78,7 +85,7 @@ fn article_naive_block_counterexample() {
 #[test]
 fn matches_the_online_state_fold_under_masks_and_gqa() {
     const D: usize = 4;
-    let s = shape(2, 5, 7, 4, 2, D as u32);
+    let s = AttentionShape::new(2, 5, 7, 4, 2, D as u32);
     let x = inputs(&s, 1);
     for options in [
         AttentionOptions::new(),
@@ -123,7 +130,7 @@ fn matches_the_online_state_fold_under_masks_and_gqa() {
 
 #[test]
 fn scores_use_tau_times_the_dot_product() {
-    let s = shape(1, 1, 2, 1, 1, 2);
+    let s = AttentionShape::new(1, 1, 2, 1, 1, 2);
     let (q, k, v) = ([1.0, 2.0], [1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0]);
     let out = forward(&s, &q, &k, &v, &AttentionOptions::new()).unwrap();
     // Default τ = 1/√2, rounded to f32 as the kernels hold it: scores [3τ, 0].
@@ -145,7 +152,7 @@ fn scores_use_tau_times_the_dot_product() {
 
 #[test]
 fn gqa_equals_mha_with_repeated_kv_heads() {
-    let gqa = shape(2, 3, 5, 6, 2, 3);
+    let gqa = AttentionShape::new(2, 3, 5, 6, 2, 3);
     let x = inputs(&gqa, 2);
     let mha = AttentionShape { heads_kv: 6, ..gqa };
     let repeat =
@@ -159,7 +166,7 @@ fn gqa_equals_mha_with_repeated_kv_heads() {
 #[test]
 fn packed_sequences_equal_separate_calls() {
     let (cu_q, cu_k) = (vec![0u32, 2, 2, 6], vec![0u32, 3, 5, 9]);
-    let s = shape(1, 6, 9, 2, 1, 3);
+    let s = AttentionShape::new(1, 6, 9, 2, 1, 3);
     let x = inputs(&s, 3);
     let options = AttentionOptions::new()
         .causal(true)
@@ -175,7 +182,7 @@ fn packed_sequences_equal_separate_calls() {
         if q0 == q1 {
             continue;
         }
-        let one = shape(1, (q1 - q0) as u32, (k1 - k0) as u32, 2, 1, 3);
+        let one = AttentionShape::new(1, (q1 - q0) as u32, (k1 - k0) as u32, 2, 1, 3);
         let alone = forward(
             &one,
             &x.q[q0 * 6..q1 * 6],
@@ -196,7 +203,7 @@ fn packed_sequences_equal_separate_calls() {
 
 #[test]
 fn key_lengths_equal_truncated_keys_with_causal_aligned_to_the_length() {
-    let s = shape(1, 4, 6, 1, 1, 2);
+    let s = AttentionShape::new(1, 4, 6, 1, 1, 2);
     let x = inputs(&s, 4);
     for causal in [false, true] {
         let padded = forward(
@@ -208,7 +215,7 @@ fn key_lengths_equal_truncated_keys_with_causal_aligned_to_the_length() {
         )
         .unwrap();
         let short = forward(
-            &shape(1, 4, 5, 1, 1, 2),
+            &AttentionShape::new(1, 4, 5, 1, 1, 2),
             &x.q,
             &x.k[..10],
             &x.v[..10],
@@ -222,14 +229,14 @@ fn key_lengths_equal_truncated_keys_with_causal_aligned_to_the_length() {
 #[test]
 fn causal_is_bottom_right_aligned_and_empty_rows_are_zero() {
     // n_q = 5 > n_k = 3: rows 0 and 1 see no key, row 4 sees all three.
-    let s = shape(1, 5, 3, 1, 1, 2);
+    let s = AttentionShape::new(1, 5, 3, 1, 1, 2);
     let x = inputs(&s, 5);
     let out = forward(&s, &x.q, &x.k, &x.v, &AttentionOptions::new().causal(true)).unwrap();
     assert_eq!(&out.o[..4], &[0.0; 4]);
     assert_eq!(&out.lse[..2], &[f64::NEG_INFINITY; 2]);
     assert!(out.o.iter().chain(&out.lse).all(|x| !x.is_nan()));
     let last = forward(
-        &shape(1, 1, 3, 1, 1, 2),
+        &AttentionShape::new(1, 1, 3, 1, 1, 2),
         &x.q[8..],
         &x.k,
         &x.v,
@@ -253,7 +260,7 @@ fn causal_is_bottom_right_aligned_and_empty_rows_are_zero() {
 #[test]
 fn dropout_mask_is_the_philox_keep_bit_at_every_coordinate() {
     let (cu_q, cu_k) = (vec![0u32, 3, 7], vec![0u32, 5, 8]);
-    let s = shape(1, 7, 8, 4, 2, 8);
+    let s = AttentionShape::new(1, 7, 8, 4, 2, 8);
     let x = inputs(&s, 6);
     let mut v = vec![0.0; s.v_elems()];
     for key in 0..8 {
@@ -298,7 +305,7 @@ fn dropout_mask_is_the_philox_keep_bit_at_every_coordinate() {
 
 #[test]
 fn non_finite_policy() {
-    let s = shape(1, 3, 3, 1, 1, 1);
+    let s = AttentionShape::new(1, 3, 3, 1, 1, 1);
     let k = [1.0, 2.0, 3.0];
     let v = [1.0, 10.0, 100.0];
     let run = |q: &[f64], k: &[f64], v: &[f64], options: AttentionOptions| {
@@ -324,7 +331,7 @@ fn non_finite_policy() {
         AttentionOptions::new(),
     );
     let without = forward(
-        &shape(1, 3, 2, 1, 1, 1),
+        &AttentionShape::new(1, 3, 2, 1, 1, 1),
         &[1.0; 3],
         &[1.0, 3.0],
         &[1.0, 100.0],
@@ -354,7 +361,7 @@ fn non_finite_policy() {
 
 #[test]
 fn invalid_inputs_are_refused() {
-    let s = shape(2, 3, 4, 2, 1, 2);
+    let s = AttentionShape::new(2, 3, 4, 2, 1, 2);
     let x = inputs(&s, 7);
     let refused = |r: Result<Forward>| matches!(r, Err(AttentionError::InvalidInput(_)));
     assert!(refused(forward(
@@ -396,7 +403,7 @@ fn invalid_inputs_are_refused() {
 
 #[test]
 fn f32_entry_point_widens_exactly() {
-    let s = shape(1, 3, 4, 2, 2, 3);
+    let s = AttentionShape::new(1, 3, 4, 2, 2, 3);
     let x = inputs(&s, 8);
     let narrow = |t: &[f64]| t.iter().map(|&v| v as f32).collect::<Vec<f32>>();
     let wide = |t: &[f64]| t.iter().map(|&v| v as f32 as f64).collect::<Vec<f64>>();
@@ -410,7 +417,7 @@ fn f32_entry_point_widens_exactly() {
 
 #[test]
 fn forward_rows_equal_the_same_rows_of_forward() {
-    let s = shape(2, 7, 9, 4, 2, 5);
+    let s = AttentionShape::new(2, 7, 9, 4, 2, 5);
     let x = inputs(&s, 11);
     let options = AttentionOptions::new()
         .causal(true)
@@ -429,7 +436,7 @@ fn forward_rows_equal_the_same_rows_of_forward() {
         );
     }
     // Packed: a row past the last sequence does not exist.
-    let p = shape(1, 6, 9, 2, 1, 3);
+    let p = AttentionShape::new(1, 6, 9, 2, 1, 3);
     let y = inputs(&p, 4);
     let packed = AttentionOptions::new().packed(vec![0, 2, 5], vec![0, 3, 9]);
     let err = forward_rows(&p, &y.q, &y.k, &y.v, &packed, &[(0, 0, 5)]).unwrap_err();
@@ -449,12 +456,12 @@ fn a_value_head_dim_of_its_own_is_zero_padding_cut_off() {
             .collect()
     };
     for (d, d_v) in [(6u32, 4u32), (3, 5)] {
-        let s = shape(2, 5, 7, 4, 2, d).with_head_dim_v(d_v);
+        let s = AttentionShape::new(2, 5, 7, 4, 2, d).with_head_dim_v(d_v);
         let x = inputs(&s, 8);
         let options = AttentionOptions::new().causal(true).key_lengths(vec![7, 3]);
         let got = forward(&s, &x.q, &x.k, &x.v, &options).unwrap();
         let wide = d.max(d_v);
-        let padded = shape(2, 5, 7, 4, 2, wide);
+        let padded = AttentionShape::new(2, 5, 7, 4, 2, wide);
         let (q_rows, k_rows) = ((2 * 5 * 4) as usize, (2 * 7 * 2) as usize);
         let (q, k, v) = (
             pad(&x.q, q_rows, d as usize, wide as usize),

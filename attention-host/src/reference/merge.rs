@@ -56,7 +56,7 @@ mod tests {
     use super::*;
     use crate::options::AttentionOptions;
     use crate::reference::forward;
-    use crate::reference::test_support::{inputs, shape};
+    use crate::reference::test_support::inputs;
     use attention_kernels::abi::shape::AttentionShape;
 
     fn part_shape(s: &AttentionShape) -> PartShape {
@@ -121,9 +121,9 @@ mod tests {
     #[test]
     fn merging_two_key_halves_is_the_forward_over_all_keys() {
         for (s, splits) in [
-            (shape(2, 3, 40, 4, 2, 16), vec![20]),
-            (shape(1, 5, 33, 2, 1, 8), vec![1, 17, 32]),
-            (shape(3, 1, 64, 8, 2, 32), vec![7]),
+            (AttentionShape::new(2, 3, 40, 4, 2, 16), vec![20]),
+            (AttentionShape::new(1, 5, 33, 2, 1, 8), vec![1, 17, 32]),
+            (AttentionShape::new(3, 1, 64, 8, 2, 32), vec![7]),
         ] {
             let (merged, whole) = split_and_merge(s, &splits, 11);
             assert_close(&merged.o, &whole.o, 1e-12);
@@ -133,7 +133,7 @@ mod tests {
 
     #[test]
     fn empty_parts_contribute_nothing_and_all_empty_rows_are_zero() {
-        let s = shape(2, 2, 12, 2, 2, 4);
+        let s = AttentionShape::new(2, 2, 12, 2, 2, 4);
         let x = inputs(&s, 5);
         // Item 0 sees 5 keys, item 1 none: its rows are empty in both parts.
         let options = AttentionOptions::new().key_lengths(vec![5, 0]);
@@ -168,7 +168,7 @@ mod tests {
 
     #[test]
     fn a_nan_part_makes_its_row_nan_in_any_order() {
-        let s = shape(1, 2, 8, 1, 1, 4);
+        let s = AttentionShape::new(1, 2, 8, 1, 1, 4);
         let (a, _) = split_and_merge(s, &[4], 3);
         let mut bad = a.clone();
         bad.lse[1] = f64::NAN;

@@ -4,8 +4,9 @@
 use approx::assert_relative_eq;
 
 use super::forward;
-use super::test_support::{inputs, shape};
+use super::test_support::inputs;
 use crate::options::AttentionOptions;
+use attention_kernels::abi::shape::AttentionShape;
 
 /// The article's row: query `[1, 0]`, keys `[s_j, 0]` with `τ = 1` (scores exactly
 /// `s = [0, −2, 3, 1, −1]`), values `v_j`; one query row, five keys, so the row's aligned
@@ -17,7 +18,7 @@ fn article_row(options: AttentionOptions) -> (Vec<f64>, f64) {
         .collect();
     let v = [1.0, 0.0, 0.0, 2.0, 4.0, 1.0, 2.0, 3.0, -1.0, 2.0];
     let out = forward(
-        &shape(1, 1, 5, 1, 1, 2),
+        &AttentionShape::new(1, 1, 5, 1, 1, 2),
         &[1.0, 0.0],
         &k,
         &v,
@@ -81,7 +82,7 @@ fn sink_joins_the_denominator_only() {
 #[test]
 fn a_row_with_no_allowed_key_has_the_sink_as_lse() {
     // n_q = 3, n_k = 1, causal: rows 0 and 1 see nothing.
-    let s = shape(1, 3, 1, 2, 1, 2);
+    let s = AttentionShape::new(1, 3, 1, 2, 1, 2);
     let x = inputs(&s, 31);
     let options = AttentionOptions::new().causal(true).sinks(vec![0.75, -2.0]);
     let out = forward(&s, &x.q, &x.k, &x.v, &options).unwrap();
@@ -150,7 +151,7 @@ fn every_modifier_together_matches_the_documented_formula() {
         (9, 4, true, 0, 0),
         (6, 6, false, 100, 100),
     ] {
-        let s = shape(1, n_q, n_k, 3, 1, 4);
+        let s = AttentionShape::new(1, n_q, n_k, 3, 1, 4);
         let x = inputs(&s, 40 + n_q as u64);
         let options = AttentionOptions::new()
             .causal(causal)
@@ -167,7 +168,7 @@ fn every_modifier_together_matches_the_documented_formula() {
 
 #[test]
 fn windowed_out_keys_never_contribute() {
-    let s = shape(1, 6, 6, 1, 1, 2);
+    let s = AttentionShape::new(1, 6, 6, 1, 1, 2);
     let x = inputs(&s, 50);
     let options = AttentionOptions::new().window(1, 1);
     let clean = forward(&s, &x.q, &x.k, &x.v, &options).unwrap();
@@ -183,7 +184,7 @@ fn windowed_out_keys_never_contribute() {
 
 #[test]
 fn bad_modifiers_are_refused() {
-    let s = shape(1, 2, 2, 2, 1, 2);
+    let s = AttentionShape::new(1, 2, 2, 2, 1, 2);
     let x = inputs(&s, 51);
     let refused = |o: AttentionOptions, what: &str| {
         let err = forward(&s, &x.q, &x.k, &x.v, &o).unwrap_err().to_string();

@@ -4,17 +4,6 @@ use attention_kernels::abi::shape::AttentionShape;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-pub fn shape(
-    batch: u32,
-    n_q: u32,
-    n_k: u32,
-    heads_q: u32,
-    heads_kv: u32,
-    head_dim: u32,
-) -> AttentionShape {
-    AttentionShape::new(batch, n_q, n_k, heads_q, heads_kv, head_dim)
-}
-
 /// Q, K, V and dO of `shape`, uniform in `[-1, 1)`, from `seed`.
 pub struct Inputs {
     pub q: Vec<f64>,
