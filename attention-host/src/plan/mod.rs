@@ -117,51 +117,32 @@ pub fn with_tiles(
     let d = tensor_core_head_dims(&problem.shape).map_err(|why| invalid!("{why}"))?;
     // Per family: whether `tiles` is compiled, its head dim, and the head dim of the
     // configuration the family chooses for the call (the one it pads to).
-    let (family, compiled, head_dim, pads_to, default) = match tiles {
-        Tiles::Sm90Forward(c) => {
-            let chosen = sm90::config(d);
-            let compiled = sm90::VARIANTS.contains(&c);
-            (
-                Family::Sm90,
-                compiled,
-                c.head_dim,
-                chosen.map(|x| x.head_dim),
-                chosen == Some(c),
-            )
-        }
-        Tiles::Sm80Forward(c) => {
-            let chosen = sm80::forward::config(d);
-            let compiled = sm80::forward::VARIANTS.contains(&c);
-            (
-                Family::Sm80,
-                compiled,
-                c.head_dim,
-                chosen.map(|x| x.head_dim),
-                chosen == Some(c),
-            )
-        }
-        Tiles::Sm90Backward(c) => {
-            let chosen = sm90::backward_config(d);
-            let compiled = sm90::BACKWARD_VARIANTS.contains(&c);
-            (
-                Family::Sm90,
-                compiled,
-                c.head_dim,
-                chosen.map(|x| x.head_dim),
-                chosen == Some(c),
-            )
-        }
-        Tiles::Sm80Backward(c) => {
-            let chosen = sm80::backward::config(d);
-            let compiled = sm80::backward::VARIANTS.contains(&c);
-            (
-                Family::Sm80,
-                compiled,
-                c.head_dim,
-                chosen.map(|x| x.head_dim),
-                chosen == Some(c),
-            )
-        }
+    let (family, candidate) = match tiles {
+        Tiles::Sm90Forward(c) => (
+            Family::Sm90,
+            Candidate::of(c, sm90::config(d), sm90::VARIANTS, |c| c.head_dim),
+        ),
+        Tiles::Sm80Forward(c) => (
+            Family::Sm80,
+            Candidate::of(c, sm80::forward::config(d), sm80::forward::VARIANTS, |c| {
+                c.head_dim
+            }),
+        ),
+        Tiles::Sm90Backward(c) => (
+            Family::Sm90,
+            Candidate::of(c, sm90::backward_config(d), sm90::BACKWARD_VARIANTS, |c| {
+                c.head_dim
+            }),
+        ),
+        Tiles::Sm80Backward(c) => (
+            Family::Sm80,
+            Candidate::of(
+                c,
+                sm80::backward::config(d),
+                sm80::backward::VARIANTS,
+                |c| c.head_dim,
+            ),
+        ),
         Tiles::Exact(_) => {
             return Err(invalid!(
                 "the exact kernels take explicit block sizes through FlashOptions::block_sizes"
@@ -177,10 +158,10 @@ pub fn with_tiles(
     if forward_tiles != (direction == Direction::Forward) {
         return Err(invalid!("{tiles:?} is not a {direction:?} configuration"));
     }
-    if !compiled || pads_to != Some(head_dim) {
+    if !candidate.compiled || candidate.pads_to != Some(candidate.head_dim) {
         return Err(invalid!("no compiled instance {tiles:?} for head_dim {d}"));
     }
-    if problem.needs_general() && !default {
+    if problem.needs_general() && !candidate.default {
         return Err(invalid!(
             "length masks, dropout and score modifiers run on the default tiles only, not {tiles:?}"
         ));
@@ -188,6 +169,31 @@ pub fn with_tiles(
     admits(device, problem, direction, family)
         .and_then(|()| plan_tiles(device, problem, direction, family, tiles))
         .map_err(|why| invalid!("the {family} kernels cannot run this call: {why}"))
+}
+
+/// What [`with_tiles`] checks of explicit tiles against the family's own choice for the call.
+struct Candidate {
+    compiled: bool,
+    head_dim: u32,
+    pads_to: Option<u32>,
+    default: bool,
+}
+
+impl Candidate {
+    /// `c` against the family's `chosen` configuration and its compiled `variants`.
+    fn of<C: PartialEq + Copy>(
+        c: C,
+        chosen: Option<C>,
+        variants: &[C],
+        head_dim: fn(&C) -> u32,
+    ) -> Candidate {
+        Candidate {
+            compiled: variants.contains(&c),
+            head_dim: head_dim(&c),
+            pads_to: chosen.as_ref().map(head_dim),
+            default: chosen == Some(c),
+        }
+    }
 }
 
 /// Why `family` cannot run the call on `device` whatever its tiles, if it cannot.
