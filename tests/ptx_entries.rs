@@ -158,3 +158,50 @@ fn sm90_forward_entries_take_the_parameters_the_host_passes() {
     }
     assert!(checked >= 50, "{checked} entries checked");
 }
+
+/// As above for the `wgmma` backward's main kernels (`sm90::tma_loads_backward`,
+/// `TmaBackwardParams`).
+#[test]
+fn sm90_backward_entries_take_the_parameters_the_host_passes() {
+    use attention_kernels::abi::params::{TensorCoreBackwardParams, TmaBackwardParams};
+    use flash_attn::DType;
+    use flash_attn::instances::{sm90_backward, sm90_backward_mods, sm90_backward_window};
+    let Some(hopper) = flash_attn::PTX_SM90A else {
+        return;
+    };
+    let param_bytes = |name: &str| {
+        let decl = format!("{name}_param_0[");
+        let at = hopper
+            .find(&format!(".entry {name}("))
+            .and_then(|e| hopper[e..].find(&decl).map(|d| e + d + decl.len()))
+            .unwrap_or_else(|| panic!("{name}: no parameter declaration"));
+        let close = hopper[at..].find(']').unwrap();
+        hopper[at..at + close].parse::<usize>().unwrap()
+    };
+    let (tma, plain) = (
+        size_of::<TmaBackwardParams>(),
+        size_of::<TensorCoreBackwardParams>(),
+    );
+    let mut checked = 0;
+    for c in sm90::BACKWARD_VARIANTS {
+        for dtype in [DType::F16, DType::Bf16] {
+            let entries = [
+                (sm90_backward(dtype, c, false, false), false),
+                (sm90_backward(dtype, c, false, true), false),
+                (sm90_backward_window(dtype, c), false),
+                (sm90_backward(dtype, c, true, false), true),
+                (sm90_backward_mods(dtype, c), true),
+            ];
+            for (name, general) in entries {
+                let want = if sm90::tma_loads_backward(c, general) {
+                    tma
+                } else {
+                    plain
+                };
+                assert_eq!(param_bytes(&name), want, "{name}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 40, "{checked} entries checked");
+}

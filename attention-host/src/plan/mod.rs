@@ -314,12 +314,13 @@ fn plan_tiles(
             } else {
                 instances::sm90_backward_mods(dtype, &c)
             };
+            tensor_maps = sm90::tma_loads_backward(&c, !window_only);
             (
                 entry,
                 c.block_rows(),
                 c.block_keys(),
                 c.threads(),
-                c.shared_bytes(),
+                sm90::backward_shared_bytes(&c, tensor_maps),
             )
         }
         Tiles::Sm90Backward(c) => {
@@ -328,12 +329,13 @@ fn plan_tiles(
                 return Err(format!("{c:?} has no deterministic instance"));
             }
             let entry = instances::sm90_backward(dtype, &c, general, deterministic);
+            tensor_maps = sm90::tma_loads_backward(&c, general);
             (
                 entry,
                 c.block_rows(),
                 c.block_keys(),
                 c.threads(),
-                c.shared_bytes(),
+                sm90::backward_shared_bytes(&c, tensor_maps),
             )
         }
         Tiles::Sm80Backward(c) => {
@@ -520,7 +522,11 @@ impl fmt::Display for Plan {
         )?;
         writeln!(f, "shared      {} bytes per block", self.shared_bytes)?;
         if self.tensor_maps {
-            writeln!(f, "loads       K and V through tensor maps (TMA)")?;
+            let tiles = match self.direction {
+                Direction::Forward => "K and V",
+                Direction::Backward => "Q and dO",
+            };
+            writeln!(f, "loads       {tiles} through tensor maps (TMA)")?;
         }
         let pieces: Vec<String> = self
             .workspace

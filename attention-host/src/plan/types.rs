@@ -100,9 +100,10 @@ pub struct Plan {
     pub threads: u32,
     /// Dynamic shared memory of the main kernel, bytes.
     pub shared_bytes: u32,
-    /// Whether the main kernel loads K and V through tensor maps (the tensor memory
-    /// accelerator), which its launcher encodes for the call's tensors and passes ahead of the
-    /// other parameters (`abi::params::TmaForwardParams`).
+    /// Whether the main kernel loads tiles through tensor maps (the tensor memory accelerator:
+    /// K and V in the forward, Q and dO in the backward), which its launcher encodes for the
+    /// call's tensors and passes ahead of the other parameters (`abi::params::TmaForwardParams`,
+    /// `TmaBackwardParams`).
     pub tensor_maps: bool,
     /// Device scratch besides the outputs: named f32 pieces, bytes each (rounded up to
     /// [`WORKSPACE_ALIGN`]), laid out in this order ([`crate::tensors::Workspace`]).

@@ -187,6 +187,7 @@ kernel_params!(
     attention_kernels::abi::params::TensorCoreForwardParams,
     attention_kernels::abi::params::TmaForwardParams,
     attention_kernels::abi::params::TensorCoreBackwardParams,
+    attention_kernels::abi::params::TmaBackwardParams,
     attention_kernels::abi::params::MergeParams,
     attention_kernels::abi::params::DecodeParams,
     attention_kernels::abi::params::CacheAppendParams,

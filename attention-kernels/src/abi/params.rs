@@ -245,6 +245,24 @@ pub struct TensorCoreBackwardParams {
     pub strides: BackwardStrides,
 }
 
+/// The `wgmma` backward's main kernels that load Q and dO through the tensor memory accelerator
+/// (those without sequences of their own or dropout, `kernels::sm90::tma_loads_backward`): Q's
+/// and dO's tensor maps, each over `[batch, n_q, heads_q, head_dim]` in boxes of 64 columns by
+/// one Q block's rows, ahead of the other parameters as in [`TmaForwardParams`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TmaBackwardParams {
+    pub align: [u64; TMA_MAPS_OFFSET / 8],
+    pub q_map: TensorMap,
+    pub do_map: TensorMap,
+    pub base: TensorCoreBackwardParams,
+}
+
+const _: () = assert!(
+    core::mem::offset_of!(TmaBackwardParams, q_map) == TMA_MAPS_OFFSET
+        && core::mem::offset_of!(TmaBackwardParams, do_map) == TMA_MAPS_OFFSET + 128
+);
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct FlashForwardParams {

@@ -4,7 +4,11 @@
 //! `attention_kernels::kernels::sm90`, as [`crate::plan`] chose), the dQ conversion, and the
 //! gradients of NaN rows.
 
-use attention_kernels::abi::params::{BackwardStrides, TensorCoreBackwardParams};
+use attention_kernels::abi::params::{
+    BackwardStrides, TensorCoreBackwardParams, TmaBackwardParams,
+};
+
+use super::tensor_map::{Operand, encode};
 use attention_kernels::attn::backward::{
     CONVERT_THREADS, NAN_ROWS_THREADS, PREPROCESS_WARPS, n_q_pad,
 };
@@ -93,7 +97,33 @@ pub(crate) fn launch_backward(
             &params,
         )?;
     }
-    queue.launch(&plan.entry, plan.launch_config(), &params)?;
+    if plan.tensor_maps {
+        let q_rows = |ptr, head_dim, strides| Operand {
+            ptr,
+            batch: shape.batch,
+            rows: shape.n_q,
+            heads: shape.heads_q,
+            head_dim,
+            strides,
+        };
+        let main = TmaBackwardParams {
+            align: Default::default(),
+            q_map: encode(
+                dtype,
+                &q_rows(params.q, shape.head_dim, strides.q),
+                plan.block_rows,
+            )?,
+            do_map: encode(
+                dtype,
+                &q_rows(params.d_o, shape.head_dim_v, strides.d_o),
+                plan.block_rows,
+            )?,
+            base: params,
+        };
+        queue.launch(&plan.entry, plan.launch_config(), &main)?;
+    } else {
+        queue.launch(&plan.entry, plan.launch_config(), &params)?;
+    }
     queue.launch(
         &instances::tensor_core_convert_dq(dtype),
         LaunchConfig {

@@ -38,12 +38,16 @@
 //! tile. The tiles are 256 columns wide at d = 192 too, the last 64 zeros that only the second
 //! slice's products read: a 64-column product there would sit in a branch on the warpgroup,
 //! which ptxas cannot tell uniform, and it serializes every `wgmma` of such a kernel (C7520).
+//! The instances without sequences of their own or dropout (plain, window, deterministic) load
+//! each step's Q and dO tiles with the tensor memory accelerator (`sm90::tma_loads_backward`):
+//! thread 0 issues their boxes on the stage's `mbarrier`, which every thread waits on beside its
+//! own `cp.async` copies of the statistics.
 //! Generic over `KD = d / 16`, `ND` (fragments of dK, dV: `d / 8`, or a slice's 16), `WG` and
 //! `DQ` (fragments of one dQ chain, [`WgBackwardConfig::dq_cols`]), so every register array has
 //! a compile-time size.
 
 use crate::abi::layout::TensorStrides;
-use crate::abi::params::TensorCoreBackwardParams;
+use crate::abi::params::{TensorCoreBackwardParams, TmaBackwardParams};
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
 use crate::arch::{block_x, exp2, log2, opaque, shared_window, shfl_xor, sync_threads, thread_x};
@@ -66,6 +70,7 @@ use crate::tile::mem_backward::{
     load_shared_f32x2, load_shared_u32, red_add_f32x4, release_store, wait_equal_acquire,
 };
 use crate::tile::mma::{FragA, FragC, each_fragment};
+use crate::tile::tma;
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
 
@@ -87,8 +92,10 @@ unsafe fn backward<
     const MODS: bool,
     const DETERMINISTIC: bool,
     const SLICED: bool,
+    const TMA: bool,
 >(
     p: &TensorCoreBackwardParams,
+    maps: u64,
 ) where
     [FragC; ND]: Accumulator,
     [FragC; NQ]: Accumulator,
@@ -104,6 +111,7 @@ unsafe fn backward<
     };
     const { assert!(!DETERMINISTIC || !(CARRY_DQ || GENERAL || WINDOW)) };
     const { assert!(WINDOW || !MODS) };
+    const { assert!(!(TMA && GENERAL)) };
     let cfg = WgBackwardConfig {
         head_dim: 16 * KD as u32,
         warpgroups: WG as u32,
@@ -183,8 +191,33 @@ unsafe fn backward<
     let head_of = |i: u32| kv_head() * heads_per_kv + i / per_head;
     let row0_of = |i: u32| (first_block + i % per_head) * br;
 
+    // The accelerator's barriers, one per stage, after everything else (`TMA` instances).
+    let barrier = |st: u32| smem + cfg.shared_bytes() + st * tma::BARRIER_BYTES;
+    let map_bytes = core::mem::size_of::<crate::abi::params::TensorMap>() as u64;
     let fill = |i: u32, st: u32| {
         let (h, q0) = (head_of(i), row0_of(i));
+        if TMA && tid == 0 {
+            let at = [h as i32, q0 as i32, seq.batch as i32];
+            // SAFETY: the barrier is initialized; the stage is free (every warpgroup passed the
+            // barrier after its last read); each panel is 1024-byte aligned.
+            unsafe {
+                tma::arrive_expect_tx(barrier(st), 2 * q_bytes);
+                for (tile, map) in [
+                    (q_tile(smem, st), maps),
+                    (do_tile(smem, st), maps + map_bytes),
+                ] {
+                    for panel in 0..d / 64 {
+                        let dst = tile.chunk_addr(0, 8 * panel);
+                        tma::load_4d(
+                            dst,
+                            map,
+                            barrier(st),
+                            [64 * panel as i32, at[0], at[1], at[2]],
+                        );
+                    }
+                }
+            }
+        }
         // SAFETY: each stage holds `br` rows; rows below n_q are inside Q and dO; the statistics
         // are padded to whole Q blocks, so every chunk is inside them, and a packed sequence's
         // rows are copied one by one (its first row need not start a 16-byte chunk).
@@ -198,8 +231,16 @@ unsafe fn backward<
                 limit: n_q,
                 chunks,
             };
-            q_tile(smem, st).fill_async(rows(p.q, &ts.q, real_chunks), q0, br, tid, threads);
-            do_tile(smem, st).fill_async(rows(p.d_o, &ts.d_o, v_chunks()), q0, br, tid, threads);
+            if !TMA {
+                q_tile(smem, st).fill_async(rows(p.q, &ts.q, real_chunks), q0, br, tid, threads);
+                do_tile(smem, st).fill_async(
+                    rows(p.d_o, &ts.d_o, v_chunks()),
+                    q0,
+                    br,
+                    tid,
+                    threads,
+                );
+            }
             let row = stats_row(h) + q0 as u64;
             if GENERAL {
                 if tid < 2 * br {
@@ -239,6 +280,16 @@ unsafe fn backward<
         };
         k_tile(smem).fill_async(rows(p.k, &ts.k, real_chunks), k0, bc, tid, threads);
         v_tile(smem).fill_async(rows(p.v, &ts.v, v_chunks()), k0, bc, tid, threads);
+    }
+    if TMA {
+        if tid == 0 {
+            for st in 0..stages {
+                // SAFETY: the barriers lie past the tiles, inside the block's shared memory.
+                unsafe { tma::init(barrier(st), 1) };
+            }
+            tma::fence_barrier_init();
+        }
+        sync_threads();
     }
     if iters > 0 {
         fill(0, 0);
@@ -327,6 +378,11 @@ unsafe fn backward<
         // block i − 1 (its stage is refilled next) and with the previous dSᵀ.
         wait_all();
         let st = stage_of(i);
+        if TMA {
+            // SAFETY: block i's Q and dO were issued on its stage's barrier, whose phase
+            // completes once per use: the parity of the uses before it.
+            unsafe { tma::wait(barrier(st), (i / stages) & 1) };
+        }
         let (h, q0) = (head_of(i), row0_of(i));
         let keys_of = |row: u32| key_range(row, n_q, n_k, causal, window);
         // Only pairs across a window edge, the causal diagonal or the key length are masked.
@@ -340,7 +396,8 @@ unsafe fn backward<
         // D = 0; `nan_rows` writes a NaN row's gradients): zeroing its non-finite elements
         // changes no gradient. Each thread sanitizes the chunks it copied, before the barrier
         // that publishes them to the tensor cores.
-        // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`).
+        // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`, or the
+        // stage's barrier).
         unsafe { sanitize_own_chunks::<T, _>(&q_tile(smem, st), br, tid, threads) };
         wgmma::fence_proxy_async();
         sync_threads();
@@ -642,12 +699,44 @@ unsafe fn backward<
 /// `flash_wgmma_backward_window_…` (the window alone), `flash_wgmma_backward_mods_…` (all of
 /// those and the score modifiers), and
 /// `flash_wgmma_backward_det_…` with bitwise reproducible dQ (scale and causal only).
+/// `cp_async` lines take [`TensorCoreBackwardParams`], `tma` ones [`TmaBackwardParams`], whose
+/// tensor maps the kernel reads in parameter space (as the forward's).
 macro_rules! entry_points {
-    ($($name:ident => $t:ty, $cfg:expr, $general:literal, $window:literal, $mods:literal, $det:literal;)*) => {$(
+    (@params cp_async) => {
+        TensorCoreBackwardParams
+    };
+    (@params tma) => {
+        TmaBackwardParams
+    };
+    (@tma cp_async) => {
+        false
+    };
+    (@tma tma) => {
+        true
+    };
+    (@run cp_async $name:ident $p:ident) => {
+        (&$p, 0)
+    };
+    (@run tma $name:ident $p:ident) => {{
+        let maps: u64;
+        // SAFETY: the address of the entry's own parameter has no preconditions.
+        unsafe {
+            core::arch::asm!(
+                concat!("mov.u64 {m}, ", stringify!($name), "_param_0;"),
+                "cvta.param.u64 {m}, {m};",
+                m = out(reg64) maps,
+                options(pure, nomem, nostack)
+            )
+        };
+        (&$p.base, maps + crate::abi::params::TMA_MAPS_OFFSET as u64)
+    }};
+    ($($kind:ident $name:ident => $t:ty, $cfg:expr, $general:literal, $window:literal, $mods:literal, $det:literal;)*) => {$(
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(p: TensorCoreBackwardParams) {
+        pub unsafe extern "ptx-kernel" fn $name(p: entry_points!(@params $kind)) {
+            let (params, maps) = entry_points!(@run $kind $name p);
             // SAFETY: the host validated the buffers against `p`, ran the preprocess kernel on the
-            // workspace, and launched the configuration's grid, block and shared memory.
+            // workspace, and launched the configuration's grid, block and shared memory (and
+            // encoded the tensor maps of a `tma` entry).
             unsafe {
                 backward::<
                     $t,
@@ -661,51 +750,52 @@ macro_rules! entry_points {
                     $mods,
                     $det,
                     { $cfg.sliced() },
-                >(&p)
+                    { entry_points!(@tma $kind) },
+                >(params, maps)
             }
         }
     )*};
 }
 
 entry_points! {
-    flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, false;
-    flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, false;
-    flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, false;
-    flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, false;
-    flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false, false, false;
-    flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false, false, false;
-    flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false, false, false;
-    flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false, false, false;
-    flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true, true, false;
-    flash_wgmma_backward_window_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, true, false, false;
-    flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true, true, false;
-    flash_wgmma_backward_window_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, true, false, false;
-    flash_wgmma_backward_mods_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true, true, false;
-    flash_wgmma_backward_window_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, true, false, false;
-    flash_wgmma_backward_mods_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true, true, false;
-    flash_wgmma_backward_window_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, true, false, false;
-    flash_wgmma_backward_det_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, true;
-    flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, true;
-    flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, true;
-    flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, true;
-    flash_wgmma_backward_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, false;
-    flash_wgmma_backward_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, false;
-    flash_wgmma_backward_general_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, false, false, false;
-    flash_wgmma_backward_general_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, false, false, false;
-    flash_wgmma_backward_mods_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, true, true, false;
-    flash_wgmma_backward_mods_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, true, true, false;
-    flash_wgmma_backward_window_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, true, false, false;
-    flash_wgmma_backward_window_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, true, false, false;
-    flash_wgmma_backward_det_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, true;
-    flash_wgmma_backward_det_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, true;
-    flash_wgmma_backward_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, false;
-    flash_wgmma_backward_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, false;
-    flash_wgmma_backward_general_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, false, false, false;
-    flash_wgmma_backward_general_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, false, false, false;
-    flash_wgmma_backward_mods_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, true, true, false;
-    flash_wgmma_backward_mods_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, true, true, false;
-    flash_wgmma_backward_window_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, true, false, false;
-    flash_wgmma_backward_window_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, true, false, false;
-    flash_wgmma_backward_det_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, true;
-    flash_wgmma_backward_det_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, true, false, false;
+    cp_async flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true, true, false;
+    tma flash_wgmma_backward_window_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, true, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, true, false, false;
+    cp_async flash_wgmma_backward_mods_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true, true, false;
+    tma flash_wgmma_backward_window_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, true, false, false;
+    tma flash_wgmma_backward_det_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, true;
+    tma flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, false, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, true, true, false;
+    cp_async flash_wgmma_backward_mods_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, true, false, false;
+    tma flash_wgmma_backward_window_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, true, false, false;
+    tma flash_wgmma_backward_det_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, false, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, true, true, false;
+    cp_async flash_wgmma_backward_mods_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, true, false, false;
+    tma flash_wgmma_backward_window_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, true, false, false;
+    tma flash_wgmma_backward_det_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, true;
 }

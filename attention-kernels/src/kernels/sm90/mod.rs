@@ -147,6 +147,19 @@ pub const fn forward_shared_bytes(c: &WgConfig, tma: bool) -> u32 {
     c.shared_bytes() + if tma { 4 * 8 } else { 0 }
 }
 
+/// Whether the backward's main kernel of `c` for full-length sequences without dropout
+/// (`general` false: the plain, window and deterministic instances) loads each step's Q and dO
+/// with the tensor memory accelerator, taking `abi::params::TmaBackwardParams`.
+pub const fn tma_loads_backward(_c: &WgBackwardConfig, general: bool) -> bool {
+    !general
+}
+
+/// Bytes of shared memory the backward's main kernel takes: its tiles, and with the
+/// accelerator's loads a barrier per stage after them.
+pub const fn backward_shared_bytes(c: &WgBackwardConfig, tma: bool) -> u32 {
+    c.shared_bytes() + if tma { 4 * 8 } else { 0 }
+}
+
 /// Tiles of the backward's main kernel: `warpgroups` groups of 4 warps, each owning 64 keys of the
 /// K/V block for `Sᵀ`, `dPᵀ`, dK and dV; Q blocks of 64 rows, whose dQ the groups split by
 /// columns (each reads every group's `dSᵀ` rows). Past d = 128 the block is [`sliced`]: both
