@@ -44,6 +44,9 @@ tests)
     timeout 240 "$t" --test-threads=1 --show-output > "$out/test-$name.log" 2>&1
     rc=$?; [ $rc = 0 ] || status=1
     note "test $name: exit $rc, $(grep -h 'test result' "$out/test-$name.log" | tail -1)"
+    # A failing binary's failed cases and input seeds go into the summary itself, so that they
+    # survive when logs.tgz does not come back (rerun with FLASH_ATTN_TEST_SEED).
+    [ $rc = 0 ] || grep -ah "^FAIL \|input seed\|panicked" "$out/test-$name.log" | head -40 | tee -a "$out/summary.txt"
   done
   grep -h "ran [0-9]* of\|SKIP" "$out"/test-*.log | tee -a "$out/summary.txt";;
 candle)
