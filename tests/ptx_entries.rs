@@ -159,6 +159,62 @@ fn sm90_forward_entries_take_the_parameters_the_host_passes() {
     assert!(checked >= 50, "{checked} entries checked");
 }
 
+/// The warp-specialized forward instances (`sm90::warp_specialized`) launch a producer
+/// warpgroup beside the consumers: the host's thread count, and the `.maxntid` bound the kernel
+/// was compiled for (which `setmaxnreg`'s register split needs), are the same 384, and every
+/// other instance has no 384-thread bound. A kernel launched with fewer threads than it was
+/// written for would wait forever on its producer.
+#[test]
+fn warp_specialized_forward_entries_are_compiled_for_the_threads_the_host_launches() {
+    use flash_attn::DType;
+    use flash_attn::instances::{sm90_forward, sm90_forward_padded, sm90_forward_window};
+    let Some(hopper) = flash_attn::PTX_SM90A else {
+        return;
+    };
+    let bound = |name: &str| {
+        let at = hopper
+            .find(&format!(".entry {name}("))
+            .unwrap_or_else(|| panic!("{name}: no entry"));
+        let body = at + hopper[at..].find('{').unwrap();
+        let header = &hopper[at..body];
+        header.find(".maxntid ").map(|i| {
+            header[i + 9..]
+                .split(',')
+                .next()
+                .unwrap()
+                .trim()
+                .parse::<u32>()
+                .unwrap()
+        })
+    };
+    let mut specialized = 0;
+    for c in sm90::VARIANTS {
+        for dtype in [DType::F16, DType::Bf16] {
+            let default = sm90::config(c.head_dim) == Some(*c);
+            let mut entries = vec![(sm90_forward(dtype, c, false), false, false)];
+            if default {
+                entries.push((sm90_forward_padded(dtype, c), false, true));
+                entries.push((sm90_forward_window(dtype, c), false, true));
+                entries.push((sm90_forward(dtype, c, true), true, true));
+            }
+            for (name, general, padded) in entries {
+                let ws = sm90::warp_specialized(c, general, padded);
+                assert_eq!(
+                    sm90::forward_threads(c, ws),
+                    if ws { 384 } else { c.threads() }
+                );
+                if ws {
+                    assert_eq!(bound(&name), Some(384), "{name}");
+                    specialized += 1;
+                } else {
+                    assert_ne!(bound(&name), Some(384), "{name}");
+                }
+            }
+        }
+    }
+    assert_eq!(specialized, 6, "d = 96, 128 and 192, bf16 and f16");
+}
+
 /// As above for the `wgmma` backward's main kernels (`sm90::tma_loads_backward`,
 /// `TmaBackwardParams`).
 #[test]

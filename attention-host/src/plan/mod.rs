@@ -247,6 +247,7 @@ fn plan_tiles(
     // instances, which carry neither the modifiers' nor the general options' registers.
     let window_only = !lengths_or_dropout && !problem.options.attention.modifies_scores();
     let mut tensor_maps = false;
+    let mut producer_warpgroup = false;
     let (entry, block_rows, block_keys, threads, shared_bytes) = match tiles {
         Tiles::Exact(b) => {
             let entry = match (direction, problem.options.schedule) {
@@ -267,12 +268,13 @@ fn plan_tiles(
                 instances::sm90_forward_mods(dtype, &c)
             };
             tensor_maps = sm90::tma_loads(&c, !window_only);
+            producer_warpgroup = sm90::warp_specialized(&c, !window_only, true);
             (
                 entry,
                 c.block_rows(),
                 c.block_keys,
-                c.threads(),
-                sm90::forward_shared_bytes(&c, tensor_maps),
+                sm90::forward_threads(&c, producer_warpgroup),
+                sm90::forward_shared_bytes(&c, tensor_maps, producer_warpgroup),
             )
         }
         Tiles::Sm90Forward(c) => {
@@ -286,12 +288,13 @@ fn plan_tiles(
                 instances::sm90_forward(dtype, &c, general)
             };
             tensor_maps = sm90::tma_loads(&c, general);
+            producer_warpgroup = sm90::warp_specialized(&c, general, padded);
             (
                 entry,
                 c.block_rows(),
                 c.block_keys,
-                c.threads(),
-                sm90::forward_shared_bytes(&c, tensor_maps),
+                sm90::forward_threads(&c, producer_warpgroup),
+                sm90::forward_shared_bytes(&c, tensor_maps, producer_warpgroup),
             )
         }
         Tiles::Sm80Forward(c) => {
@@ -387,6 +390,7 @@ fn plan_tiles(
         threads,
         shared_bytes,
         tensor_maps,
+        producer_warpgroup,
         workspace: workspace(problem, direction, &tiles),
         not_chosen: Vec::new(),
         staged: Vec::new(),
@@ -526,7 +530,12 @@ impl fmt::Display for Plan {
                 Direction::Forward => "K and V",
                 Direction::Backward => "Q and dO",
             };
-            writeln!(f, "loads       {tiles} through tensor maps (TMA)")?;
+            let by = if self.producer_warpgroup {
+                ", issued by a producer warpgroup for two consumer warpgroups in turns"
+            } else {
+                ""
+            };
+            writeln!(f, "loads       {tiles} through tensor maps (TMA){by}")?;
         }
         let pieces: Vec<String> = self
             .workspace

@@ -105,6 +105,9 @@ pub struct Plan {
     /// call's tensors and passes ahead of the other parameters (`abi::params::TmaForwardParams`,
     /// `TmaBackwardParams`).
     pub tensor_maps: bool,
+    /// Whether the main kernel is warp-specialized (`sm90::warp_specialized`): a producer
+    /// warpgroup issues the tensor-map loads, counted in `threads`.
+    pub producer_warpgroup: bool,
     /// Device scratch besides the outputs: named f32 pieces, bytes each (rounded up to
     /// [`WORKSPACE_ALIGN`]), laid out in this order ([`crate::tensors::Workspace`]).
     pub workspace: Vec<(&'static str, u64)>,

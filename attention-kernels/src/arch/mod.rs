@@ -254,6 +254,41 @@ pub fn sync_warp() {
     unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) }
 }
 
+/// Named barrier `id` (1 to 15; 0 is [`sync_threads`]'s) over `threads` threads, a multiple of 32:
+/// the calling warp waits until that many threads have reached it, here or at [`named_arrive`].
+/// Orders shared-memory accesses among the threads that sync.
+#[inline(always)]
+pub fn named_sync(id: u32, threads: u32) {
+    // SAFETY: kernels call this from warp-uniform control flow with one `threads` per `id`.
+    unsafe { asm!("bar.sync {i}, {n};", i = in(reg32) id, n = in(reg32) threads, options(nostack)) }
+}
+
+/// Counts the calling warp towards named barrier `id` of `threads` threads without waiting: the
+/// signal half of a producer/consumer pair of [`named_sync`]. No memory ordering.
+#[inline(always)]
+pub fn named_arrive(id: u32, threads: u32) {
+    // SAFETY: as `named_sync`.
+    unsafe {
+        asm!("bar.arrive {i}, {n};", i = in(reg32) id, n = in(reg32) threads, options(nostack))
+    }
+}
+
+/// Lowers the registers of every thread of the calling warpgroup to `N` (a multiple of 8 from 24
+/// to 256), giving them back to the SM for another warpgroup's [`claim_registers`]. sm_90a only.
+#[inline(always)]
+pub fn release_registers<const N: u32>() {
+    // SAFETY: all 128 threads of the warpgroup execute it (`.sync.aligned`).
+    unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) }
+}
+
+/// Raises the registers of every thread of the calling warpgroup to `N`, waiting until other
+/// warpgroups have released enough. sm_90a only.
+#[inline(always)]
+pub fn claim_registers<const N: u32>() {
+    // SAFETY: as `release_registers`.
+    unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack)) }
+}
+
 /// `x`, recomputed where it is used: the compiler may not hoist it (nor what derives from it) out
 /// of a loop. Lane-derived shared addresses hoisted out of a long loop body each hold a register
 /// for the whole loop; recomputing them costs an add or two per use.

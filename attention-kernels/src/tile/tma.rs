@@ -47,6 +47,19 @@ pub unsafe fn arrive_expect_tx(bar: u32, bytes: u32) {
     }
 }
 
+/// Arrives on `bar` (release: this thread's earlier writes are visible to the threads that see
+/// the phase complete).
+///
+/// # Safety
+/// `bar` is an initialized barrier.
+#[inline(always)]
+pub unsafe fn arrive(bar: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        asm!("mbarrier.arrive.shared::cta.b64 _, [{b}];", b = in(reg32) bar, options(nostack))
+    }
+}
+
 /// Waits until the phase of `bar` with parity `parity` has completed: its arrivals and bytes.
 ///
 /// # Safety

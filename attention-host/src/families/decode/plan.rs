@@ -135,6 +135,7 @@ pub(crate) fn plan(
         threads: THREADS,
         shared_bytes,
         tensor_maps: false,
+        producer_warpgroup: false,
         workspace: pieces
             .into_iter()
             .map(|(name, floats)| (name, (4 * floats).next_multiple_of(WORKSPACE_ALIGN)))

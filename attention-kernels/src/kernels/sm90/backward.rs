@@ -50,7 +50,7 @@ use crate::abi::layout::TensorStrides;
 use crate::abi::params::{TensorCoreBackwardParams, TmaBackwardParams};
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
-use crate::arch::{block_x, exp2, log2, opaque, shared_window, shfl_xor, sync_threads, thread_x};
+use crate::arch::{block_x, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x};
 use crate::attn::backward::{
     dq_adds_before, dq_semaphore, first_q_block, needs_mask, window_needs_mask, window_q_blocks,
 };

@@ -29,13 +29,21 @@
 //! groups, so the warpgroups spend no issue slots on addresses and copies. Q, once per block,
 //! still comes by `cp.async`. The general instances (lengths, packed sequences) keep `cp.async`:
 //! their sequences do not sit at one tensor map's coordinates.
+//! The plain instances of d = 96, 128 and 192 (`sm90::warp_specialized`) add a third, producer
+//! warpgroup: one of its warps issues K's and V's copies, each once both consumer warpgroups
+//! have released the stage's previous block on its `empty` barrier, and sanitizes the V blocks
+//! across the causal diagonal before releasing them; `setmaxnreg` moves its registers to the
+//! consumers. With no block-wide barrier per step left, the consumers take turns issuing their
+//! products (ping-pong on two named barriers), so one warpgroup's softmax runs while the
+//! other's products hold the tensor cores.
 //! Generic over `KD = d / 16` (k-steps of `Q·Kᵀ`), `ND = d / 8` (fragments of O), `NK` (fragments
 //! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
 
 use crate::abi::params::{TensorCoreForwardParams, TmaForwardParams};
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{
-    block_x, grid_dim_x, opaque, shared_window, sync_threads, sync_threads_or, thread_x,
+    ballot, block_x, claim_registers, grid_dim_x, named_arrive, named_sync, opaque,
+    release_registers, shared_window, sync_threads, sync_threads_or, sync_warp, thread_x,
 };
 use crate::attn::dropout::{apply_dropout, dropout_multiplier};
 use crate::attn::grid::head_and_sequence;
@@ -54,6 +62,11 @@ use crate::tile::mma::{FragA, FragC};
 use crate::tile::tma;
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
+
+/// Named barriers of the warp-specialized instances: every consumer thread (`CONSUMERS`), and
+/// the turns of consumer warpgroups 0 and 1 at the tensor cores (`TURN`, `TURN + 1`).
+const CONSUMERS: u32 = 1;
+const TURN: u32 = 2;
 
 /// Scales, modifies and masks the scores `sc` of keys `k0 .. k0 + 8·NK` (`RowKeys::prepare`)
 /// and folds them into `state`: `sc` becomes P, the result is the factor that rescales O. A
@@ -136,6 +149,7 @@ unsafe fn forward<
     const MODS: bool,
     const PADDED: bool,
     const TMA: bool,
+    const WS: bool,
 >(
     p: &TensorCoreForwardParams,
     maps: u64,
@@ -146,9 +160,11 @@ unsafe fn forward<
     const { assert!(ND == 2 * KD && NK == 2 * NP && NP > 0 && KD >= 4 && WG > 0) };
     const { assert!(WINDOW || !MODS) };
     const { assert!(!(TMA && GENERAL)) };
+    const { assert!(!WS || (TMA && WG == 2 && !PADDED)) };
     let (d, bc, br) = (16 * KD as u32, 8 * NK as u32, 64 * WG as u32);
     // Tiles hold whole 64-column panels: d = 96 uses three quarters of two (`WgConfig::tile_cols`).
     let dt = d.next_multiple_of(64);
+    // The consumer warpgroups' threads: all of the block's but a warp-specialized one's producer.
     let threads = 128 * WG as u32;
     let s = p.shape;
     let tid = thread_x();
@@ -216,19 +232,27 @@ unsafe fn forward<
     let kv_base = smem + br * dt * 2;
     let k_tile = |block: u32| PanelTile::new(kv_base + (block & 1) * kv_bytes, bc, dt);
     let v_tile = |block: u32| PanelTile::new(kv_base + (2 + (block & 1)) * kv_bytes, bc, dt);
-    // The tensor memory accelerator's instances (`TMA`): a barrier per stage of K and of V,
-    // after the tiles, and the two tensor maps at `maps` (K's, then V's).
-    let barriers = kv_base + 4 * kv_bytes;
-    let k_barrier = |block: u32| barriers + (block & 1) * tma::BARRIER_BYTES;
-    let v_barrier = |block: u32| barriers + (2 + (block & 1)) * tma::BARRIER_BYTES;
+    // The tensor memory accelerator's instances (`TMA`): the barrier slots after the tiles
+    // (`sm90::forward_barrier_slots`), and the two tensor maps at `maps` (K's, then V's). A
+    // stage's `full` barrier completes when its block has landed; warp-specialized, its `empty`
+    // barrier when every consumer thread has released it, `landing` when a V block the producer
+    // sanitizes has landed, and `poison_flag` says whether it found a non-finite value there.
+    let slot = |i: u32| kv_base + 4 * kv_bytes + i * tma::BARRIER_BYTES;
+    let k_barrier = |block: u32| slot(block & 1);
+    let v_barrier = |block: u32| slot(2 + (block & 1));
+    let k_empty = |block: u32| slot(4 + (block & 1));
+    let v_empty = |block: u32| slot(6 + (block & 1));
+    let (landing, poison_flag) = (slot(8), slot(9));
     let map_bytes = core::mem::size_of::<crate::abi::params::TensorMap>() as u64;
     // One thread issues a block's boxes, a 64-column panel each, and expects all of their bytes
-    // (zeros past the keys and the head dim count too).
+    // (zeros past the keys and the head dim count too): thread 0, or the producer's first.
+    let issuer = if WS { threads } else { 0 };
     let load = |map: u64, bar: u32, tile: PanelTile, block: u32| {
-        if tid == 0 {
+        if tid == issuer {
             let at = [0, hk as i32, (block * bc) as i32, seq.batch as i32];
             // SAFETY: the barrier is initialized; the stage is free (the step barrier before
-            // this issue follows every read of its previous block), each panel 1024-byte aligned.
+            // this issue, or the stage's `empty` barrier, follows every read of its previous
+            // block), each panel 1024-byte aligned.
             unsafe {
                 tma::arrive_expect_tx(bar, kv_bytes);
                 for panel in 0..dt / 64 {
@@ -273,18 +297,22 @@ unsafe fn forward<
     let parity = |block: u32| ((block - first_block) / 2) & 1;
     if TMA {
         if tid == 0 {
-            for i in 0..4 {
-                // SAFETY: the barriers lie past the tiles, inside the block's shared memory.
-                unsafe { tma::init(barriers + i * tma::BARRIER_BYTES, 1) };
+            // SAFETY: the slots lie past the tiles, inside the block's shared memory.
+            unsafe {
+                for i in 0..4 {
+                    tma::init(slot(i), 1);
+                }
+                if WS {
+                    for i in 4..8 {
+                        tma::init(slot(i), threads);
+                    }
+                    tma::init(landing, 1);
+                    store_shared_u32(poison_flag, 0);
+                }
             }
             tma::fence_barrier_init();
         }
         sync_threads();
-    }
-    // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
-    unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };
-    if n_blocks > first_block {
-        fill_k(first_block);
     }
 
     let group_row = 64 * group;
@@ -304,6 +332,77 @@ unsafe fn forward<
         (causal, window),
         score_mod,
     );
+
+    if WS && group == WG as u32 {
+        release_registers::<40>();
+        if warp == 0 && n_blocks > first_block {
+            // The producer: K_j and V_{j−1} in the order the consumers take them, each stage
+            // reused once both consumer warpgroups have released its previous block. A V
+            // block some row may not see whole lands first on `landing`, to be sanitized as
+            // the step barrier of the other instances does (every lane its own chunks).
+            let free = |empty: u32, block: u32| {
+                let uses = (block - first_block) / 2;
+                if uses > 0 {
+                    // SAFETY: the stage's previous block was issued and is released by every
+                    // consumer thread.
+                    unsafe { tma::wait(empty, (uses - 1) & 1) };
+                }
+            };
+            let produce_k = |block: u32| {
+                free(k_empty(block), block);
+                load(maps, k_barrier(block), k_tile(block), block);
+            };
+            let mut landed = 0;
+            let mut produce_v = |block: u32| {
+                free(v_empty(block), block);
+                if (causal || windowed) && keys.partial(block * bc, bc) {
+                    load(maps + map_bytes, landing, v_tile(block), block);
+                    // SAFETY: the block was issued on `landing`, whose phases it counts; each
+                    // lane rewrites its own chunks, published before the release below.
+                    let bad = unsafe {
+                        tma::wait(landing, landed & 1);
+                        sanitize_own_chunks::<T, _>(&v_tile(block), bc, lane, 32)
+                    };
+                    landed += 1;
+                    wgmma::fence_proxy_async();
+                    sync_warp();
+                    let any = ballot(bad) != 0;
+                    if lane == 0 {
+                        // SAFETY: the flag and the barrier are the block's own slots.
+                        unsafe {
+                            if any {
+                                store_shared_u32(poison_flag, 1);
+                            }
+                            tma::arrive(v_barrier(block));
+                        }
+                    }
+                } else {
+                    load(maps + map_bytes, v_barrier(block), v_tile(block), block);
+                }
+            };
+            produce_k(first_block);
+            for block in first_block + 1..n_blocks {
+                produce_k(block);
+                produce_v(block - 1);
+            }
+            produce_v(n_blocks - 1);
+        }
+        return;
+    }
+    if WS {
+        claim_registers::<232>();
+    }
+    // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
+    unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };
+    if WS {
+        // Q is the consumers' own: published to their tensor cores here, K and V by the
+        // producer's barriers.
+        wait_all();
+        wgmma::fence_proxy_async();
+        named_sync(CONSUMERS, threads);
+    } else if n_blocks > first_block {
+        fill_k(first_block);
+    }
     let mut o = [FragC::default(); ND];
     let mut state = RowState::new();
     // K_j and V_{j−1} have landed and are visible to the tensor cores, and every warp is done
@@ -316,6 +415,19 @@ unsafe fn forward<
     // sequence's length load as zeros and need nothing. `k_landed`, `v_landed`: the blocks whose
     // K and V this barrier publishes, if any.
     let step_barrier = |k_landed: Option<u32>, v_landed: Option<u32>| {
+        if WS {
+            // SAFETY: the producer issues every block on its stage's barrier; it sanitized
+            // the V blocks that needed it before releasing them (`poison_flag`).
+            unsafe {
+                if let Some(block) = k_landed {
+                    tma::wait(k_barrier(block), parity(block));
+                }
+                if let Some(block) = v_landed {
+                    tma::wait(v_barrier(block), parity(block));
+                }
+            }
+            return false;
+        }
         // Q's copies (the first barrier), and K's and V's without the accelerator.
         wait_all();
         if TMA {
@@ -341,18 +453,47 @@ unsafe fn forward<
         sync_threads_or(bad)
     };
     let mut poisoned = false;
+    // Warp-specialized, the consumer warpgroups issue their products in turns (ping-pong):
+    // one's softmax runs while the other's products occupy the tensor cores. A turn is taken
+    // on the group's own named barrier and passed to the other group's after the issue;
+    // group 1 passes first and skips its last pass, so every barrier completes.
+    let take_turn = || {
+        if WS {
+            named_sync(TURN + group, 2 * 128);
+        }
+    };
+    let pass_turn = |last: bool| {
+        if WS && !(last && group == 1) {
+            named_arrive(TURN + (1 - group), 2 * 128);
+        }
+    };
+    // Warp-specialized, every consumer thread releases a stage once its products have read it.
+    let release = |empty: u32| {
+        if WS {
+            // SAFETY: the stage's barrier counts every consumer thread.
+            unsafe { tma::arrive(empty) };
+        }
+    };
 
     if n_blocks > first_block {
-        step_barrier(Some(first_block), None);
-        if n_blocks > first_block + 1 {
-            fill_k(first_block + 1);
+        if WS && group == 1 {
+            named_arrive(TURN, 2 * 128);
         }
-        fill_v(first_block);
+        step_barrier(Some(first_block), None);
+        if !WS {
+            if n_blocks > first_block + 1 {
+                fill_k(first_block + 1);
+            }
+            fill_v(first_block);
+        }
         let mut sc = [FragC::default(); NK];
+        take_turn();
         wgmma::fence();
         // SAFETY: the group's Q rows and K_first are published (barrier above).
         unsafe { scores::<T, KD, NK>(&mut sc, q_tile, group_row, k_tile(first_block)) };
+        pass_turn(false);
         wgmma::wait::<0>();
+        release(k_empty(first_block));
         sc.pin();
         // O is still zero: its factor changes nothing.
         let k0 = first_block * bc;
@@ -364,18 +505,23 @@ unsafe fn forward<
         let mut pf = pack::<T, NK, NP>(&sc);
         for block in first_block + 1..n_blocks {
             poisoned |= step_barrier(Some(block), Some(block - 1));
-            if block + 1 < n_blocks {
-                fill_k(block + 1);
+            if !WS {
+                if block + 1 < n_blocks {
+                    fill_k(block + 1);
+                }
+                fill_v(block);
             }
-            fill_v(block);
             let mut sc = [FragC::default(); NK];
+            take_turn();
             wgmma::fence();
             // SAFETY: K_block and V_{block−1} are published (barrier above).
             unsafe {
                 scores::<T, KD, NK>(&mut sc, q_tile, group_row, k_tile(block));
                 accumulate::<T, ND, NP>(&mut o, &pf, v_tile(block - 1));
             }
+            pass_turn(false);
             wgmma::wait::<1>();
+            release(k_empty(block));
             sc.pin();
             let k0 = block * bc;
             let alpha = mask_and_fold(&mut sc, &mut state, p.scale_log2, k0, &keys, t);
@@ -383,17 +529,32 @@ unsafe fn forward<
                 apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], k0, t);
             }
             wgmma::wait::<0>();
+            release(v_empty(block - 1));
             o.pin();
             rescale(&mut o, alpha);
             pf = pack::<T, NK, NP>(&sc);
         }
         poisoned |= step_barrier(None, Some(n_blocks - 1));
+        take_turn();
         wgmma::fence();
         // SAFETY: V_{n_blocks−1} is published (barrier above).
         unsafe { accumulate::<T, ND, NP>(&mut o, &pf, v_tile(n_blocks - 1)) };
+        pass_turn(true);
         wgmma::wait::<0>();
         o.pin();
     }
+    if WS {
+        // SAFETY: written, if at all, before the release of a V block this thread waited for.
+        poisoned = unsafe { load_shared_u32(poison_flag) } != 0;
+    }
+    // Every consumer thread, and only those: a warp-specialized block's producer has left.
+    let consumers_sync = || {
+        if WS {
+            named_sync(CONSUMERS, threads);
+        } else {
+            sync_threads();
+        }
+    };
 
     // SAFETY: the head's sink exists when sinks are on (validated by the host).
     let sink = if MODS {
@@ -465,7 +626,7 @@ unsafe fn forward<
     }
     // Stage O through the first K stage (row-major, 16-byte chunks swizzled) once every warpgroup
     // is done reading it, so that the global stores are 16 bytes wide and coalesced.
-    sync_threads();
+    consumers_sync();
     let staging = SwizzledTile::new(kv_base, dt);
     // SAFETY: the warp's 16 rows and all ND chunks are inside the staging tile.
     unsafe { stage_fragments::<T, ND>(staging, group_row + 16 * warp, &o, 1.0, lane) };
@@ -483,7 +644,7 @@ unsafe fn forward<
             }
         }
     }
-    sync_threads();
+    consumers_sync();
     // The sequence again: read anew rather than kept in registers across the loop.
     let seq = locate();
     let (o_dst, o_stride) = (p.o + 2 * seq.q_row(&p.strides.o, 0, h), 2 * p.strides.o.seq);
@@ -522,7 +683,8 @@ unsafe fn forward<
 /// those and the score modifiers) for the defaults. The defaults' plain instances take the
 /// compiled head dim only; `flash_wgmma_forward_padded_…` takes smaller ones (zero-padded
 /// columns), as every other instance does. `cp_async` lines take [`TensorCoreForwardParams`],
-/// `tma` ones (`sm90::tma_loads`) [`TmaForwardParams`], whose tensor maps the kernel reads in
+/// `tma` and `ws` ones (`sm90::tma_loads`; `ws`: warp-specialized, `sm90::warp_specialized`,
+/// launched with 384 threads) [`TmaForwardParams`], whose tensor maps the kernel reads in
 /// parameter space: its address, taken by name (`<entry>_param_0`), made generic, plus
 /// `TMA_MAPS_OFFSET`.
 macro_rules! entry_points {
@@ -530,6 +692,9 @@ macro_rules! entry_points {
         TensorCoreForwardParams
     };
     (@params tma $name:ident $p:ident) => {
+        TmaForwardParams
+    };
+    (@params ws $name:ident $p:ident) => {
         TmaForwardParams
     };
     (@run cp_async $name:ident $p:ident) => {
@@ -540,6 +705,18 @@ macro_rules! entry_points {
     };
     (@tma tma) => {
         true
+    };
+    (@tma ws) => {
+        true
+    };
+    (@ws ws) => {
+        true
+    };
+    (@ws $kind:ident) => {
+        false
+    };
+    (@run ws $name:ident $p:ident) => {
+        entry_points!(@run tma $name $p)
     };
     (@run tma $name:ident $p:ident) => {{
         let maps: u64;
@@ -573,6 +750,7 @@ macro_rules! entry_points {
                     $mods,
                     $padded,
                     { entry_points!(@tma $kind) },
+                    { entry_points!(@ws $kind) },
                 >(params, maps)
             }
         }
@@ -582,8 +760,8 @@ macro_rules! entry_points {
 entry_points! {
     tma flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
     tma flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
-    tma flash_wgmma_forward_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;
-    tma flash_wgmma_forward_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    ws flash_wgmma_forward_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    ws flash_wgmma_forward_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;
     cp_async flash_wgmma_forward_general_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, false, false, true;
     cp_async flash_wgmma_forward_general_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, false, false, true;
     cp_async flash_wgmma_forward_mods_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, true, true, true;
@@ -592,8 +770,8 @@ entry_points! {
     tma flash_wgmma_forward_window_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, true, false, true;
     tma flash_wgmma_forward_padded_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, true;
     tma flash_wgmma_forward_padded_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, true;
-    tma flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, false;
-    tma flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    ws flash_wgmma_forward_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    ws flash_wgmma_forward_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, false, false, false;
     cp_async flash_wgmma_forward_general_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false, true;
     cp_async flash_wgmma_forward_general_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, false, false, true;
     cp_async flash_wgmma_forward_general_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, false, false, true;
@@ -606,8 +784,8 @@ entry_points! {
     tma flash_wgmma_forward_window_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false, true;
     cp_async flash_wgmma_forward_mods_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true, true;
     tma flash_wgmma_forward_window_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false, true;
-    tma flash_wgmma_forward_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, false;
-    tma flash_wgmma_forward_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    ws flash_wgmma_forward_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    ws flash_wgmma_forward_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, false;
     cp_async flash_wgmma_forward_general_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false, false, true;
     cp_async flash_wgmma_forward_general_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, false, false, true;
     cp_async flash_wgmma_forward_mods_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true, true, true;

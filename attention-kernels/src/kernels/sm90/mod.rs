@@ -141,10 +141,47 @@ pub const fn tma_loads(c: &WgConfig, general: bool) -> bool {
     !general && c.head_dim <= 192
 }
 
-/// Bytes of shared memory an instance takes: its tiles, and with the tensor memory
-/// accelerator's loads a barrier per stage of K and of V after them.
-pub const fn forward_shared_bytes(c: &WgConfig, tma: bool) -> u32 {
-    c.shared_bytes() + if tma { 4 * 8 } else { 0 }
+/// Whether the forward instance of `c` (`general` as [`tma_loads`]; `padded`: an instance that
+/// takes smaller head dims than its tiles', which the window instances are too) is
+/// warp-specialized: a third, producer warpgroup issues the accelerator's loads of K and V, and
+/// the two consumer warpgroups take turns at the tensor cores (ping-pong), each releasing a
+/// stage once its products have read it. The defaults' plain instances from d = 96 to 192,
+/// which run one block per SM, so the producer's registers come from the consumers' headroom
+/// (`setmaxnreg`: 40 for the producer, 232 for each consumer thread). The padded and window
+/// instances need more than 232 and keep two warpgroups.
+pub const fn warp_specialized(c: &WgConfig, general: bool, padded: bool) -> bool {
+    let default = match config(c.head_dim) {
+        Some(d) => {
+            d.head_dim == c.head_dim && d.warpgroups == c.warpgroups && d.block_keys == c.block_keys
+        }
+        None => false,
+    };
+    tma_loads(c, general) && !padded && default && c.head_dim >= 96 && c.warpgroups == 2
+}
+
+/// Threads per block of a forward instance: the consumer warpgroups, and a producer warpgroup
+/// where the instance is [`warp_specialized`].
+pub const fn forward_threads(c: &WgConfig, warp_specialized: bool) -> u32 {
+    c.threads() + if warp_specialized { 128 } else { 0 }
+}
+
+/// 8-byte slots after the tiles of a forward instance: with the accelerator's loads a barrier
+/// per stage of K and of V (the stage's data has landed); warp-specialized, also a barrier per
+/// stage that the consumers' releases complete, one for a V tile that the producer sanitizes
+/// before releasing it, and a word saying whether it found a non-finite value.
+pub const fn forward_barrier_slots(tma: bool, warp_specialized: bool) -> u32 {
+    if warp_specialized {
+        10
+    } else if tma {
+        4
+    } else {
+        0
+    }
+}
+
+/// Bytes of shared memory an instance takes: its tiles and its barrier slots.
+pub const fn forward_shared_bytes(c: &WgConfig, tma: bool, warp_specialized: bool) -> u32 {
+    c.shared_bytes() + 8 * forward_barrier_slots(tma, warp_specialized)
 }
 
 /// Whether the backward's main kernel of `c` for full-length sequences without dropout

@@ -123,7 +123,7 @@ unsafe fn backward<
     // dO and dV); the tiles hold `d`, zeros past them.
     // V's chunk count is read anew at each use (`opaque`): held across the loop it costs the
     // wide instances spills.
-    let (dr, real_chunks) = (s.head_dim, s.head_dim / 8);
+    let real_chunks = s.head_dim / 8;
     let v_chunks = || opaque(s.head_dim_v) / 8;
     let ts = &p.strides;
     // Byte address of the sequence's key row 0 of head hk in K-shaped tensors.
