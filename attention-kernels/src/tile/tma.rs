@@ -9,8 +9,28 @@
 
 use core::arch::asm;
 
-/// Bytes of one `mbarrier` object.
-pub const BARRIER_BYTES: u32 = 8;
+/// Bytes of one `mbarrier` object: the host's shared-memory sizes count them by the same constant.
+pub const BARRIER_BYTES: u32 = crate::kernels::sm90::BARRIER_BYTES;
+
+/// The generic address of the tensor maps the entry point `$entry` receives in parameter space
+/// (`abi::params::TmaForwardParams`, `TmaBackwardParams`): its parameter's address, taken by
+/// name (`<entry>_param_0`, which the ABI gives no other way to reach), plus `TMA_MAPS_OFFSET`.
+macro_rules! param_maps {
+    ($entry:ident) => {{
+        let maps: u64;
+        // SAFETY: the address of the entry's own parameter has no preconditions.
+        unsafe {
+            core::arch::asm!(
+                concat!("mov.u64 {m}, ", stringify!($entry), "_param_0;"),
+                "cvta.param.u64 {m}, {m};",
+                m = out(reg64) maps,
+                options(pure, nomem, nostack)
+            )
+        };
+        maps + crate::abi::params::TMA_MAPS_OFFSET as u64
+    }};
+}
+pub(crate) use param_maps;
 
 /// Initializes the barrier at shared address `bar` for `count` arrivals per phase.
 ///

@@ -717,19 +717,9 @@ macro_rules! entry_points {
     (@run cp_async $name:ident $p:ident) => {
         (&$p, 0)
     };
-    (@run tma $name:ident $p:ident) => {{
-        let maps: u64;
-        // SAFETY: the address of the entry's own parameter has no preconditions.
-        unsafe {
-            core::arch::asm!(
-                concat!("mov.u64 {m}, ", stringify!($name), "_param_0;"),
-                "cvta.param.u64 {m}, {m};",
-                m = out(reg64) maps,
-                options(pure, nomem, nostack)
-            )
-        };
-        (&$p.base, maps + crate::abi::params::TMA_MAPS_OFFSET as u64)
-    }};
+    (@run tma $name:ident $p:ident) => {
+        (&$p.base, crate::tile::tma::param_maps!($name))
+    };
     ($($kind:ident $name:ident => $t:ty, $cfg:expr, $general:literal, $window:literal, $mods:literal, $det:literal;)*) => {$(
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: entry_points!(@params $kind)) {

@@ -179,9 +179,12 @@ pub const fn forward_barrier_slots(tma: bool, warp_specialized: bool) -> u32 {
     }
 }
 
+/// Bytes of one `mbarrier` slot in shared memory.
+pub const BARRIER_BYTES: u32 = 8;
+
 /// Bytes of shared memory an instance takes: its tiles and its barrier slots.
 pub const fn forward_shared_bytes(c: &WgConfig, tma: bool, warp_specialized: bool) -> u32 {
-    c.shared_bytes() + 8 * forward_barrier_slots(tma, warp_specialized)
+    c.shared_bytes() + BARRIER_BYTES * forward_barrier_slots(tma, warp_specialized)
 }
 
 /// Whether the backward's main kernel of `c` for full-length sequences without dropout
@@ -194,7 +197,7 @@ pub const fn tma_loads_backward(_c: &WgBackwardConfig, general: bool) -> bool {
 /// Bytes of shared memory the backward's main kernel takes: its tiles, and with the
 /// accelerator's loads a barrier per stage after them.
 pub const fn backward_shared_bytes(c: &WgBackwardConfig, tma: bool) -> u32 {
-    c.shared_bytes() + if tma { 4 * 8 } else { 0 }
+    c.shared_bytes() + if tma { 4 * BARRIER_BYTES } else { 0 }
 }
 
 /// Tiles of the backward's main kernel: `warpgroups` groups of 4 warps, each owning 64 keys of the
