@@ -5,7 +5,7 @@
 # need the GPU to be right, not idle); then, only if every test passed, the timings alone.
 #   1. unpack; `ptx_entries` once to fill the driver's JIT cache (the sm_90a module takes ~90 s
 #      the first time), so that the runs after it start at once
-#   2. TESTS (default below) one after another, each under a 150 s limit, while memcheck and
+#   2. TESTS (default below) one after another, each under a 240 s limit, while memcheck and
 #      racecheck run `gpu_matrix` and memcheck `gpu_non_finite` with FLASH_ATTN_FAMILIES=sm90
 #      and sequences up to 333; a failing test's FAIL lines and input seeds go to the summary
 #   3. BENCHES (default "speed headdims") through scripts/bench-h200.sh, one at a time
@@ -36,7 +36,7 @@ sanitize() {
 passed=1
 for t in ${TESTS:-gpu_variants gpu_matrix gpu_non_finite gpu_stream_api gpu_many_heads}; do
   log=$logs/test-$t.log
-  timeout 150 ".device-run/tests/$t" --test-threads=1 --show-output > "$log" 2>&1
+  timeout 240 ".device-run/tests/$t" --test-threads=1 --show-output > "$log" 2>&1
   rc=$?
   note "test $t: exit $rc, $(grep -a 'test result' "$log" | tail -1)"
   if [ $rc != 0 ]; then
