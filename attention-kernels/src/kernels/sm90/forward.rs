@@ -415,23 +415,13 @@ unsafe fn forward<
     // sequence's length load as zeros and need nothing. `k_landed`, `v_landed`: the blocks whose
     // K and V this barrier publishes, if any.
     let step_barrier = |k_landed: Option<u32>, v_landed: Option<u32>| {
-        if WS {
-            // SAFETY: the producer issues every block on its stage's barrier; it sanitized
-            // the V blocks that needed it before releasing them (`poison_flag`).
-            unsafe {
-                if let Some(block) = k_landed {
-                    tma::wait(k_barrier(block), parity(block));
-                }
-                if let Some(block) = v_landed {
-                    tma::wait(v_barrier(block), parity(block));
-                }
-            }
-            return false;
+        if !WS {
+            // Q's copies (the first barrier), and K's and V's without the accelerator.
+            wait_all();
         }
-        // Q's copies (the first barrier), and K's and V's without the accelerator.
-        wait_all();
         if TMA {
-            // SAFETY: each block waited for was issued on its stage's barrier.
+            // SAFETY: each block waited for was issued on its stage's barrier (by thread 0 or
+            // the producer).
             unsafe {
                 if let Some(block) = k_landed {
                     tma::wait(k_barrier(block), parity(block));
@@ -440,6 +430,11 @@ unsafe fn forward<
                     tma::wait(v_barrier(block), parity(block));
                 }
             }
+        }
+        if WS {
+            // The producer sanitized the V blocks that needed it before releasing them
+            // (`poison_flag`), and the consumers meet at no barrier per step.
+            return false;
         }
         let bad = match v_landed {
             Some(block) if (causal || windowed) && keys.partial(block * bc, bc) => {
