@@ -10,6 +10,35 @@ fn has_entry(ptx: &str, name: &str) -> bool {
     ptx.contains(&format!(".entry {name}("))
 }
 
+/// Bytes of the one parameter of entry point `name` in `ptx`.
+fn param_bytes(ptx: &str, name: &str) -> usize {
+    let decl = format!("{name}_param_0[");
+    let at = ptx
+        .find(&format!(".entry {name}("))
+        .and_then(|e| ptx[e..].find(&decl).map(|d| e + d + decl.len()))
+        .unwrap_or_else(|| panic!("{name}: no parameter declaration"));
+    let close = ptx[at..].find(']').unwrap();
+    ptx[at..at + close].parse::<usize>().unwrap()
+}
+
+/// The `wgmma` forward entries the host names for `c`: `(entry, general, padded)` as
+/// `sm90::tma_loads` and `sm90::warp_specialized` take them (the window and mods instances
+/// take smaller head dims too); the defaults have all five kinds, the tuning candidates the
+/// plain one.
+fn sm90_forward_entries(dtype: flash_attn::DType, c: &sm90::WgConfig) -> Vec<(String, bool, bool)> {
+    use flash_attn::instances::{
+        sm90_forward, sm90_forward_mods, sm90_forward_padded, sm90_forward_window,
+    };
+    let mut entries = vec![(sm90_forward(dtype, c, false), false, false)];
+    if sm90::config(c.head_dim) == Some(*c) {
+        entries.push((sm90_forward_padded(dtype, c), false, true));
+        entries.push((sm90_forward_window(dtype, c), false, true));
+        entries.push((sm90_forward(dtype, c, true), true, true));
+        entries.push((sm90_forward_mods(dtype, c), true, true));
+    }
+    entries
+}
+
 #[test]
 fn every_instance_has_its_entry_point() {
     let entries = entry_points();
@@ -113,22 +142,8 @@ fn wgmma_products_are_not_outlined() {
 fn sm90_forward_entries_take_the_parameters_the_host_passes() {
     use attention_kernels::abi::params::{TensorCoreForwardParams, TmaForwardParams};
     use flash_attn::DType;
-    use flash_attn::instances::{
-        sm90_forward, sm90_forward_mods, sm90_forward_padded, sm90_forward_window,
-    };
     let Some(hopper) = flash_attn::PTX_SM90A else {
         return;
-    };
-    let param_bytes = |name: &str| {
-        let decl = format!(".param .align 16 .b8 {name}_param_0[");
-        let at = hopper
-            .find(&decl)
-            .or_else(|| hopper.find(&format!(".param .align 8 .b8 {name}_param_0[")))
-            .unwrap_or_else(|| panic!("{name}: no parameter declaration"));
-        let rest = &hopper[at..];
-        let open = rest.find('[').unwrap() + 1;
-        let close = rest.find(']').unwrap();
-        rest[open..close].parse::<usize>().unwrap()
     };
     let (tma, plain) = (
         size_of::<TmaForwardParams>(),
@@ -137,21 +152,13 @@ fn sm90_forward_entries_take_the_parameters_the_host_passes() {
     let mut checked = 0;
     for c in sm90::VARIANTS {
         for dtype in [DType::F16, DType::Bf16] {
-            let default = sm90::config(c.head_dim) == Some(*c);
-            let mut entries = vec![(sm90_forward(dtype, c, false), false)];
-            if default {
-                entries.push((sm90_forward_padded(dtype, c), false));
-                entries.push((sm90_forward_window(dtype, c), false));
-                entries.push((sm90_forward(dtype, c, true), true));
-                entries.push((sm90_forward_mods(dtype, c), true));
-            }
-            for (name, general) in entries {
+            for (name, general, _) in sm90_forward_entries(dtype, c) {
                 let want = if sm90::tma_loads(c, general) {
                     tma
                 } else {
                     plain
                 };
-                assert_eq!(param_bytes(&name), want, "{name}");
+                assert_eq!(param_bytes(hopper, &name), want, "{name}");
                 checked += 1;
             }
         }
@@ -167,7 +174,6 @@ fn sm90_forward_entries_take_the_parameters_the_host_passes() {
 #[test]
 fn warp_specialized_forward_entries_are_compiled_for_the_threads_the_host_launches() {
     use flash_attn::DType;
-    use flash_attn::instances::{sm90_forward, sm90_forward_padded, sm90_forward_window};
     let Some(hopper) = flash_attn::PTX_SM90A else {
         return;
     };
@@ -190,14 +196,7 @@ fn warp_specialized_forward_entries_are_compiled_for_the_threads_the_host_launch
     let mut specialized = 0;
     for c in sm90::VARIANTS {
         for dtype in [DType::F16, DType::Bf16] {
-            let default = sm90::config(c.head_dim) == Some(*c);
-            let mut entries = vec![(sm90_forward(dtype, c, false), false, false)];
-            if default {
-                entries.push((sm90_forward_padded(dtype, c), false, true));
-                entries.push((sm90_forward_window(dtype, c), false, true));
-                entries.push((sm90_forward(dtype, c, true), true, true));
-            }
-            for (name, general, padded) in entries {
+            for (name, general, padded) in sm90_forward_entries(dtype, c) {
                 let ws = sm90::warp_specialized(c, general, padded);
                 assert_eq!(
                     sm90::forward_threads(c, ws),
@@ -225,15 +224,6 @@ fn sm90_backward_entries_take_the_parameters_the_host_passes() {
     let Some(hopper) = flash_attn::PTX_SM90A else {
         return;
     };
-    let param_bytes = |name: &str| {
-        let decl = format!("{name}_param_0[");
-        let at = hopper
-            .find(&format!(".entry {name}("))
-            .and_then(|e| hopper[e..].find(&decl).map(|d| e + d + decl.len()))
-            .unwrap_or_else(|| panic!("{name}: no parameter declaration"));
-        let close = hopper[at..].find(']').unwrap();
-        hopper[at..at + close].parse::<usize>().unwrap()
-    };
     let (tma, plain) = (
         size_of::<TmaBackwardParams>(),
         size_of::<TensorCoreBackwardParams>(),
@@ -254,7 +244,7 @@ fn sm90_backward_entries_take_the_parameters_the_host_passes() {
                 } else {
                     plain
                 };
-                assert_eq!(param_bytes(&name), want, "{name}");
+                assert_eq!(param_bytes(hopper, &name), want, "{name}");
                 checked += 1;
             }
         }
