@@ -263,6 +263,20 @@ pub fn named_sync(id: u32, threads: u32) {
     unsafe { asm!("bar.sync {i}, {n};", i = in(reg32) id, n = in(reg32) threads, options(nostack)) }
 }
 
+/// [`named_sync`] that also returns whether `pred` held on any of the `threads` threads (all of
+/// which sync, none arrive).
+#[inline(always)]
+pub fn named_sync_or(id: u32, threads: u32, pred: bool) -> bool {
+    let r: u32;
+    // SAFETY: as `named_sync`.
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; bar.red.or.pred q, {i}, {n}, p; selp.u32 {r}, 1, 0, q; }}",
+             r = out(reg32) r, i = in(reg32) id, n = in(reg32) threads, x = in(reg32) pred as u32,
+             options(nostack));
+    }
+    r != 0
+}
+
 /// Counts the calling warp towards named barrier `id` of `threads` threads without waiting: the
 /// signal half of a producer/consumer pair of [`named_sync`]. No memory ordering.
 #[inline(always)]

@@ -31,10 +31,10 @@
 //! their sequences do not sit at one tensor map's coordinates.
 //! The plain instances of d = 96, 128 and 192 (`sm90::warp_specialized`) add a third, producer
 //! warpgroup: one of its warps issues K's and V's copies, each once both consumer warpgroups
-//! have released the stage's previous block on its `empty` barrier, and sanitizes the V blocks
-//! across the causal diagonal before releasing them; `setmaxnreg` moves its registers to the
-//! consumers. With no block-wide barrier per step left, the consumers take turns issuing their
-//! products (ping-pong on two named barriers), so one warpgroup's softmax runs while the
+//! have released the stage's previous block on its `empty` barrier; `setmaxnreg` moves its
+//! registers to the consumers. With no block-wide barrier per step left (the consumers meet
+//! only on a V block across the causal diagonal, which they sanitize), they take turns issuing
+//! their products (ping-pong on two named barriers), so one warpgroup's softmax runs while the
 //! other's products hold the tensor cores.
 //! Generic over `KD = d / 16` (k-steps of `Q·Kᵀ`), `ND = d / 8` (fragments of O), `NK` (fragments
 //! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
@@ -42,8 +42,8 @@
 use crate::abi::params::{TensorCoreForwardParams, TmaForwardParams};
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{
-    ballot, block_x, claim_registers, grid_dim_x, named_arrive, named_sync, opaque,
-    release_registers, shared_window, sync_threads, sync_threads_or, sync_warp, thread_x,
+    block_x, claim_registers, grid_dim_x, named_arrive, named_sync, named_sync_or, opaque,
+    release_registers, shared_window, sync_threads, sync_threads_or, thread_x,
 };
 use crate::attn::dropout::{apply_dropout, dropout_multiplier};
 use crate::attn::grid::head_and_sequence;
@@ -235,14 +235,12 @@ unsafe fn forward<
     // The tensor memory accelerator's instances (`TMA`): the barrier slots after the tiles
     // (`sm90::forward_barrier_slots`), and the two tensor maps at `maps` (K's, then V's). A
     // stage's `full` barrier completes when its block has landed; warp-specialized, its `empty`
-    // barrier when every consumer thread has released it, `landing` when a V block the producer
-    // sanitizes has landed, and `poison_flag` says whether it found a non-finite value there.
+    // barrier when every consumer thread has released it.
     let slot = |i: u32| kv_base + 4 * kv_bytes + i * tma::BARRIER_BYTES;
     let k_barrier = |block: u32| slot(block & 1);
     let v_barrier = |block: u32| slot(2 + (block & 1));
     let k_empty = |block: u32| slot(4 + (block & 1));
     let v_empty = |block: u32| slot(6 + (block & 1));
-    let (landing, poison_flag) = (slot(8), slot(9));
     let map_bytes = core::mem::size_of::<crate::abi::params::TensorMap>() as u64;
     // One thread issues a block's boxes, a 64-column panel each, and expects all of their bytes
     // (zeros past the keys and the head dim count too): thread 0, or the producer's first.
@@ -306,8 +304,6 @@ unsafe fn forward<
                     for i in 4..8 {
                         tma::init(slot(i), threads);
                     }
-                    tma::init(landing, 1);
-                    store_shared_u32(poison_flag, 0);
                 }
             }
             tma::fence_barrier_init();
@@ -334,12 +330,10 @@ unsafe fn forward<
     );
 
     if WS && group == WG as u32 {
-        release_registers::<40>();
+        release_registers::<24>();
         if warp == 0 && n_blocks > first_block {
             // The producer: K_j and V_{j−1} in the order the consumers take them, each stage
-            // reused once both consumer warpgroups have released its previous block. A V
-            // block some row may not see whole lands first on `landing`, to be sanitized as
-            // the step barrier of the other instances does (every lane its own chunks).
+            // reused once both consumer warpgroups have released its previous block.
             let free = |empty: u32, block: u32| {
                 let uses = (block - first_block) / 2;
                 if uses > 0 {
@@ -352,33 +346,9 @@ unsafe fn forward<
                 free(k_empty(block), block);
                 load(maps, k_barrier(block), k_tile(block), block);
             };
-            let mut landed = 0;
-            let mut produce_v = |block: u32| {
+            let produce_v = |block: u32| {
                 free(v_empty(block), block);
-                if (causal || windowed) && keys.partial(block * bc, bc) {
-                    load(maps + map_bytes, landing, v_tile(block), block);
-                    // SAFETY: the block was issued on `landing`, whose phases it counts; each
-                    // lane rewrites its own chunks, published before the release below.
-                    let bad = unsafe {
-                        tma::wait(landing, landed & 1);
-                        sanitize_own_chunks::<T, _>(&v_tile(block), bc, lane, 32)
-                    };
-                    landed += 1;
-                    wgmma::fence_proxy_async();
-                    sync_warp();
-                    let any = ballot(bad) != 0;
-                    if lane == 0 {
-                        // SAFETY: the flag and the barrier are the block's own slots.
-                        unsafe {
-                            if any {
-                                store_shared_u32(poison_flag, 1);
-                            }
-                            tma::arrive(v_barrier(block));
-                        }
-                    }
-                } else {
-                    load(maps + map_bytes, v_barrier(block), v_tile(block), block);
-                }
+                load(maps + map_bytes, v_barrier(block), v_tile(block), block);
             };
             produce_k(first_block);
             for block in first_block + 1..n_blocks {
@@ -390,7 +360,7 @@ unsafe fn forward<
         return;
     }
     if WS {
-        claim_registers::<232>();
+        claim_registers::<240>();
     }
     // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
     unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };
@@ -431,21 +401,24 @@ unsafe fn forward<
                 }
             }
         }
-        if WS {
-            // The producer sanitized the V blocks that needed it before releasing them
-            // (`poison_flag`), and the consumers meet at no barrier per step.
-            return false;
-        }
         let bad = match v_landed {
             Some(block) if (causal || windowed) && keys.partial(block * bc, bc) => {
                 // SAFETY: the thread's own copies of V_block have landed (`wait_all`, or the
                 // stage's barrier).
                 unsafe { sanitize_own_chunks::<T, _>(&v_tile(block), bc, tid, threads) }
             }
+            // Warp-specialized, the consumers meet only where a V block needs sanitizing.
+            _ if WS => return false,
             _ => false,
         };
         wgmma::fence_proxy_async();
-        sync_threads_or(bad)
+        // Publishes the sanitized chunks to every consumer's products and votes whether any
+        // value was non-finite: the whole block, or (warp-specialized) the consumers.
+        if WS {
+            named_sync_or(CONSUMERS, threads, bad)
+        } else {
+            sync_threads_or(bad)
+        }
     };
     let mut poisoned = false;
     // Warp-specialized, the consumer warpgroups issue their products in turns (ping-pong):
@@ -537,10 +510,6 @@ unsafe fn forward<
         pass_turn(true);
         wgmma::wait::<0>();
         o.pin();
-    }
-    if WS {
-        // SAFETY: written, if at all, before the release of a V block this thread waited for.
-        poisoned = unsafe { load_shared_u32(poison_flag) } != 0;
     }
     // Every consumer thread, and only those: a warp-specialized block's producer has left.
     let consumers_sync = || {

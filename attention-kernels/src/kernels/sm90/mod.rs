@@ -147,8 +147,8 @@ pub const fn tma_loads(c: &WgConfig, general: bool) -> bool {
 /// the two consumer warpgroups take turns at the tensor cores (ping-pong), each releasing a
 /// stage once its products have read it. The defaults' plain instances from d = 96 to 192,
 /// which run one block per SM, so the producer's registers come from the consumers' headroom
-/// (`setmaxnreg`: 40 for the producer, 232 for each consumer thread). The padded and window
-/// instances need more than 232 and keep two warpgroups.
+/// (`setmaxnreg`: 24 for the producer, which only issues copies, 240 for each consumer thread).
+/// The padded and window instances keep two warpgroups (they spilled at 232).
 pub const fn warp_specialized(c: &WgConfig, general: bool, padded: bool) -> bool {
     let default = match config(c.head_dim) {
         Some(d) => {
@@ -167,11 +167,10 @@ pub const fn forward_threads(c: &WgConfig, warp_specialized: bool) -> u32 {
 
 /// 8-byte slots after the tiles of a forward instance: with the accelerator's loads a barrier
 /// per stage of K and of V (the stage's data has landed); warp-specialized, also a barrier per
-/// stage that the consumers' releases complete, one for a V tile that the producer sanitizes
-/// before releasing it, and a word saying whether it found a non-finite value.
+/// stage that the consumers' releases complete.
 pub const fn forward_barrier_slots(tma: bool, warp_specialized: bool) -> u32 {
     if warp_specialized {
-        10
+        8
     } else if tma {
         4
     } else {
