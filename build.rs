@@ -31,7 +31,8 @@ const SHIPPED_HOPPER: &str = "attention_kernels_sm90a.ptx";
 /// The architecture of the shipped base module (and the default of a rebuilt one).
 const DEFAULT_ARCH: &str = "sm_80";
 
-// `LAUNCH_BOUNDS`: the sm_90a entries compiled for a number of resident blocks per SM.
+// `LAUNCH_BOUNDS`, `TUNING_LAUNCH_BOUNDS`: the sm_90a entries compiled for a number of resident
+// blocks per SM.
 include!("attention-kernels/src/kernels/sm90/launch_bounds.rs");
 
 fn main() {
@@ -203,11 +204,17 @@ fn build_ptx(kernel_dir: &Path, target_root: &Path, arch: &str, wgmma: bool) -> 
     if wgmma { with_launch_bounds(ptx) } else { ptx }
 }
 
-/// `ptx` with each [`LAUNCH_BOUNDS`] entry's `.maxntid` and `.minnctapersm` directives after its
+/// `ptx` with each [`LAUNCH_BOUNDS`] entry's (and in a `tuning` build each
+/// [`TUNING_LAUNCH_BOUNDS`] entry's) `.maxntid` and `.minnctapersm` directives after its
 /// parameter list (between the `)` closing it and the `{` of its body); an entry missing from the
 /// module fails the build rather than losing its bounds.
 fn with_launch_bounds(mut ptx: String) -> String {
-    for &(entry, threads, blocks) in LAUNCH_BOUNDS {
+    let tuning: &[(&str, u32, u32)] = if env::var_os("CARGO_FEATURE_TUNING").is_some() {
+        TUNING_LAUNCH_BOUNDS
+    } else {
+        &[]
+    };
+    for &(entry, threads, blocks) in LAUNCH_BOUNDS.iter().chain(tuning) {
         let header = format!(".visible .entry {entry}(");
         let start = ptx
             .find(&header)

@@ -11,7 +11,10 @@
 # $out/headdim-table.md.
 # `window`: the window cost of issue 10 (`flash-attn bench --shapes window`: N = 16384 full and
 # with a window, beside the same rows at 2048 and 1024 keys; ours only, forward and backward).
-# usage: bench-h200.sh [all|speed|memory|decode|headdims|window] [flash-attn bench options, e.g. --pass forward]
+# `tuning`: the compiled tile variants of each family side by side (examples/tc_bench built with
+# `--features tuning`, which `TUNING=1 scripts/device-prepare.sh` packs), ours only, per-launch
+# events; its table in $out/tuning-table.md.
+# usage: bench-h200.sh [all|speed|memory|decode|headdims|window|tuning] [flash-attn bench options, e.g. --pass forward]
 set -uo pipefail
 what=${1:-all}; shift || true
 out=${OUT:-reports/bench}
@@ -29,6 +32,10 @@ if [ "$what" = headdims ]; then
   OUT="$out" python3 scripts/peers/sdpa_bench.py --backends flash cudnn --shapes headdims
   python3 scripts/peers/ratio_table.py "$out/sdpa.json" "$out"/bench-auto-*.json | tee "$out/headdim-table.md"
   exit
+fi
+if [ "$what" = tuning ]; then
+  .device-run/tuning/tc_bench | tee "$out/tuning-table.md"
+  exit "${PIPESTATUS[0]}"
 fi
 if [ "$what" = window ]; then
   $fa bench --kernel auto --shapes window --out "$out" "$@" | tee "$out/window-table.txt"

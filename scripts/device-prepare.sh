@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds, on this machine, everything a GPU run needs and copies it to .device-run/ (git-ignored):
-# the release `flash-attn` binary and every test binary of the workspace under stable names. (The
-# timing examples tc_bench and tc_backward_bench compare the tuning candidates: build them with
-# `cargo build --release --features tuning --examples` and carry them yourself.)
+# the release `flash-attn` binary and every test binary of the workspace under stable names. With
+# TUNING=1 also the timing examples that compare the tuning candidates, tc_bench and
+# tc_backward_bench, built with `--features tuning` (its own PTX, compiled from the kernel
+# sources: several minutes) into .device-run/tuning/ (`bench-h200.sh tuning`).
 # The GPU machine has no Rust. The binaries (two PTX modules each) outgrow what the device tool
 # carries, so they also go packed into .device-pack/run.txz (git-ignored; xz with a dictionary
 # larger than a binary, so the PTX every binary embeds is stored once): pass `.device-pack` in
@@ -35,6 +36,11 @@ cargo build --release --example large_tensors --quiet
 cp target/release/examples/large_tensors .device-run/
 cargo test --workspace --release --no-run --message-format=json 2>/dev/null \
   | copy_tests .device-run/tests
+if [[ ${TUNING:-0} == 1 ]]; then
+  mkdir -p .device-run/tuning
+  cargo build --release --features tuning --example tc_bench --example tc_backward_bench --quiet
+  cp target/release/examples/tc_bench target/release/examples/tc_backward_bench .device-run/tuning/
+fi
 # The candle op when CANDLE=1 (feature `candle-cuda`, candle with its CUDA backend): its GPU test
 # as .device-run/candle/gpu_candle, run there through candle-run.sh (`h200-check.sh candle`), and
 # the GPT of crates/candle-gpt (a workspace of its own) as .device-run/gpt (`h200-check.sh gpt`).
@@ -57,7 +63,7 @@ if [[ ${CANDLE:-0} == 1 ]]; then
 fi
 # Symbols are not needed there and the carried folder is limited in size.
 strip .device-run/flash-attn .device-run/decode_bench .device-run/generate .device-run/large_tensors \
-  .device-run/tests/*
+  .device-run/tests/* $(ls .device-run/tuning/* 2> /dev/null)
 cp scripts/device-run.sh scripts/device-sanitize.sh scripts/bench-h200.sh scripts/h200-check.sh .device-run/
 # The GPU machine gets no .git: record which commit (and whether the tree was clean) was built.
 echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!reports' || echo ' +uncommitted changes')" > .device-run/COMMIT

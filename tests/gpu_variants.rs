@@ -181,3 +181,76 @@ fn every_tensor_core_instance_matches_the_reference() {
         failures.join("\n")
     );
 }
+
+/// Where the plan's choice depends on the length: d = 64's plain forward without the causal
+/// mask runs `sm90::D64_WS` from `sm90::D64_WS_MIN_ROWS` query rows (192-row blocks, the last
+/// one partial in the second shape), through `forward_into` into NaN-poisoned outputs against
+/// f64. Few keys keep the reference quick.
+#[test]
+fn long_d64_plain_forwards_run_the_warp_specialized_tiles_and_match_the_reference() {
+    let test = "long_d64_plain_forwards_run_the_warp_specialized_tiles_and_match_the_reference";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    if !gpu.has_wgmma() {
+        skip(
+            test,
+            &format!("{} loads no sm_90a module", gpu.device_name()),
+        );
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(fresh_seed(test));
+    let rows = sm90::D64_WS_MIN_ROWS;
+    let mut failures = Vec::new();
+    for dtype in [DType::Bf16, DType::F16] {
+        for (batch, n_q, n_k, heads_q, heads_kv) in
+            [(1, rows, 300, 2, 1), (2, rows + 100, 777, 3, 1)]
+        {
+            let s = AttentionShape {
+                batch,
+                n_q,
+                n_k,
+                heads_q,
+                heads_kv,
+                head_dim: 64,
+                head_dim_v: 64,
+            };
+            let mut draw = |n: usize, r: f32| -> Vec<f32> {
+                (0..n).map(|_| dtype.round(rng.gen_range(-r..r))).collect()
+            };
+            let (q, k, v) = (
+                draw(s.q_elems(), 2.0),
+                draw(s.k_elems(), 2.0),
+                draw(s.v_elems(), 1.0),
+            );
+            let a = AttentionOptions::new();
+            let want = forward_f32(&s, &q, &k, &v, &a).unwrap();
+            let up = |x: &[f32]| DeviceTensor::from_f32(dtype, x).unwrap();
+            let o = DeviceTensor::poisoned(dtype, s.o_elems()).unwrap();
+            let lse = DeviceF32::poisoned(s.row_elems()).unwrap();
+            let opts = FlashOptions::new(a);
+            let plan =
+                flash_attn::forward_into(&gpu, &s, &up(&q), &up(&k), &up(&v), &o, &lse, &opts)
+                    .unwrap();
+            gpu.synchronize().unwrap();
+            assert_eq!(plan.tiles, Tiles::Sm90Forward(sm90::D64_WS), "{s:?}");
+            let errs = [
+                ("o", rel_err(&o.to_f32().unwrap(), &want.o)),
+                ("lse", lse_err(&lse.to_vec().unwrap(), &want.lse)),
+            ];
+            let ok = errs
+                .iter()
+                .all(|(n, e)| *e <= if *n == "lse" { 2e-3 } else { bound(dtype) });
+            let line = format!(
+                "{} {} {s:?}: {errs:?}",
+                if ok { "ok  " } else { "FAIL" },
+                plan.entry
+            );
+            println!("{line}");
+            if !ok {
+                failures.push(line);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -168,9 +168,9 @@ fn sm90_forward_entries_take_the_parameters_the_host_passes() {
 
 /// The warp-specialized forward instances (`sm90::warp_specialized`) launch a producer
 /// warpgroup beside the consumers: the host's thread count, and the `.maxntid` bound the kernel
-/// was compiled for (which `setmaxnreg`'s register split needs), are the same 384, and every
-/// other instance has no 384-thread bound. A kernel launched with fewer threads than it was
-/// written for would wait forever on its producer.
+/// was compiled for (which `setmaxnreg`'s register split needs), are the same, and every other
+/// instance has no bound but its own warpgroups'. A kernel launched with fewer threads than it
+/// was written for would wait forever on its producer.
 #[test]
 fn warp_specialized_forward_entries_are_compiled_for_the_threads_the_host_launches() {
     use flash_attn::DType;
@@ -198,20 +198,18 @@ fn warp_specialized_forward_entries_are_compiled_for_the_threads_the_host_launch
         for dtype in [DType::F16, DType::Bf16] {
             for (name, general, padded) in sm90_forward_entries(dtype, c) {
                 let ws = sm90::warp_specialized(c, general, padded);
-                assert_eq!(
-                    sm90::forward_threads(c, ws),
-                    if ws { 384 } else { c.threads() }
-                );
+                let threads = sm90::forward_threads(c, ws);
+                assert_eq!(threads, c.threads() + if ws { 128 } else { 0 });
                 if ws {
-                    assert_eq!(bound(&name), Some(384), "{name}");
+                    assert_eq!(bound(&name), Some(threads), "{name}");
                     specialized += 1;
                 } else {
-                    assert_ne!(bound(&name), Some(384), "{name}");
+                    assert!(bound(&name).is_none_or(|t| t == threads), "{name}");
                 }
             }
         }
     }
-    assert_eq!(specialized, 6, "d = 96, 128 and 192, bf16 and f16");
+    assert_eq!(specialized, 8, "d = 64, 96, 128 and 192, bf16 and f16");
 }
 
 /// As above for the `wgmma` backward's main kernels (`sm90::tma_loads_backward`,

@@ -92,7 +92,19 @@ fn plan_family(
         (Family::Sm90 | Family::Sm80, _) => {
             let d = tensor_core_head_dims(&problem.shape)?;
             let tiles = match (family, direction) {
-                (Family::Sm90, Direction::Forward) => sm90::config(d).map(Tiles::Sm90Forward),
+                (Family::Sm90, Direction::Forward) => sm90::config(d).map(|c| {
+                    // A plain call of the compiled head dim (full-length sequences, no dropout,
+                    // window or score modifiers) may run on tiles of its own.
+                    let s = &problem.shape;
+                    let compiled = (s.head_dim, s.head_dim_v) == (c.head_dim, c.head_dim);
+                    let plain = compiled && !problem.needs_general();
+                    let causal = problem.options.attention.causal;
+                    Tiles::Sm90Forward(if plain {
+                        sm90::plain_config(&c, causal, problem.max_q_len)
+                    } else {
+                        c
+                    })
+                }),
                 (Family::Sm90, Direction::Backward) => {
                     sm90::backward_config(d).map(Tiles::Sm90Backward)
                 }
@@ -165,6 +177,17 @@ pub fn with_tiles(
         return Err(invalid!(
             "length masks, dropout and score modifiers run on the default tiles only, not {tiles:?}"
         ));
+    }
+    if let Tiles::Sm90Forward(c) = tiles {
+        let s = &problem.shape;
+        if sm90::plain_only(&c) && (s.head_dim, s.head_dim_v) != (c.head_dim, c.head_dim) {
+            return Err(invalid!(
+                "{tiles:?} is compiled for head_dim = head_dim_v = {} only, not {} and {}",
+                c.head_dim,
+                s.head_dim,
+                s.head_dim_v
+            ));
+        }
     }
     admits(device, problem, direction, family)
         .and_then(|()| plan_tiles(device, problem, direction, family, tiles))
@@ -531,9 +554,12 @@ impl fmt::Display for Plan {
                 Direction::Backward => "Q and dO",
             };
             let by = if self.producer_warpgroup {
-                ", issued by a producer warpgroup for two consumer warpgroups in turns"
+                format!(
+                    ", issued by a producer warpgroup for {} consumer warpgroups in turns",
+                    self.block_rows / 64
+                )
             } else {
-                ""
+                String::new()
             };
             writeln!(f, "loads       {tiles} through tensor maps (TMA){by}")?;
         }
@@ -786,6 +812,65 @@ mod tests {
         let masked = FlashOptions::new(AttentionOptions::new().key_lengths(vec![50, 70]));
         let p = with_tiles(&h, &problem(96, masked), fwd, Tiles::Sm90Forward(sm90::D96));
         assert!(p.unwrap().entry.contains("_general_"));
+    }
+
+    /// d = 64's plain forward without the causal mask runs warp-specialized on tiles of its
+    /// own from `sm90::D64_WS_MIN_ROWS` query rows (`sm90::D64_WS`: three consumer warpgroups
+    /// and a producer, 512 threads, 192 rows, 128-key blocks); shorter, causal, padded,
+    /// windowed and masked calls, and `with_tiles(D64)`, keep `D64`'s two warpgroups without a
+    /// producer; `D64_WS` takes head dim 64 only.
+    #[test]
+    fn the_long_d64_plain_forward_runs_warp_specialized_on_tiles_of_its_own() {
+        let h = h200();
+        let fwd = Direction::Forward;
+        let long = |d: u32| AttentionShape::new(1, sm90::D64_WS_MIN_ROWS, 300, 4, 2, d);
+        let plan = |s: AttentionShape, a: AttentionOptions| {
+            select_on(&h, s, DType::Bf16, FlashOptions::new(a), fwd).unwrap()
+        };
+        let p = plan(long(64), AttentionOptions::new());
+        assert_eq!(p.tiles, Tiles::Sm90Forward(sm90::D64_WS));
+        assert_eq!(p.entry, "flash_wgmma_forward_bf16_d64_g3_k128");
+        assert_eq!((p.threads, p.block_rows, p.block_keys), (512, 192, 128));
+        assert_eq!(p.grid.0, sm90::D64_WS_MIN_ROWS.div_ceil(192));
+        assert!(p.producer_warpgroup && p.tensor_maps);
+        assert!(p.to_string().contains("for 3 consumer warpgroups"), "{p}");
+        let shorter = AttentionShape::new(1, sm90::D64_WS_MIN_ROWS - 1, 300, 4, 2, 64);
+        for (s, a, kind) in [
+            (shorter, AttentionOptions::new(), ""),
+            (long(64), AttentionOptions::new().causal(true), ""),
+            (long(48), AttentionOptions::new(), "_padded_"),
+            (
+                long(64).with_head_dim_v(48),
+                AttentionOptions::new(),
+                "_padded_",
+            ),
+            (
+                long(64),
+                AttentionOptions::new().key_lengths(vec![50]),
+                "_general_",
+            ),
+            (long(64), AttentionOptions::new().window(16, 0), "_window_"),
+        ] {
+            let p = plan(s, a);
+            assert_eq!(p.tiles, Tiles::Sm90Forward(sm90::D64), "{}", p.entry);
+            assert!(
+                p.entry.contains(kind) && p.entry.ends_with("_d64_g2_k64"),
+                "{}",
+                p.entry
+            );
+            assert!(!p.producer_warpgroup && p.threads == 256, "{}", p.entry);
+        }
+        let problem = |d| Problem::new(&long(d), DType::Bf16, &FlashOptions::default()).unwrap();
+        let p = with_tiles(&h, &problem(64), fwd, Tiles::Sm90Forward(sm90::D64)).unwrap();
+        assert_eq!(p.entry, "flash_wgmma_forward_bf16_d64_g2_k64");
+        assert!(!p.producer_warpgroup && p.threads == 256);
+        let ws = Tiles::Sm90Forward(sm90::D64_WS);
+        let short = Problem::new(&shape(64), DType::Bf16, &FlashOptions::default()).unwrap();
+        assert!(with_tiles(&h, &short, fwd, ws).unwrap().producer_warpgroup);
+        let e = with_tiles(&h, &problem(48), fwd, ws)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("head_dim = head_dim_v = 64 only"), "{e}");
     }
 
     #[test]

@@ -29,13 +29,14 @@
 //! groups, so the warpgroups spend no issue slots on addresses and copies. Q, once per block,
 //! still comes by `cp.async`. The general instances (lengths, packed sequences) keep `cp.async`:
 //! their sequences do not sit at one tensor map's coordinates.
-//! The plain instances of d = 96, 128 and 192 (`sm90::warp_specialized`) add a third, producer
-//! warpgroup: one of its warps issues K's and V's copies, each once both consumer warpgroups
-//! have released the stage's previous block on its `empty` barrier; `setmaxnreg` moves its
-//! registers to the consumers. With no block-wide barrier per step left (the consumers meet
+//! The plain instances of d = 96 to 192, and d = 64's for long sequences without the causal
+//! mask (`sm90::warp_specialized`), add a producer warpgroup to their two (d = 64: three)
+//! consumer warpgroups: one of its warps issues K's and V's copies, each once every consumer
+//! warpgroup has released the stage's previous block on its `empty` barrier; `setmaxnreg` moves
+//! its registers to the consumers. With no block-wide barrier per step left (the consumers meet
 //! only on a V block across the causal diagonal, which they sanitize), they take turns issuing
-//! their products (ping-pong on two named barriers), so one warpgroup's softmax runs while the
-//! other's products hold the tensor cores.
+//! their products (round robin on a named barrier per warpgroup), so one warpgroup's softmax
+//! runs while another's products hold the tensor cores.
 //! Generic over `KD = d / 16` (k-steps of `Q·Kᵀ`), `ND = d / 8` (fragments of O), `NK` (fragments
 //! of S) and `NP = NK / 2` (k-steps of `P·V`), so every register array has a compile-time size.
 
@@ -64,7 +65,7 @@ use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
 
 /// Named barriers of the warp-specialized instances: every consumer thread (`CONSUMERS`), and
-/// the turns of consumer warpgroups 0 and 1 at the tensor cores (`TURN`, `TURN + 1`).
+/// the turn of consumer warpgroup `g` at the tensor cores (`TURN + g`).
 const CONSUMERS: u32 = 1;
 const TURN: u32 = 2;
 
@@ -160,7 +161,7 @@ unsafe fn forward<
     const { assert!(ND == 2 * KD && NK == 2 * NP && NP > 0 && KD >= 4 && WG > 0) };
     const { assert!(WINDOW || !MODS) };
     const { assert!(!(TMA && GENERAL)) };
-    const { assert!(!WS || (TMA && WG == 2 && !PADDED)) };
+    const { assert!(!WS || (TMA && (WG == 2 || WG == 3) && !PADDED)) };
     let (d, bc, br) = (16 * KD as u32, 8 * NK as u32, 64 * WG as u32);
     // Tiles hold whole 64-column panels: d = 96 uses three quarters of two (`WgConfig::tile_cols`).
     let dt = d.next_multiple_of(64);
@@ -329,8 +330,14 @@ unsafe fn forward<
         score_mod,
     );
 
+    // `setmaxnreg`: the producer keeps what issuing copies takes, the consumers share the rest
+    // of what the block launched with (24 + 2 · 240 = 3 · 168; 32 + 3 · 160 = 4 · 128).
     if WS && group == WG as u32 {
-        release_registers::<24>();
+        if WG == 3 {
+            release_registers::<32>();
+        } else {
+            release_registers::<24>();
+        }
         if warp == 0 && n_blocks > first_block {
             // The producer: K_j and V_{j−1} in the order the consumers take them, each stage
             // reused once both consumer warpgroups have released its previous block.
@@ -360,7 +367,11 @@ unsafe fn forward<
         return;
     }
     if WS {
-        claim_registers::<240>();
+        if WG == 3 {
+            claim_registers::<160>();
+        } else {
+            claim_registers::<240>();
+        }
     }
     // SAFETY: the Q tile holds `br` rows; rows below n_q are inside Q.
     unsafe { q_tile.fill_async(q_rows, q0, br, tid, threads) };
@@ -421,18 +432,19 @@ unsafe fn forward<
         }
     };
     let mut poisoned = false;
-    // Warp-specialized, the consumer warpgroups issue their products in turns (ping-pong):
-    // one's softmax runs while the other's products occupy the tensor cores. A turn is taken
-    // on the group's own named barrier and passed to the other group's after the issue;
-    // group 1 passes first and skips its last pass, so every barrier completes.
+    // Warp-specialized, the consumer warpgroups issue their products in turns (round robin):
+    // one's softmax runs while another's products occupy the tensor cores. A turn is taken on
+    // the group's own named barrier and passed to the next group's after the issue; the last
+    // group passes first and skips its last pass, so every barrier completes.
+    let last_group = WG as u32 - 1;
     let take_turn = || {
         if WS {
             named_sync(TURN + group, 2 * 128);
         }
     };
     let pass_turn = |last: bool| {
-        if WS && !(last && group == 1) {
-            named_arrive(TURN + (1 - group), 2 * 128);
+        if WS && !(last && group == last_group) {
+            named_arrive(TURN + (group + 1) % WG as u32, 2 * 128);
         }
     };
     // Warp-specialized, every consumer thread releases a stage once its products have read it.
@@ -444,7 +456,7 @@ unsafe fn forward<
     };
 
     if n_blocks > first_block {
-        if WS && group == 1 {
+        if WS && group == last_group {
             named_arrive(TURN, 2 * 128);
         }
         step_barrier(Some(first_block), None);
@@ -648,7 +660,7 @@ unsafe fn forward<
 /// compiled head dim only; `flash_wgmma_forward_padded_…` takes smaller ones (zero-padded
 /// columns), as every other instance does. `cp_async` lines take [`TensorCoreForwardParams`],
 /// `tma` and `ws` ones (`sm90::tma_loads`; `ws`: warp-specialized, `sm90::warp_specialized`,
-/// launched with 384 threads) [`TmaForwardParams`], whose tensor maps the kernel reads in
+/// launched with a producer warpgroup beside the consumers, `sm90::forward_threads`) [`TmaForwardParams`], whose tensor maps the kernel reads in
 /// parameter space: its address, taken by name (`<entry>_param_0`), made generic, plus
 /// `TMA_MAPS_OFFSET`.
 macro_rules! entry_points {
@@ -712,6 +724,8 @@ macro_rules! entry_points {
 }
 
 entry_points! {
+    ws flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, false;
+    ws flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, false;
     tma flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
     tma flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
     ws flash_wgmma_forward_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;
@@ -767,12 +781,10 @@ entry_points! {
 /// Tuning candidates (the `tuning` feature): compared against the defaults by the timing examples.
 #[cfg(feature = "tuning")]
 entry_points! {
-    tma flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false, true;
-    tma flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false, true;
-    tma flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, true;
-    tma flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, true;
-    tma flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false, true;
-    tma flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false, true;
+    ws flash_wgmma_forward_bf16_d64_g2_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    ws flash_wgmma_forward_f16_d64_g2_k128 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    ws flash_wgmma_forward_bf16_d64_g3_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false, false;
+    ws flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false, false;
     tma flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false, true;
     tma flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false, true;
 }

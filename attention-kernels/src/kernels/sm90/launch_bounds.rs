@@ -4,8 +4,8 @@
 /// `sm_90a` entry points compiled for a number of resident blocks per SM: `(entry, threads per
 /// block, blocks per SM)`, written into the PTX as `.maxntid` and `.minnctapersm` after the
 /// entry's parameters (rustc has no attribute for them), so ptxas keeps the registers to what
-/// that many blocks leave (64 K / (256 · 2) = 128; 64 K / 384 = 168 for the warp-specialized
-/// instances, which must launch their 384 threads). Without it the d = 64 `wgmma` forward takes
+/// that many blocks leave (64 K / (256 · 2) = 128; 64 K / 384 = 168 and 64 K / 512 = 128 for
+/// the warp-specialized instances, which must launch all their threads). Without it the d = 64 `wgmma` forward takes
 /// more registers than two blocks leave and runs one block per SM, which is slower despite the
 /// spills the bound costs (`reports/PERF_LOG.md`); its padded twin, which runs head dims 32 to
 /// 56, likewise.
@@ -14,12 +14,23 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("flash_wgmma_forward_f16_d64_g2_k64", 256, 2),
     ("flash_wgmma_forward_padded_bf16_d64_g2_k64", 256, 2),
     ("flash_wgmma_forward_padded_f16_d64_g2_k64", 256, 2),
-    // The warp-specialized instances (`sm90::warp_specialized`): 384 threads, so that ptxas
-    // compiles for the 168 registers that leaves before `setmaxnreg` redistributes them.
+    // The warp-specialized instances (`sm90::warp_specialized`): 512 or 384 threads, so that
+    // ptxas compiles for the registers that leaves before `setmaxnreg` redistributes them.
+    ("flash_wgmma_forward_bf16_d64_g3_k128", 512, 1),
+    ("flash_wgmma_forward_f16_d64_g3_k128", 512, 1),
     ("flash_wgmma_forward_bf16_d96_g2_k128", 384, 1),
     ("flash_wgmma_forward_f16_d96_g2_k128", 384, 1),
     ("flash_wgmma_forward_bf16_d128_g2_k128", 384, 1),
     ("flash_wgmma_forward_f16_d128_g2_k128", 384, 1),
     ("flash_wgmma_forward_bf16_d192_g2_k64", 384, 1),
     ("flash_wgmma_forward_f16_d192_g2_k64", 384, 1),
+];
+
+/// The bounds of the warp-specialized tuning candidates (the `tuning` feature), for the same
+/// reason.
+pub const TUNING_LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
+    ("flash_wgmma_forward_bf16_d64_g2_k128", 384, 1),
+    ("flash_wgmma_forward_f16_d64_g2_k128", 384, 1),
+    ("flash_wgmma_forward_bf16_d64_g3_k64", 512, 1),
+    ("flash_wgmma_forward_f16_d64_g3_k64", 512, 1),
 ];

@@ -13,7 +13,7 @@ mod backward;
 mod forward;
 mod launch_bounds;
 
-pub use launch_bounds::LAUNCH_BOUNDS;
+pub use launch_bounds::{LAUNCH_BOUNDS, TUNING_LAUNCH_BOUNDS};
 
 use crate::attn::backward::Q_BLOCK;
 use crate::kernels::BACKWARD_SLICE_COLS;
@@ -46,14 +46,29 @@ impl WgConfig {
     }
 }
 
-/// d = 64: two warpgroups, 64-key blocks: 48 KiB of shared memory and 121 registers, two blocks
-/// (16 warps) per SM; measured 17–29% faster than 128-key blocks on the H200, which hold 166
-/// registers and so one block per SM (reports/PERF_LOG.md).
+/// d = 64 (and 32–56 padded to it): two warpgroups, 64-key blocks: 48 KiB of shared memory and
+/// 121 registers, two blocks (16 warps) per SM; measured 17–29% faster than 128-key blocks on
+/// the H200, which hold 166 registers and so one block per SM (reports/PERF_LOG.md). Its long
+/// plain calls without the causal mask run [`D64_WS`] ([`plain_config`]).
 pub const D64: WgConfig = WgConfig {
     head_dim: 64,
     warpgroups: 2,
     block_keys: 64,
 };
+/// d = 64's plain instance for long sequences without the causal mask ([`plain_config`]):
+/// warp-specialized, FlashAttention-3's tiles, three consumer warpgroups of 64 rows beside the
+/// producer and 128-key blocks: 88 KiB of shared memory, one block of 16 warps per SM. Its
+/// consumers spill 64 bytes at the 160 registers three of them can have, and it still ran 11%
+/// faster than [`D64`] at N = 4096; at N = 1024, and causal at N = 4096, it did not
+/// (reports/PERF_LOG.md).
+pub const D64_WS: WgConfig = WgConfig {
+    head_dim: 64,
+    warpgroups: 3,
+    block_keys: 128,
+};
+
+/// The query rows from which [`plain_config`] takes [`D64_WS`].
+pub const D64_WS_MIN_ROWS: u32 = 4096;
 /// d = 96 (and 72–88 padded to it): d = 128's tiles and shared memory (160 KiB, 128-key
 /// blocks) with three quarters of its tensor-core work: 6 k-steps of `Q·Kᵀ` and a 96-column
 /// `P·V` (`m64n96k16`).
@@ -90,6 +105,7 @@ pub const D256: WgConfig = WgConfig {
 pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
     &[
         D64,
+        D64_WS,
         D96,
         D128,
         D192,
@@ -99,25 +115,28 @@ pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
             warpgroups: 2,
             block_keys: 64,
         },
-        WgConfig {
-            head_dim: 64,
-            warpgroups: 2,
-            block_keys: 128,
-        },
-        WgConfig {
-            head_dim: 64,
-            warpgroups: 3,
-            block_keys: 128,
-        },
-        WgConfig {
-            head_dim: 64,
-            warpgroups: 3,
-            block_keys: 64,
-        },
+        PLAIN_CANDIDATES[0],
+        PLAIN_CANDIDATES[1],
     ]
 } else {
-    &[D64, D96, D128, D192, D256]
+    &[D64, D64_WS, D96, D128, D192, D256]
 };
+
+/// The tuning candidates compiled as warp-specialized plain instances only (their head dim,
+/// full-length sequences, no dropout), measured against [`D64_WS`]: two consumer warpgroups
+/// with 128-key blocks, and three with 64-key blocks.
+const PLAIN_CANDIDATES: [WgConfig; 2] = [
+    WgConfig {
+        head_dim: 64,
+        warpgroups: 2,
+        block_keys: 128,
+    },
+    WgConfig {
+        head_dim: 64,
+        warpgroups: 3,
+        block_keys: 64,
+    },
+];
 
 /// The default forward configuration for a head dimension (padded to its compiled one:
 /// [`super::tensor_core_head_dim`]'s, but 72–96 to [`D96`]), `None` where no `wgmma` kernel
@@ -133,6 +152,30 @@ pub const fn config(head_dim: u32) -> Option<WgConfig> {
     }
 }
 
+/// The configuration whose plain instance runs the calls of default `c` that take its compiled
+/// head dim over full-length sequences without dropout, window or score modifiers, `q_len`
+/// query rows each: [`D64_WS`] for [`D64`] without the causal mask from [`D64_WS_MIN_ROWS`]
+/// rows, otherwise `c`.
+pub const fn plain_config(c: &WgConfig, causal: bool, q_len: u32) -> WgConfig {
+    if same(c, &D64) && !causal && q_len >= D64_WS_MIN_ROWS {
+        D64_WS
+    } else {
+        *c
+    }
+}
+
+/// Whether `c` is compiled as a plain instance only, for its head dim and no options:
+/// [`D64_WS`], or a tuning candidate of it.
+pub const fn plain_only(c: &WgConfig) -> bool {
+    let candidate = cfg!(feature = "tuning")
+        && (same(c, &PLAIN_CANDIDATES[0]) || same(c, &PLAIN_CANDIDATES[1]));
+    same(c, &D64_WS) || candidate
+}
+
+const fn same(a: &WgConfig, b: &WgConfig) -> bool {
+    a.head_dim == b.head_dim && a.warpgroups == b.warpgroups && a.block_keys == b.block_keys
+}
+
 /// Whether the forward instance of `c` for full-length sequences without dropout (`general`
 /// false: the plain, padded and window instances) loads K and V with the tensor memory
 /// accelerator, taking `abi::params::TmaForwardParams`; up to d = 192 (at d = 256 the barriers'
@@ -143,20 +186,19 @@ pub const fn tma_loads(c: &WgConfig, general: bool) -> bool {
 
 /// Whether the forward instance of `c` (`general` as [`tma_loads`]; `padded`: an instance that
 /// takes smaller head dims than its tiles', which the window instances are too) is
-/// warp-specialized: a third, producer warpgroup issues the accelerator's loads of K and V, and
-/// the two consumer warpgroups take turns at the tensor cores (ping-pong), each releasing a
-/// stage once its products have read it. The defaults' plain instances from d = 96 to 192,
-/// which run one block per SM, so the producer's registers come from the consumers' headroom
-/// (`setmaxnreg`: 24 for the producer, which only issues copies, 240 for each consumer thread).
-/// The padded and window instances keep two warpgroups (they spilled at 232).
+/// warp-specialized: a producer warpgroup issues the accelerator's loads of K and V, and the
+/// consumer warpgroups take turns at the tensor cores (round robin), each releasing a stage
+/// once its products have read it. The defaults' plain instances from d = 96 to 192 and the
+/// plain-only ones of d = 64 ([`plain_only`]), which run one block per SM, so the producer's registers come from the
+/// consumers' headroom (`setmaxnreg`: 24 for the producer, which only issues copies, and 240
+/// for each thread of two consumer warpgroups; 32 and 160 with three). The padded and window
+/// instances keep two warpgroups and no producer (they spilled at 232 registers).
 pub const fn warp_specialized(c: &WgConfig, general: bool, padded: bool) -> bool {
     let default = match config(c.head_dim) {
-        Some(d) => {
-            d.head_dim == c.head_dim && d.warpgroups == c.warpgroups && d.block_keys == c.block_keys
-        }
+        Some(d) => same(&d, c),
         None => false,
     };
-    tma_loads(c, general) && !padded && default && c.head_dim >= 96 && c.warpgroups == 2
+    tma_loads(c, general) && !padded && ((default && c.head_dim >= 96) || plain_only(c))
 }
 
 /// Threads per block of a forward instance: the consumer warpgroups, and a producer warpgroup
