@@ -23,6 +23,23 @@ fn bound(dtype: DType) -> f64 {
     if dtype == DType::Bf16 { 1e-2 } else { 2e-3 }
 }
 
+/// `n` fresh values in (−r, r), rounded to `dtype`.
+fn draw(rng: &mut StdRng, dtype: DType, n: usize, r: f32) -> Vec<f32> {
+    (0..n).map(|_| dtype.round(rng.gen_range(-r..r))).collect()
+}
+
+/// Prints the case's errors and keeps its line among `failures` if one is past its bound.
+fn judge(failures: &mut Vec<String>, dtype: DType, case: String, errs: &[(&str, f64)]) {
+    let ok = errs
+        .iter()
+        .all(|(n, e)| *e <= if *n == "lse" { 2e-3 } else { bound(dtype) });
+    let line = format!("{} {case}: {errs:?}", if ok { "ok  " } else { "FAIL" });
+    println!("{line}");
+    if !ok {
+        failures.push(line);
+    }
+}
+
 fn head_dim(t: &Tiles) -> u32 {
     match t {
         Tiles::Sm80Forward(c) => c.head_dim,
@@ -88,14 +105,11 @@ fn every_tensor_core_instance_matches_the_reference() {
                         head_dim: d,
                         head_dim_v: d,
                     };
-                    let mut draw = |n: usize, r: f32| -> Vec<f32> {
-                        (0..n).map(|_| dtype.round(rng.gen_range(-r..r))).collect()
-                    };
                     let (q, k, v, d_o) = (
-                        draw(s.q_elems(), 2.0),
-                        draw(s.k_elems(), 2.0),
-                        draw(s.v_elems(), 1.0),
-                        draw(s.q_elems(), 1.0),
+                        draw(&mut rng, dtype, s.q_elems(), 2.0),
+                        draw(&mut rng, dtype, s.k_elems(), 2.0),
+                        draw(&mut rng, dtype, s.v_elems(), 1.0),
+                        draw(&mut rng, dtype, s.q_elems(), 1.0),
                     );
                     let a = AttentionOptions::new().causal(causal);
                     let opts = FlashOptions::new(a.clone());
@@ -104,17 +118,8 @@ fn every_tensor_core_instance_matches_the_reference() {
                     let up = |x: &[f32]| DeviceTensor::from_f32(dtype, x).unwrap();
                     let (qd, kd, vd, dod) = (up(&q), up(&k), up(&v), up(&d_o));
                     let mut check = |entry: String, errs: Vec<(&str, f64)>| {
-                        let ok = errs
-                            .iter()
-                            .all(|(n, e)| *e <= if *n == "lse" { 2e-3 } else { bound(dtype) });
-                        let line = format!(
-                            "{} {entry} causal={causal} {s:?}: {errs:?}",
-                            if ok { "ok  " } else { "FAIL" }
-                        );
-                        println!("{line}");
-                        if !ok {
-                            failures.push(line);
-                        }
+                        let case = format!("{entry} causal={causal} {s:?}");
+                        judge(&mut failures, dtype, case, &errs);
                     };
 
                     for &tiles in forward.iter().filter(|t| head_dim(t) == d) {
@@ -215,13 +220,10 @@ fn long_d64_plain_forwards_run_the_warp_specialized_tiles_and_match_the_referenc
                 head_dim: 64,
                 head_dim_v: 64,
             };
-            let mut draw = |n: usize, r: f32| -> Vec<f32> {
-                (0..n).map(|_| dtype.round(rng.gen_range(-r..r))).collect()
-            };
             let (q, k, v) = (
-                draw(s.q_elems(), 2.0),
-                draw(s.k_elems(), 2.0),
-                draw(s.v_elems(), 1.0),
+                draw(&mut rng, dtype, s.q_elems(), 2.0),
+                draw(&mut rng, dtype, s.k_elems(), 2.0),
+                draw(&mut rng, dtype, s.v_elems(), 1.0),
             );
             let a = AttentionOptions::new();
             let want = forward_f32(&s, &q, &k, &v, &a).unwrap();
@@ -238,18 +240,7 @@ fn long_d64_plain_forwards_run_the_warp_specialized_tiles_and_match_the_referenc
                 ("o", rel_err(&o.to_f32().unwrap(), &want.o)),
                 ("lse", lse_err(&lse.to_vec().unwrap(), &want.lse)),
             ];
-            let ok = errs
-                .iter()
-                .all(|(n, e)| *e <= if *n == "lse" { 2e-3 } else { bound(dtype) });
-            let line = format!(
-                "{} {} {s:?}: {errs:?}",
-                if ok { "ok  " } else { "FAIL" },
-                plan.entry
-            );
-            println!("{line}");
-            if !ok {
-                failures.push(line);
-            }
+            judge(&mut failures, dtype, format!("{} {s:?}", plan.entry), &errs);
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -95,9 +95,7 @@ fn plan_family(
                 (Family::Sm90, Direction::Forward) => sm90::config(d).map(|c| {
                     // A plain call of the compiled head dim (full-length sequences, no dropout,
                     // window or score modifiers) may run on tiles of its own.
-                    let s = &problem.shape;
-                    let compiled = (s.head_dim, s.head_dim_v) == (c.head_dim, c.head_dim);
-                    let plain = compiled && !problem.needs_general();
+                    let plain = compiled_head_dims(&problem.shape, &c) && !problem.needs_general();
                     let causal = problem.options.attention.causal;
                     Tiles::Sm90Forward(if plain {
                         sm90::plain_config(&c, causal, problem.max_q_len)
@@ -180,7 +178,7 @@ pub fn with_tiles(
     }
     if let Tiles::Sm90Forward(c) = tiles {
         let s = &problem.shape;
-        if sm90::plain_only(&c) && (s.head_dim, s.head_dim_v) != (c.head_dim, c.head_dim) {
+        if sm90::plain_only(&c) && !compiled_head_dims(s, &c) {
             return Err(invalid!(
                 "{tiles:?} is compiled for head_dim = head_dim_v = {} only, not {} and {}",
                 c.head_dim,
@@ -192,6 +190,12 @@ pub fn with_tiles(
     admits(device, problem, direction, family)
         .and_then(|()| plan_tiles(device, problem, direction, family, tiles))
         .map_err(|why| invalid!("the {family} kernels cannot run this call: {why}"))
+}
+
+/// Whether the call's Q/K and V head dims are both `c`'s compiled one: what the `wgmma`
+/// forward's plain instances take (the padded ones take smaller head dims too).
+fn compiled_head_dims(s: &AttentionShape, c: &sm90::WgConfig) -> bool {
+    (s.head_dim, s.head_dim_v) == (c.head_dim, c.head_dim)
 }
 
 /// What [`with_tiles`] checks of explicit tiles against the family's own choice for the call.
@@ -302,9 +306,8 @@ fn plan_tiles(
         }
         Tiles::Sm90Forward(c) => {
             // The defaults' plain instances take their compiled head dim only.
-            let padded = !general
-                && (s.head_dim, s.head_dim_v) != (c.head_dim, c.head_dim)
-                && sm90::config(c.head_dim) == Some(c);
+            let padded =
+                !general && !compiled_head_dims(s, &c) && sm90::config(c.head_dim) == Some(c);
             let entry = if padded {
                 instances::sm90_forward_padded(dtype, &c)
             } else {
@@ -553,13 +556,12 @@ impl fmt::Display for Plan {
                 Direction::Forward => "K and V",
                 Direction::Backward => "Q and dO",
             };
-            let by = if self.producer_warpgroup {
-                format!(
+            let by = match self.tiles {
+                Tiles::Sm90Forward(c) if self.producer_warpgroup => format!(
                     ", issued by a producer warpgroup for {} consumer warpgroups in turns",
-                    self.block_rows / 64
-                )
-            } else {
-                String::new()
+                    c.warpgroups
+                ),
+                _ => String::new(),
             };
             writeln!(f, "loads       {tiles} through tensor maps (TMA){by}")?;
         }

@@ -660,9 +660,9 @@ unsafe fn forward<
 /// compiled head dim only; `flash_wgmma_forward_padded_…` takes smaller ones (zero-padded
 /// columns), as every other instance does. `cp_async` lines take [`TensorCoreForwardParams`],
 /// `tma` and `ws` ones (`sm90::tma_loads`; `ws`: warp-specialized, `sm90::warp_specialized`,
-/// launched with a producer warpgroup beside the consumers, `sm90::forward_threads`) [`TmaForwardParams`], whose tensor maps the kernel reads in
-/// parameter space: its address, taken by name (`<entry>_param_0`), made generic, plus
-/// `TMA_MAPS_OFFSET`.
+/// launched with a producer warpgroup beside the consumers, `sm90::forward_threads`)
+/// [`TmaForwardParams`], whose tensor maps the kernel reads in parameter space: its address,
+/// taken by name (`<entry>_param_0`), made generic, plus `TMA_MAPS_OFFSET`.
 macro_rules! entry_points {
     (@params cp_async $name:ident $p:ident) => {
         TensorCoreForwardParams

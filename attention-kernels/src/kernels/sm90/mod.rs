@@ -167,9 +167,17 @@ pub const fn plain_config(c: &WgConfig, causal: bool, q_len: u32) -> WgConfig {
 /// Whether `c` is compiled as a plain instance only, for its head dim and no options:
 /// [`D64_WS`], or a tuning candidate of it.
 pub const fn plain_only(c: &WgConfig) -> bool {
-    let candidate = cfg!(feature = "tuning")
-        && (same(c, &PLAIN_CANDIDATES[0]) || same(c, &PLAIN_CANDIDATES[1]));
-    same(c, &D64_WS) || candidate
+    if same(c, &D64_WS) {
+        return true;
+    }
+    let mut i = 0;
+    while cfg!(feature = "tuning") && i < PLAIN_CANDIDATES.len() {
+        if same(c, &PLAIN_CANDIDATES[i]) {
+            return true;
+        }
+        i += 1;
+    }
+    false
 }
 
 const fn same(a: &WgConfig, b: &WgConfig) -> bool {
@@ -189,10 +197,11 @@ pub const fn tma_loads(c: &WgConfig, general: bool) -> bool {
 /// warp-specialized: a producer warpgroup issues the accelerator's loads of K and V, and the
 /// consumer warpgroups take turns at the tensor cores (round robin), each releasing a stage
 /// once its products have read it. The defaults' plain instances from d = 96 to 192 and the
-/// plain-only ones of d = 64 ([`plain_only`]), which run one block per SM, so the producer's registers come from the
-/// consumers' headroom (`setmaxnreg`: 24 for the producer, which only issues copies, and 240
-/// for each thread of two consumer warpgroups; 32 and 160 with three). The padded and window
-/// instances keep two warpgroups and no producer (they spilled at 232 registers).
+/// plain-only ones of d = 64 ([`plain_only`]), which run one block per SM, so the producer's
+/// registers come from the consumers' headroom (`setmaxnreg`: 24 for the producer, which only
+/// issues copies, and 240 for each thread of two consumer warpgroups; 32 and 160 with three).
+/// The padded and window instances keep two warpgroups and no producer (they spilled at 232
+/// registers).
 pub const fn warp_specialized(c: &WgConfig, general: bool, padded: bool) -> bool {
     let default = match config(c.head_dim) {
         Some(d) => same(&d, c),
