@@ -10,7 +10,8 @@
 //! both.
 //!
 //! `cargo run --release --example decode_bench -- [--calls 50] [--samples 30] [--warmup 5]
-//! [--kernel auto|decode|sm90|…] [--out reports/bench] [--caches-only]`
+//! [--kernel auto|decode|sm90|…] [--combine all|merge|parallel|last-split] [--out reports/bench]
+//! [--caches-only]`: every decode row and cache row once per combine of the splits.
 
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{
@@ -218,11 +219,12 @@ fn main() -> flash_attn::Result<()> {
     let kernel: KernelChoice = arg("--kernel", "auto".to_owned())
         .parse()
         .expect("--kernel");
-    let combines: &[DecodeCombine] = match arg("--combine", "both".to_owned()).as_str() {
-        "both" => &[DecodeCombine::Merge, DecodeCombine::Parallel],
+    let combines: &[DecodeCombine] = match arg("--combine", "all".to_owned()).as_str() {
+        "all" => &DecodeCombine::ALL,
         "merge" => &[DecodeCombine::Merge],
         "parallel" => &[DecodeCombine::Parallel],
-        other => panic!("--combine {other:?}: expected both, merge or parallel"),
+        "last-split" => &[DecodeCombine::LastSplit],
+        other => panic!("--combine {other:?}: expected all, merge, parallel or last-split"),
     };
     let out_dir = arg("--out", "reports/bench".to_owned());
     let gpu = flash_attn::gpu()?;

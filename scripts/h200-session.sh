@@ -12,7 +12,9 @@
 # $OUT gets summary.txt, logs.tgz (every log, and each bench's raw JSON and table under
 # bench-<name>/) and the benches' tables: five files or fewer.
 # With the defaults it took about 550 s of the ten minutes (run e607c8d, the same steps inline).
-# usage: [TESTS="gpu_variants gpu_matrix ..."] [BENCHES="speed headdims decode"] h200-session.sh
+# SANITIZE replaces step 2's sanitizer runs: groups of TOOL:SECONDS:TEST[:NAME_FILTER] joined by
+# commas (one after another), the groups separated by spaces (beside each other).
+# usage: [TESTS="gpu_variants gpu_matrix ..."] [BENCHES="speed headdims decode"] [SANITIZE=...] h200-session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dest=${OUT:-reports/device}
@@ -26,12 +28,18 @@ note "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format
 timeout 200 .device-run/tests/ptx_entries --test-threads=1 > "$logs/ptx_entries.log" 2>&1
 note "ptx_entries: exit $?, $(grep -a 'test result' "$logs/ptx_entries.log" | tail -1)"
 
+# One sanitizer run, TOOL:SECONDS:TEST[:NAME_FILTER].
 sanitize() {
-  OUT=$logs/$1-$3 scripts/device-sanitize.sh "$1" "$2" "$3" FLASH_ATTN_FAMILIES=sm90 \
-    FLASH_ATTN_MATRIX_MAX_LEN=333 -- --nocapture > /dev/null 2>&1
+  local tool limit test filter
+  IFS=: read -r tool limit test filter <<< "$1"
+  OUT=$logs/$tool-$test scripts/device-sanitize.sh "$tool" "$limit" "$test" FLASH_ATTN_FAMILIES=sm90 \
+    FLASH_ATTN_MATRIX_MAX_LEN=333 -- ${filter:+"$filter"} --nocapture > /dev/null 2>&1
 }
-(sanitize memcheck 200 gpu_matrix; sanitize memcheck 100 gpu_non_finite) &
-(sanitize racecheck 250 gpu_matrix) &
+# SANITIZE: groups separated by spaces run beside each other, the runs of a group (joined by
+# commas) one after another.
+for group in ${SANITIZE:-memcheck:200:gpu_matrix,memcheck:100:gpu_non_finite racecheck:250:gpu_matrix}; do
+  (IFS=,; for run in $group; do sanitize "$run"; done) &
+done
 
 passed=1
 for t in ${TESTS:-gpu_variants gpu_matrix gpu_non_finite gpu_stream_api gpu_many_heads}; do

@@ -7,17 +7,21 @@
 //! diagonal empty) and not; NaN/∞ in K and V past a key length and at causally masked keys
 //! (ignored), NaN and +∞ in V at keys every row sees, in the block of the causal diagonal (they
 //! reach every row), and a NaN Q row (its O and LSE NaN); many splits of one K/V head. Every case
-//! runs with both combines of the splits: the parallel combine (the default) and the strided merge
-//! (`DecodeCombine`). The expectations are the reference's.
+//! runs with every combine of the splits (`DecodeCombine`): the last split's merge in the kernel
+//! (the default), the parallel combine and the strided merge. The expectations are the
+//! reference's. One workspace reused by several calls on a stream gives the same bits each time
+//! (the last split leaves its counters zero).
 //!
 //! Where no CUDA device answers, the test prints `SKIP` and returns.
 
 use flash_attn::reference::forward_f32;
 use flash_attn::{
-    AttentionOptions, AttentionShape, DType, DecodeCombine, DeviceF32, DeviceTensor, Family,
-    FlashOptions,
+    AttentionOptions, AttentionShape, DType, DecodeCombine, DeviceF32, DeviceTensor, Direction,
+    Family, FlashOptions, TensorMut, TensorRef, Workspace, forward_on,
 };
+use flash_attn_testkit::caller_stream::{bits, poisoned, widen};
 use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip, lse_err, rel_err};
+use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -174,7 +178,7 @@ fn decode_matches_the_reference() {
                 let want = forward_f32(&s, &q, &k, &v, &options).unwrap();
                 let up = |x: &[f32]| DeviceTensor::from_f32(dtype, x).unwrap();
                 let (qd, kd, vd) = (up(&q), up(&k), up(&v));
-                for combine in [DecodeCombine::Merge, DecodeCombine::Parallel] {
+                for combine in DecodeCombine::ALL {
                     let o = DeviceTensor::poisoned(dtype, s.o_elems()).unwrap();
                     let lse = DeviceF32::poisoned(s.row_elems()).unwrap();
                     let flash = FlashOptions::new(options.clone()).decode_combine(combine);
@@ -203,4 +207,73 @@ fn decode_matches_the_reference() {
         "cases over their bound:\n{}",
         failures.join("\n")
     );
+}
+
+/// One workspace through several calls on a caller's stream: the last split of each (K/V head,
+/// sequence) resets its counter, so every call merges again (a counter left behind would leave
+/// the poisoned O in place) and gives the first call's bits, within the bound of the reference.
+#[test]
+fn last_split_counters_are_left_zero_for_the_next_call() {
+    let test = "last_split_counters_are_left_zero_for_the_next_call";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let stream = gpu.context().new_stream().unwrap();
+    let mut rng = StdRng::seed_from_u64(fresh_seed(test));
+    for s in [case(2, 1, 9000, 32, 8, 128), case(1, 3, 5000, 16, 4, 64)] {
+        let s = s.shape;
+        let draw = |rng: &mut StdRng, n| -> Vec<bf16> {
+            (0..n)
+                .map(|_| bf16::from_f32(rng.gen_range(-1.5f32..1.5)))
+                .collect()
+        };
+        let (q, k, v) = (
+            draw(&mut rng, s.q_elems()),
+            draw(&mut rng, s.k_elems()),
+            draw(&mut rng, s.v_elems()),
+        );
+        let options = FlashOptions::default();
+        let plan = flash_attn::plan(&gpu, &s, DType::Bf16, &options, Direction::Forward).unwrap();
+        assert_eq!(plan.family, Family::Decode, "{s:?}: {plan}");
+        assert!(plan.grid.0 > 1, "{s:?} runs one split: {plan}");
+        let want = forward_f32(&s, &widen(&q), &widen(&k), &widen(&v), &options.attention).unwrap();
+        let (dq, dk, dv) = (
+            stream.clone_htod(&q).unwrap(),
+            stream.clone_htod(&k).unwrap(),
+            stream.clone_htod(&v).unwrap(),
+        );
+        let workspace = Workspace::on_stream(&gpu, &plan, &stream).unwrap();
+        let mut first: Option<(Vec<u16>, Vec<u32>)> = None;
+        for call in 0..3 {
+            let mut o = poisoned(&stream, bf16::NAN, s.o_elems());
+            let mut lse = poisoned(&stream, f32::NAN, s.row_elems());
+            let views = [&dq, &dk, &dv].map(|x| TensorRef::new(x, &stream));
+            forward_on(
+                &gpu,
+                &stream,
+                &s,
+                [&views[0], &views[1], &views[2]],
+                &mut TensorMut::new(&mut o, &stream),
+                &mut TensorMut::new(&mut lse, &stream),
+                &workspace,
+                &options,
+            )
+            .unwrap();
+            let (o, lse) = (
+                stream.clone_dtoh(&o).unwrap(),
+                stream.clone_dtoh(&lse).unwrap(),
+            );
+            let (eo, el) = (rel_err(&widen(&o), &want.o), lse_err(&lse, &want.lse));
+            println!(
+                "{s:?} call {call}, {} splits: O rel {eo:.2e}, LSE abs {el:.2e}",
+                plan.grid.0
+            );
+            assert!(eo <= bound(DType::Bf16) && el <= 1e-3, "{s:?} call {call}");
+            let got = (bits(&o), lse.iter().map(|x| x.to_bits()).collect());
+            match &first {
+                None => first = Some(got),
+                Some(f) => assert!(*f == got, "{s:?}: call {call} differs from call 0"),
+            }
+        }
+    }
 }

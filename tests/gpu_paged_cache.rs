@@ -112,8 +112,8 @@ impl Caches {
         assert_eq!(self.contiguous.lengths(), &self.lengths[..]);
     }
 
-    /// Attention of `n_q` fresh rows with each combine of the decode splits (the parallel
-    /// combine and the strided merge): paged into poisoned outputs, bitwise the contiguous
+    /// Attention of `n_q` fresh rows with each combine of the decode splits (the last split's
+    /// merge, the parallel combine and the strided merge): paged into poisoned outputs, bitwise the contiguous
     /// cache's, within the dtype's bound of the reference. Returns the first failure, if any.
     fn attend(&self, gpu: &Gpu, rng: &mut StdRng, n_q: u32, causal: bool) -> Option<String> {
         let (c, s) = (&self.c, self.paged.shape(n_q, self.c.heads_q));
@@ -127,7 +127,7 @@ impl Caches {
                 DeviceF32::poisoned(s.row_elems()).unwrap(),
             )
         };
-        for combine in [DecodeCombine::Merge, DecodeCombine::Parallel] {
+        for combine in DecodeCombine::ALL {
             let (o, lse) = poisoned();
             let plan = self
                 .paged

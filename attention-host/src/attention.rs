@@ -69,7 +69,7 @@ pub fn forward(
         lse: DeviceF32::uninitialized(shape.row_elems())?,
         plan,
     };
-    let workspace = Workspace::new(&out.plan)?;
+    let workspace = Workspace::on_own_queue(gpu, &out.plan)?;
     launch_forward(
         &Queue::own(gpu),
         &problem,
@@ -131,7 +131,7 @@ fn forward_into_tiles(
     let (problem, plan) = prepare_forward(gpu, shape, tiles, [q, k, v], options)?;
     check_tensor("o", o, problem.dtype, shape.o_elems())?;
     check_lse(lse, shape)?;
-    let workspace = Workspace::new(&plan)?;
+    let workspace = Workspace::on_own_queue(gpu, &plan)?;
     launch_forward(
         &Queue::own(gpu),
         &problem,

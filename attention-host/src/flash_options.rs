@@ -49,8 +49,9 @@ pub struct FlashOptions {
     /// dQ after the K/V blocks before it (a semaphore per Q block). The `wgmma` (sm90) instances
     /// that do this take scale and causal only (not key lengths, packed sequences or dropout).
     pub deterministic: bool,
-    /// How the decode family combines its splits: the parallel combine (the default) or the
-    /// generic strided merge (`PERF_LOG_DECODE.md`); the other families ignore it.
+    /// How the decode family combines its splits: the last split merges them in the kernel (the
+    /// default), or a combine launch follows, the parallel combine or the generic strided merge
+    /// (`PERF_LOG_DECODE.md`); the other families ignore it.
     pub decode_combine: DecodeCombine,
 }
 

@@ -8,7 +8,8 @@ use cudarc::driver::CudaStream;
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
-use crate::plan::Plan;
+use crate::plan::{Plan, SPLIT_COUNTERS};
+use crate::runtime::Gpu;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 
 /// The saved forward state and the incoming gradient: `o` and `d_o` in the dtype of `q`, `lse`
@@ -57,6 +58,9 @@ impl GradientBuffers {
 pub struct Workspace {
     pieces: Vec<(&'static str, u64)>,
     buffer: Option<DeviceF32>,
+    /// Where the split counters are when not in `buffer`: the `Gpu`'s own
+    /// ([`Workspace::on_own_queue`]).
+    counters: Option<u64>,
     /// The stream the buffer is freed on ([`Workspace::on_stream`]), kept alive until then
     /// (fields drop in order: the buffer first).
     _stream: Option<Arc<CudaStream>>,
@@ -64,17 +68,55 @@ pub struct Workspace {
 
 impl Workspace {
     /// Allocates the scratch `plan` needs (none for most forwards). Every call writes the pieces
-    /// it reads before reading them.
+    /// it reads before reading them, except the decode family's split counters, zeroed here.
     pub fn new(plan: &Plan) -> Result<Workspace> {
         Workspace::allocate(plan, DeviceF32::uninitialized)
     }
 
-    /// The workspace of `plan` with its buffer from `alloc` (given the f32 count).
+    /// As [`Workspace::new`], for one call on `gpu`'s own stream: the split counters are the
+    /// `Gpu`'s, which need no fill per call.
+    pub(crate) fn on_own_queue(gpu: &Gpu, plan: &Plan) -> Result<Workspace> {
+        let words = plan
+            .workspace
+            .iter()
+            .find(|(name, _)| *name == SPLIT_COUNTERS)
+            .map(|&(_, bytes)| bytes as usize / 4);
+        let counters = words.map(|w| gpu.own_split_counters(w)).transpose()?;
+        let pieces = plan
+            .workspace
+            .iter()
+            .filter(|(name, _)| *name != SPLIT_COUNTERS)
+            .copied()
+            .collect();
+        let mut workspace = Workspace::from_pieces(pieces, DeviceF32::uninitialized)?;
+        workspace.counters = counters;
+        Ok(workspace)
+    }
+
+    /// The workspace of `plan` with its buffer from `alloc` (given the f32 count), its split
+    /// counters zeroed.
     pub(crate) fn allocate(
         plan: &Plan,
         alloc: impl FnOnce(usize) -> Result<DeviceF32>,
     ) -> Result<Workspace> {
-        let bytes = plan.workspace_bytes();
+        let workspace = Workspace::from_pieces(plan.workspace.clone(), alloc)?;
+        // The split counters start at zero; the kernels leave them so.
+        let mut offset = 0;
+        for &(name, bytes) in &workspace.pieces {
+            if let (SPLIT_COUNTERS, Some(buffer)) = (name, &workspace.buffer) {
+                buffer.zero_words((offset / 4) as usize, (bytes / 4) as usize)?;
+            }
+            offset += bytes;
+        }
+        Ok(workspace)
+    }
+
+    /// `pieces` in one buffer from `alloc`, as it left them.
+    fn from_pieces(
+        pieces: Vec<(&'static str, u64)>,
+        alloc: impl FnOnce(usize) -> Result<DeviceF32>,
+    ) -> Result<Workspace> {
+        let bytes: u64 = pieces.iter().map(|(_, b)| b).sum();
         let buffer = match bytes {
             0 => None,
             _ => {
@@ -84,8 +126,9 @@ impl Workspace {
             }
         };
         Ok(Workspace {
-            pieces: plan.workspace.clone(),
+            pieces,
             buffer,
+            counters: None,
             _stream: None,
         })
     }
@@ -114,6 +157,9 @@ impl Workspace {
 
     /// Device address of the piece `name`.
     pub(crate) fn piece(&self, name: &str) -> Result<u64> {
+        if let (SPLIT_COUNTERS, Some(at)) = (name, self.counters) {
+            return Ok(at);
+        }
         let mut offset = 0;
         for (piece, bytes) in &self.pieces {
             if *piece == name {

@@ -343,7 +343,7 @@ impl PagedKvCache {
         o: &DeviceTensor,
         lse: &DeviceF32,
     ) -> Result<()> {
-        let workspace = Workspace::new(plan)?;
+        let workspace = Workspace::on_own_queue(gpu, plan)?;
         decode::launch_forward(
             &Queue::own(gpu),
             problem,

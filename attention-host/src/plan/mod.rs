@@ -23,7 +23,7 @@ use crate::instances;
 use crate::problem::Problem;
 
 pub(crate) mod types;
-pub use types::{DeviceCaps, Plan, Tiles, WORKSPACE_ALIGN};
+pub use types::{DeviceCaps, Plan, SPLIT_COUNTERS, Tiles, WORKSPACE_ALIGN};
 
 /// Chooses the family and configuration that run `problem` in `direction` on `device`.
 pub fn select(device: &DeviceCaps, problem: &Problem, direction: Direction) -> Result<Plan> {

@@ -15,6 +15,11 @@ use crate::runtime::Gpu;
 /// Alignment of each workspace piece, bytes (the kernels read 16-byte vectors).
 pub const WORKSPACE_ALIGN: u64 = 256;
 
+/// The workspace piece of the decode family's per-(sequence, K/V head) split counters (u32):
+/// zeroed when the workspace is allocated, and left zero by every launch
+/// (`kernels::decode::DecodeCombine::LastSplit`).
+pub const SPLIT_COUNTERS: &str = "split_counters";
+
 /// What a plan needs to know of the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceCaps {
@@ -108,8 +113,9 @@ pub struct Plan {
     /// Whether the main kernel is warp-specialized (`sm90::warp_specialized`): a producer
     /// warpgroup issues the tensor-map loads, counted in `threads`.
     pub producer_warpgroup: bool,
-    /// Device scratch besides the outputs: named f32 pieces, bytes each (rounded up to
-    /// [`WORKSPACE_ALIGN`]), laid out in this order ([`crate::tensors::Workspace`]).
+    /// Device scratch besides the outputs: named pieces of 4-byte words, bytes each (rounded up
+    /// to [`WORKSPACE_ALIGN`]), laid out in this order ([`crate::tensors::Workspace`]); every
+    /// call writes a piece before reading it, except [`SPLIT_COUNTERS`].
     pub workspace: Vec<(&'static str, u64)>,
     /// Every other family, with why it was not chosen.
     pub not_chosen: Vec<(Family, String)>,

@@ -208,6 +208,30 @@ impl DeviceArray<f32> {
     fn nan(len: usize) -> Result<Self> {
         Self::splat32(len, f32::NAN.to_bits())
     }
+
+    /// Zeroes words `first .. first + len`, in order on the stream the array was allocated on.
+    fn zero_words(&self, first: usize, len: usize) -> Result<()> {
+        if first.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(invalid!(
+                "words {first}..+{len} are outside a buffer of {}",
+                self.len
+            ));
+        }
+        let stream = match self.release {
+            Release::Stream(stream) => stream,
+            Release::Legacy | Release::Borrowed => std::ptr::null_mut(),
+        };
+        make_current(&self.context)?;
+        if len > 0 {
+            // SAFETY: the words are inside the array (checked above); the stream orders the fill
+            // after the allocation and before every later use on it.
+            driver(
+                unsafe { sys::cuMemsetD32Async(self.ptr + 4 * first as u64, 0, len, stream) },
+                "zeroing a buffer",
+            )?;
+        }
+        Ok(())
+    }
 }
 
 impl DeviceArray<u16> {
@@ -478,5 +502,9 @@ impl DeviceF32 {
     }
     pub fn to_vec(&self) -> Result<Vec<f32>> {
         self.0.to_vec()
+    }
+    /// As [`DeviceArray::zero_words`].
+    pub(crate) fn zero_words(&self, first: usize, len: usize) -> Result<()> {
+        self.0.zero_words(first, len)
     }
 }

@@ -233,6 +233,8 @@ pub struct Gpu {
     compute_capability: (u32, u32),
     wgmma: bool,
     shared_optin: u32,
+    /// The decode family's split counters for launches on `stream` (`Gpu::own_split_counters`).
+    split_counters: Mutex<Option<buffer::DeviceF32>>,
     context: Arc<CudaContext>,
 }
 
@@ -344,8 +346,29 @@ impl Gpu {
             compute_capability,
             wgmma,
             shared_optin,
+            split_counters: Mutex::new(None),
             context,
         })
+    }
+
+    /// The decode family's split counters for launches on this `Gpu`'s own stream: at least
+    /// `words` u32, zeroed when allocated and left zero by every launch, so that a call needs no
+    /// fill of its own. One buffer serves every call: the stream runs them one after another.
+    /// A larger one replaces it in stream order (freed on the legacy default stream, after the
+    /// launches queued before).
+    pub(crate) fn own_split_counters(&self, words: usize) -> Result<u64> {
+        let mut held = self
+            .split_counters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if held.as_ref().is_none_or(|b| b.len() < words) {
+            let len = words.next_power_of_two().max(256);
+            let buffer =
+                buffer::DeviceF32::uninitialized_on(len, &self.context, std::ptr::null_mut())?;
+            buffer.zero_words(0, len)?;
+            *held = Some(buffer);
+        }
+        Ok(held.as_ref().map_or(0, |b| b.device_ptr()))
     }
 
     /// Makes this GPU's context current on the calling thread. The library's own calls do this

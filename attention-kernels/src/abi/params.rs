@@ -375,6 +375,19 @@ pub struct DecodeParams {
     pub scale_log2: f32,
     /// 1 for the causal mask, 0 for none.
     pub causal: u32,
+    /// 1 when the splits merge themselves (`DecodeCombine::LastSplit`): the block of a (K/V
+    /// head, sequence) that finishes last merges every split's partials into `o` and `lse`, the
+    /// others counting themselves at `split_counters`; with one split the block writes `o` and
+    /// `lse` directly. 0 when a combine launch follows.
+    pub merge_in_kernel: u32,
+    /// O (the call's dtype, `[batch, n_q, heads_q, head_dim]`) and LSE (f32) when
+    /// `merge_in_kernel` is 1.
+    pub o: u64,
+    pub lse: u64,
+    /// u32 per (sequence, K/V head), index `sequence · heads_kv + head`, zero before the launch
+    /// and left zero by it (the last split resets its counter); read only with more than one
+    /// split.
+    pub split_counters: u64,
 }
 
 /// Appending new K/V rows to a cache (`kernels::cache`): `new_k`, `new_v` are `[batch, n_new,

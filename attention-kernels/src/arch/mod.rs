@@ -231,6 +231,30 @@ pub unsafe fn atomic_add_global(p: *mut f32, x: f32) {
     }
 }
 
+/// `*p += x` in global memory, atomically (relaxed, GPU scope); returns the value before.
+///
+/// # Safety
+/// `p` must be a valid, 4-byte aligned global address of a u32.
+#[inline(always)]
+pub unsafe fn atomic_add_u32_global(p: *mut u32, x: u32) -> u32 {
+    let r: u32;
+    // SAFETY: the caller guarantees `p` addresses a u32 in global memory.
+    unsafe {
+        asm!("atom.global.add.u32 {r}, [{p}], {x};", r = out(reg32) r, p = in(reg64) p,
+             x = in(reg32) x, options(nostack));
+    }
+    r
+}
+
+/// Acquire-release fence at GPU scope: the thread's memory accesses before it are ordered before
+/// those after it for every thread of the device that synchronizes with it (through an atomic
+/// and a barrier: the release half before a counter's atomic, the acquire half after it).
+#[inline(always)]
+pub fn fence_gpu() {
+    // SAFETY: a fence has no operands.
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) }
+}
+
 /// Defines `extern "ptx-kernel"` entry points, one per storage type, over a generic body that
 /// takes the kernel's `#[repr(C)]` parameter struct by reference.
 macro_rules! entry_points {

@@ -1,6 +1,7 @@
 //! Launcher of the decode family: the split kernel writes partial `(O, LSE)` per split into the
-//! workspace, then the plan's combine (the parallel combine, `kernels::decode`, or the strided
-//! merge, `kernels::merge`) merges them into O and LSE.
+//! workspace and, by default, its last split merges them (`DecodeCombine::LastSplit`, one
+//! launch); otherwise the plan's combine (the parallel combine, `kernels::decode`, or the
+//! strided merge, `kernels::merge`) merges them into O and LSE.
 
 use attention_kernels::abi::layout::KeyPages;
 use attention_kernels::abi::params::{DecodeParams, MERGE_MAX_PARTS, MergeParams, MergeParts};
@@ -13,7 +14,7 @@ use crate::error::{Result, invalid};
 use crate::instances;
 use crate::layout::DeviceLayout;
 use crate::merge::PartShape;
-use crate::plan::{Plan, Tiles};
+use crate::plan::{Plan, SPLIT_COUNTERS, Tiles};
 use crate::problem::Problem;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
 use crate::runtime::{LaunchConfig, Queue};
@@ -37,10 +38,21 @@ pub(crate) fn launch_forward(
 ) -> Result<()> {
     let (shape, options) = (&problem.shape, &problem.options.attention);
     let layout = DeviceLayout::upload(queue, shape, &options.lengths)?;
-    let (o_part, lse_part) = (
-        workspace.piece("o_partial")?,
-        workspace.piece("lse_partial")?,
-    );
+    let combine_with = match &plan.tiles {
+        Tiles::Decode(cfg) => cfg.combine,
+        other => return Err(invalid!("a decode launch got the plan of {other:?}")),
+    };
+    let splits = plan.grid.0;
+    let in_kernel = combine_with == DecodeCombine::LastSplit;
+    let piece = |name| match (in_kernel, splits) {
+        (true, 1) => Ok(0),
+        _ => workspace.piece(name),
+    };
+    let (o_part, lse_part) = (piece("o_partial")?, piece("lse_partial")?);
+    let split_counters = match in_kernel {
+        true => piece(SPLIT_COUNTERS)?,
+        false => 0,
+    };
     let params = DecodeParams {
         q: q.device_ptr(),
         k: k.device_ptr(),
@@ -53,6 +65,10 @@ pub(crate) fn launch_forward(
         keys_per_split: plan.block_keys,
         scale_log2: options.scale_for(shape.head_dim) * std::f32::consts::LOG2_E,
         causal: options.causal as u32,
+        merge_in_kernel: in_kernel as u32,
+        o: o.device_ptr(),
+        lse: lse.device_ptr(),
+        split_counters,
     };
     queue.launch(&plan.entry, plan.launch_config(), &params)?;
     let parts = PartShape::of(shape);
@@ -67,17 +83,14 @@ pub(crate) fn launch_forward(
         lse_part_stride: 4 * shape.row_elems() as u64,
         o: o.device_ptr(),
         lse: lse.device_ptr(),
-        parts: plan.grid.0,
+        parts: splits,
         batch: shape.batch,
         n_q: shape.n_q,
         heads: shape.heads_q,
         head_dim: shape.head_dim,
     };
-    let combine_with = match &plan.tiles {
-        Tiles::Decode(cfg) => cfg.combine,
-        other => return Err(invalid!("a decode launch got the plan of {other:?}")),
-    };
     match combine_with {
+        DecodeCombine::LastSplit => Ok(()),
         DecodeCombine::Merge => queue.launch(
             &instances::merge(DType::F32, problem.dtype, true),
             parts.launch_config()?,

@@ -8,7 +8,7 @@
 
 use attention_kernels::abi::grid::MAX_GRID_YZ;
 use attention_kernels::kernels::decode::{
-    BLOCK_KEYS, DecodeConfig, HEAD_DIMS, MAX_ROWS, MAX_SPLITS, THREADS, shared_bytes,
+    BLOCK_KEYS, DecodeCombine, DecodeConfig, HEAD_DIMS, MAX_ROWS, MAX_SPLITS, THREADS, shared_bytes,
 };
 
 use crate::dtype::DType;
@@ -16,7 +16,7 @@ use crate::family::{Direction, Family};
 use crate::flash_options::Schedule;
 use crate::instances;
 use crate::options::Lengths;
-use crate::plan::types::{DeviceCaps, Plan, Tiles, WORKSPACE_ALIGN};
+use crate::plan::types::{DeviceCaps, Plan, SPLIT_COUNTERS, Tiles, WORKSPACE_ALIGN};
 use crate::problem::Problem;
 
 /// Split blocks of head dim `head_dim` resident on one SM of `device`: the fewer of what its
@@ -120,10 +120,20 @@ pub(crate) fn plan(
         keys_per_split,
         combine: o.decode_combine,
     };
-    let pieces = [
-        ("o_partial", splits as u64 * s.o_elems() as u64),
-        ("lse_partial", splits as u64 * s.row_elems() as u64),
-    ];
+    // A single split merging in the kernel writes O and LSE itself; the counters are u32.
+    let pieces = match (cfg.combine, splits) {
+        (DecodeCombine::LastSplit, 1) => Vec::new(),
+        (combine, _) => {
+            let mut pieces = vec![
+                ("o_partial", splits as u64 * s.o_elems() as u64),
+                ("lse_partial", splits as u64 * s.row_elems() as u64),
+            ];
+            if combine == DecodeCombine::LastSplit {
+                pieces.push((SPLIT_COUNTERS, problem.sequences as u64 * s.heads_kv as u64));
+            }
+            pieces
+        }
+    };
     Ok(Plan {
         direction,
         family: Family::Decode,
@@ -154,7 +164,6 @@ mod tests {
     use crate::flash_options::FlashOptions;
     use crate::options::AttentionOptions;
     use crate::plan::select;
-    use attention_kernels::kernels::decode::DecodeCombine;
 
     fn shape(batch: u32, n_q: u32, n_k: u32, heads_q: u32, heads_kv: u32) -> AttentionShape {
         AttentionShape::new(batch, n_q, n_k, heads_q, heads_kv, 128)
@@ -221,20 +230,32 @@ mod tests {
                 head_dim: 128,
                 splits: 32,
                 keys_per_split: 1024,
-                combine: DecodeCombine::Parallel,
+                combine: DecodeCombine::LastSplit,
             })
         );
         assert_eq!(p.entry, "flash_decode_mma_bf16_d128");
         assert_eq!(p.grid, (32, 8, 1));
         assert_eq!((p.block_rows, p.shared_bytes), (16, shared_bytes(128)));
+        // The partials, and a counter per (sequence, K/V head) rounded up to the alignment.
         assert_eq!(
             p.workspace,
             vec![
                 ("o_partial", 32 * 32 * 128 * 4),
-                ("lse_partial", 32 * 32 * 4)
+                ("lse_partial", 32 * 32 * 4),
+                (SPLIT_COUNTERS, WORKSPACE_ALIGN),
             ]
         );
         assert!(p.to_string().contains("splits: 32"), "{p}");
+        // The parallel combine's launch needs no counters.
+        let parallel = fwd(
+            &h200,
+            shape(1, 1, 32768, 32, 8),
+            FlashOptions::default().decode_combine(DecodeCombine::Parallel),
+        );
+        assert_eq!(parallel.workspace, p.workspace[..2]);
+        // More sequences × K/V heads than block slots: one split, which writes O and LSE itself.
+        let single = fwd(&h200, shape(64, 1, 4096, 32, 8), FlashOptions::default());
+        assert_eq!((single.grid, single.workspace.len()), ((1, 8, 64), 0));
         // The generic merge: the same split kernel and grid, the plan says which.
         let merge = fwd(
             &h200,

@@ -11,26 +11,10 @@
 
 use crate::abi::params::MergeParams;
 use crate::abi::storage::{Bf16, F16, Storage};
-use crate::arch::{
-    block_dim_x, block_x, exp, ln, shared_base, shfl_xor, sync_threads, thread_x, warp_sum,
-};
-use crate::attn::online_state::Real;
+use crate::arch::{block_dim_x, block_x, shared_base, sync_threads, thread_x};
 
 use super::MAX_SPLITS;
-
-/// Warp maximum that keeps a NaN (a NaN LSE makes the row NaN).
-#[inline(always)]
-fn warp_max_nan(mut x: f32) -> f32 {
-    let mut m = 16;
-    while m > 0 {
-        x = x.max_nan(shfl_xor(x, m));
-        m >>= 1;
-    }
-    x
-}
-
-/// LSEs per lane: every part of the row, `MAX_SPLITS` at most.
-const LSES_PER_LANE: usize = MAX_SPLITS as usize / 32;
+use super::parts::{lane_lses, merged_lse, weight};
 
 /// Four f32 columns, one 16-byte load.
 #[repr(C, align(16))]
@@ -83,32 +67,9 @@ unsafe fn combine<Out: Storage, const D: usize>(p: &MergeParams) {
         ((p.lse_base + q as u64 * p.lse_part_stride) as *const f32).wrapping_add(lse_index)
     };
 
-    // The merged LSE, in every warp alike: every part's LSE loaded before any is used.
-    let mut lses = [f32::NEG_INFINITY; LSES_PER_LANE];
-    for (k, l) in lses.iter_mut().enumerate() {
-        let q = lane + 32 * k;
-        if q < parts {
-            // SAFETY: q < parts (see `part_lse`).
-            *l = unsafe { *part_lse(q) };
-        }
-    }
-    let mut m = f32::NEG_INFINITY;
-    for &l in &lses {
-        m = m.max_nan(l);
-    }
-    let m = warp_max_nan(m);
-    // `m` is −∞ (every part empty: LSE −∞, O 0) or NaN (the row is NaN): both are the LSE.
-    let lse = if m == f32::NEG_INFINITY || m.is_nan() {
-        m
-    } else {
-        let mut sum = 0.0;
-        for &l in &lses {
-            if l != f32::NEG_INFINITY {
-                sum += exp(l - m);
-            }
-        }
-        m + ln(warp_sum(sum))
-    };
+    // The merged LSE, in every warp alike.
+    // SAFETY: q < parts (see `part_lse`).
+    let lse = merged_lse(&lane_lses(parts, lane, |q| unsafe { *part_lse(q) }));
 
     // This warp's parts, the lane's columns `cols·lane ..`.
     let o_index = row as usize * D + cols * lane;
@@ -118,7 +79,7 @@ unsafe fn combine<Out: Storage, const D: usize>(p: &MergeParams) {
         // SAFETY: q < parts (see `part_lse`).
         let l = unsafe { *part_lse(q) };
         if l != f32::NEG_INFINITY {
-            let w = exp(l - lse);
+            let w = weight(l, lse);
             // SAFETY: `o_index + cols` ≤ the part's O elements, `4 · cols`-byte aligned (rows of
             // D f32, the workspace piece aligned).
             let x = unsafe {

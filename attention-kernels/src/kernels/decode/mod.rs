@@ -22,6 +22,10 @@
 #[cfg(target_arch = "nvptx64")]
 mod combine;
 #[cfg(target_arch = "nvptx64")]
+mod last_split;
+#[cfg(target_arch = "nvptx64")]
+mod parts;
+#[cfg(target_arch = "nvptx64")]
 mod split;
 
 /// One decode launch: the keys split over `splits` blocks per (K/V head, sequence),
@@ -42,10 +46,23 @@ pub enum DecodeCombine {
     /// before loading its O (a chain of dependent loads per part).
     Merge,
     /// `flash_decode_combine_*`: one block per row whose warps take the parts in turn, every
-    /// part's LSE loaded at once (the default: it halves the time of long single-sequence
-    /// decodes, `reports/PERF_LOG_DECODE.md`).
-    #[default]
+    /// part's LSE loaded at once (it halves the time of long single-sequence decodes against
+    /// `Merge`, `reports/PERF_LOG_DECODE.md`).
     Parallel,
+    /// No combine launch: the split block of a (K/V head, sequence) that finishes last (counted
+    /// on a workspace counter) merges every split's partials of its rows, in split order; a
+    /// single split writes O and LSE itself (the default: `reports/PERF_LOG_DECODE.md`).
+    #[default]
+    LastSplit,
+}
+
+impl DecodeCombine {
+    /// Every combine, the default last.
+    pub const ALL: [DecodeCombine; 3] = [
+        DecodeCombine::Merge,
+        DecodeCombine::Parallel,
+        DecodeCombine::LastSplit,
+    ];
 }
 
 /// Most splits of one decode launch: bounds the partials' workspace and the combine's work per

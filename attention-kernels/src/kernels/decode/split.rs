@@ -5,7 +5,7 @@ use crate::abi::layout::KeyPages;
 use crate::abi::params::DecodeParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{
-    block_x, block_y, block_z, exp2, log2, shared_base, shared_window, sync_threads,
+    block_x, block_y, block_z, exp2, grid_dim_x, log2, shared_base, shared_window, sync_threads,
     sync_threads_or, thread_x,
 };
 use crate::attn::mask::{
@@ -17,7 +17,8 @@ use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{commit, copy16, wait_all, wait_groups};
 use crate::tile::mma::{FragA, FragC, MmaElem};
 
-use super::{BLOCK_KEYS, MAX_ROWS, STAGES, THREADS, merge_stride};
+use super::last_split::{Partials, arrive_last, merge_splits, store4};
+use super::{BLOCK_KEYS, MAX_ROWS, MAX_SPLITS, STAGES, THREADS, merge_stride};
 
 const WARPS: u32 = THREADS / 32;
 /// Keys of a tile per warp: two n-tiles of `S`, one k-step of `P·V`.
@@ -88,6 +89,8 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
         assert!(ND == 2 * KD && (KD == 4 || KD == 8) && STAGES == 3);
         // Whole rounds of the block's threads over the Q and K/V chunks.
         assert!((MAX_ROWS * 2 * KD as u32) % THREADS == 0);
+        // The last split's merge weights fit the stage region.
+        assert!(MAX_ROWS * MAX_SPLITS * 4 <= STAGES * 2 * BLOCK_KEYS * 16 * KD as u32 * 2);
     };
     let d = 16 * KD as u32;
     let chunks = d / 8;
@@ -365,10 +368,20 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
         x
     };
 
-    // Partial O = u / ℓ (0 for a row with nothing allowed in this split), LSE = (m + log2 ℓ)·ln 2.
+    // Partial O = u / ℓ (0 for a row with nothing allowed in this split), LSE = (m + log2 ℓ)·ln 2;
+    // a single split merging in the kernel writes them as O and LSE.
+    let splits = grid_dim_x();
+    let in_kernel = p.merge_in_kernel != 0;
+    let direct = in_kernel && splits == 1;
     let part = split as usize;
     let o_part = (p.o_part as *mut f32).wrapping_add(part * s.o_elems());
     let lse_part = (p.lse_part as *mut f32).wrapping_add(part * s.row_elems());
+    let row_at = |r: u32| {
+        (
+            seq.q_offset(&s, local_row(r), head(r)),
+            seq.row_index(&s, local_row(r), head(r)),
+        )
+    };
     let quads = d / 4;
     let mut i = tid;
     while i < rows * quads {
@@ -383,10 +396,16 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
                 *a += y;
             }
         }
-        let out = Cols4(sum.map(|x| x * inv));
-        // SAFETY: row r is a query row of the sequence; 16-byte aligned (rows of d f32).
+        let out = sum.map(|x| x * inv);
+        let o_at = row_at(r).0 + c;
+        // SAFETY: row r is a query row of the sequence; 16-byte aligned (rows of d f32) in the
+        // partials, 8-byte in O.
         unsafe {
-            *(o_part.add(seq.q_offset(&s, local_row(r), head(r)) + c) as *mut Cols4) = out;
+            if direct {
+                store4::<T>(p.o, o_at, out);
+            } else {
+                *(o_part.add(o_at) as *mut Cols4) = Cols4(out);
+            }
         }
         i += THREADS;
     }
@@ -397,8 +416,29 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
         } else {
             (row_max(tid) + log2(l)) * core::f32::consts::LN_2
         };
+        let lse_out = if direct { p.lse as *mut f32 } else { lse_part };
         // SAFETY: as above.
-        unsafe { *lse_part.add(seq.row_index(&s, local_row(tid), head(tid))) = lse };
+        unsafe { *lse_out.add(row_at(tid).1) = lse };
+    }
+    if in_kernel && !direct {
+        let counter =
+            (p.split_counters as *mut u32).wrapping_add((block_z() * s.heads_kv + hk) as usize);
+        // SAFETY: the host gave each (sequence, K/V head) of the grid a zeroed counter; once
+        // the block is last, every split's partials are written and the stage region is free.
+        unsafe {
+            if arrive_last(counter, splits) {
+                let parts = Partials {
+                    o_part: p.o_part as *const f32,
+                    lse_part: p.lse_part as *const f32,
+                    o_elems: s.o_elems(),
+                    row_elems: s.row_elems(),
+                    o: p.o,
+                    lse: p.lse,
+                    row: row_at,
+                };
+                merge_splits::<T, _>(&parts, splits, rows, d, o_s);
+            }
+        }
     }
 }
 
