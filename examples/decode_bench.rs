@@ -10,8 +10,9 @@
 //! both.
 //!
 //! `cargo run --release --example decode_bench -- [--calls 50] [--samples 30] [--warmup 5]
-//! [--kernel auto|decode|sm90|…] [--combine all|merge|parallel|last-split] [--out reports/bench]
-//! [--caches-only]`: every decode row and cache row once per combine of the splits.
+//! [--kernel auto|decode|sm90|…] [--combine all|merge|parallel|last-split] [--splits 16,32,…]
+//! [--out reports/bench] [--caches-only]`: every decode row and cache row once per combine of
+//! the splits, the decode rows also once per split count of `--splits` (the plan's without it).
 
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{
@@ -107,6 +108,7 @@ fn tensor_rows(
     t: &Timing,
     options: &FlashOptions,
     combines: &[DecodeCombine],
+    splits: &[Option<u32>],
 ) -> flash_attn::Result<Vec<String>> {
     let mut records = vec![];
     for (batch, n_q, n_k, heads_q, heads_kv) in ROWS {
@@ -126,21 +128,29 @@ fn tensor_rows(
         );
         let o = DeviceTensor::poisoned(DType::Bf16, s.o_elems())?;
         let lse = DeviceF32::poisoned(s.row_elems())?;
-        for &combine in combines {
-            let options = options.clone().decode_combine(combine);
-            let plan = flash_attn::plan(
-                gpu,
-                &s,
-                DType::Bf16,
-                &options,
-                flash_attn::Direction::Forward,
-            )?;
-            let timed = t.run(gpu, || {
-                flash_attn::forward_into(gpu, &s, &q, &k, &v, &o, &lse, &options)
-            })?;
-            records.push(t.record(&s, &label(&plan, combine), &plan, timed));
-            if plan.family != Family::Decode {
-                break;
+        'row: for &combine in combines {
+            for &asked in splits {
+                let options = options.clone().decode_combine(combine).decode_splits(asked);
+                let plan = flash_attn::plan(
+                    gpu,
+                    &s,
+                    DType::Bf16,
+                    &options,
+                    flash_attn::Direction::Forward,
+                )?;
+                let timed = t.run(gpu, || {
+                    flash_attn::forward_into(gpu, &s, &q, &k, &v, &o, &lse, &options)
+                })?;
+                let kernel = match asked {
+                    Some(_) if plan.family == Family::Decode => {
+                        format!("{}, {} splits", label(&plan, combine), plan.grid.0)
+                    }
+                    _ => label(&plan, combine),
+                };
+                records.push(t.record(&s, &kernel, &plan, timed));
+                if plan.family != Family::Decode {
+                    break 'row;
+                }
             }
         }
     }
@@ -226,6 +236,14 @@ fn main() -> flash_attn::Result<()> {
         "last-split" => &[DecodeCombine::LastSplit],
         other => panic!("--combine {other:?}: expected all, merge, parallel or last-split"),
     };
+    // Split counts to time the decode rows with (`--splits 16,32,64`); the plan's by default.
+    let splits: Vec<Option<u32>> = match arg("--splits", String::new()).as_str() {
+        "" => vec![None],
+        list => list
+            .split(',')
+            .map(|n| Some(n.trim().parse().expect("--splits: comma-separated counts")))
+            .collect(),
+    };
     let out_dir = arg("--out", "reports/bench".to_owned());
     let gpu = flash_attn::gpu()?;
     let mut records = vec![];
@@ -235,6 +253,7 @@ fn main() -> flash_attn::Result<()> {
             &t,
             &FlashOptions::default().kernel(kernel),
             combines,
+            &splits,
         )?);
     }
     records.extend(cache_rows(&gpu, &t, combines)?);

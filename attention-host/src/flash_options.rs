@@ -53,6 +53,10 @@ pub struct FlashOptions {
     /// default), or a combine launch follows, the parallel combine or the generic strided merge
     /// (`PERF_LOG_DECODE.md`); the other families ignore it.
     pub decode_combine: DecodeCombine,
+    /// The decode family's splits of each (sequence, K/V head)'s keys, 1 to
+    /// `kernels::decode::MAX_SPLITS` (each split whole 64-key tiles, so fewer run where the keys
+    /// are short); `None`: the plan's choice, one wave of blocks. The other families ignore it.
+    pub decode_splits: Option<u32>,
 }
 
 impl FlashOptions {
@@ -83,6 +87,10 @@ impl FlashOptions {
     }
     pub fn decode_combine(mut self, combine: DecodeCombine) -> Self {
         self.decode_combine = combine;
+        self
+    }
+    pub fn decode_splits(mut self, splits: Option<u32>) -> Self {
+        self.decode_splits = splits;
         self
     }
 }

@@ -3,6 +3,7 @@
 
 use attention_kernels::abi::grid::fold_heads_sequences;
 use attention_kernels::abi::shape::AttentionShape;
+use attention_kernels::kernels::decode::MAX_SPLITS;
 
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
@@ -30,6 +31,14 @@ impl Problem {
     /// Checks `shape`, `dtype` and `options` together; every refusal names what is wrong.
     pub fn new(shape: &AttentionShape, dtype: DType, options: &FlashOptions) -> Result<Problem> {
         options.attention.validate(shape)?;
+        if let Some(n) = options
+            .decode_splits
+            .filter(|n| !(1..=MAX_SPLITS).contains(n))
+        {
+            return Err(invalid!(
+                "decode_splits {n}: the decode family splits the keys 1 to {MAX_SPLITS} times"
+            ));
+        }
         for (name, d) in [
             ("head_dim", shape.head_dim),
             ("head_dim_v", shape.head_dim_v),

@@ -41,9 +41,14 @@ pub fn blocks_per_sm(device: &DeviceCaps, head_dim: u32) -> u32 {
 /// tile of keys, never more than `MAX_SPLITS` (256). Batches with more blocks of work than slots
 /// run unsplit.
 pub fn choose_splits(sms: u32, per_sm: u32, batch_heads: u32, n_k: u32) -> (u32, u32) {
+    split_keys((sms * per_sm) / batch_heads.max(1), n_k)
+}
+
+/// `(splits, keys_per_split)` for about `wanted` splits (1 to `MAX_SPLITS`) of `n_k` keys:
+/// whole tiles per split, never more splits than tiles.
+pub fn split_keys(wanted: u32, n_k: u32) -> (u32, u32) {
     let tiles = n_k.div_ceil(BLOCK_KEYS).max(1);
-    let target = (sms * per_sm) / batch_heads.max(1);
-    let wanted = target.clamp(1, MAX_SPLITS.min(tiles));
+    let wanted = wanted.clamp(1, MAX_SPLITS.min(tiles));
     let keys_per_split = tiles.div_ceil(wanted) * BLOCK_KEYS;
     (n_k.max(1).div_ceil(keys_per_split), keys_per_split)
 }
@@ -108,12 +113,16 @@ pub(crate) fn plan(
             device.max_shared_per_block
         ));
     }
-    let (splits, keys_per_split) = choose_splits(
-        device.multiprocessors,
-        blocks_per_sm(device, s.head_dim),
-        problem.sequences.saturating_mul(s.heads_kv),
-        problem.max_k_rows,
-    );
+    let (splits, keys_per_split) = match o.decode_splits {
+        None => choose_splits(
+            device.multiprocessors,
+            blocks_per_sm(device, s.head_dim),
+            problem.sequences.saturating_mul(s.heads_kv),
+            problem.max_k_rows,
+        ),
+        // `Problem::new` refused counts outside 1 to MAX_SPLITS.
+        Some(n) => split_keys(n, problem.max_k_rows),
+    };
     let cfg = DecodeConfig {
         head_dim: s.head_dim,
         splits,
@@ -253,6 +262,17 @@ mod tests {
             FlashOptions::default().decode_combine(DecodeCombine::Parallel),
         );
         assert_eq!(parallel.workspace, p.workspace[..2]);
+        // Splits the caller asks for: whole tiles each, at most one per tile, 1 to 256.
+        let asked = |n| FlashOptions::default().decode_splits(Some(n));
+        let p64 = fwd(&h200, shape(1, 1, 32768, 32, 8), asked(64));
+        assert_eq!((p64.grid, p64.block_keys), ((64, 8, 1), 512));
+        assert_eq!(fwd(&h200, shape(1, 1, 100, 32, 8), asked(64)).grid.0, 2);
+        for n in [0, 257] {
+            let why = Problem::new(&shape(1, 1, 32768, 32, 8), DType::Bf16, &asked(n))
+                .unwrap_err()
+                .to_string();
+            assert!(why.contains("1 to 256 times"), "{n}: {why}");
+        }
         // More sequences × K/V heads than block slots: one split, which writes O and LSE itself.
         let single = fwd(&h200, shape(64, 1, 4096, 32, 8), FlashOptions::default());
         assert_eq!((single.grid, single.workspace.len()), ((1, 8, 64), 0));
