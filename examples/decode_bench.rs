@@ -112,15 +112,7 @@ fn tensor_rows(
 ) -> flash_attn::Result<Vec<String>> {
     let mut records = vec![];
     for (batch, n_q, n_k, heads_q, heads_kv) in ROWS {
-        let s = AttentionShape {
-            batch,
-            n_q,
-            n_k,
-            heads_q,
-            heads_kv,
-            head_dim: 128,
-            head_dim_v: 128,
-        };
+        let s = AttentionShape::new(batch, n_q, n_k, heads_q, heads_kv, 128);
         let (q, k, v) = (
             fill(s.q_elems(), 1)?,
             fill(s.k_elems(), 2)?,

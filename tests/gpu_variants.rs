@@ -96,15 +96,7 @@ fn every_tensor_core_instance_matches_the_reference() {
         for d in [64, 128] {
             for causal in [false, true] {
                 for &(batch, n_q, n_k, heads_q, heads_kv) in &shapes {
-                    let s = AttentionShape {
-                        batch,
-                        n_q,
-                        n_k,
-                        heads_q,
-                        heads_kv,
-                        head_dim: d,
-                        head_dim_v: d,
-                    };
+                    let s = AttentionShape::new(batch, n_q, n_k, heads_q, heads_kv, d);
                     let (q, k, v, d_o) = (
                         draw(&mut rng, dtype, s.q_elems(), 2.0),
                         draw(&mut rng, dtype, s.k_elems(), 2.0),
@@ -211,15 +203,7 @@ fn long_d64_plain_forwards_run_the_warp_specialized_tiles_and_match_the_referenc
         for (batch, n_q, n_k, heads_q, heads_kv) in
             [(1, rows, 300, 2, 1), (2, rows + 100, 777, 3, 1)]
         {
-            let s = AttentionShape {
-                batch,
-                n_q,
-                n_k,
-                heads_q,
-                heads_kv,
-                head_dim: 64,
-                head_dim_v: 64,
-            };
+            let s = AttentionShape::new(batch, n_q, n_k, heads_q, heads_kv, 64);
             let (q, k, v) = (
                 draw(&mut rng, dtype, s.q_elems(), 2.0),
                 draw(&mut rng, dtype, s.k_elems(), 2.0),
