@@ -54,8 +54,9 @@ pub struct FlashOptions {
     /// (`PERF_LOG_DECODE.md`); the other families ignore it.
     pub decode_combine: DecodeCombine,
     /// The decode family's splits of each (sequence, K/V head)'s keys, 1 to
-    /// `kernels::decode::MAX_SPLITS` (each split whole 64-key tiles, so fewer run where the keys
-    /// are short); `None`: the plan's choice, one wave of blocks. The other families ignore it.
+    /// `kernels::decode::MAX_SPLITS`: each split gets the same whole number of 64-key tiles, so
+    /// the count that runs may be lower (100 asked of 50,000 keys run as 98 of 8 tiles; the plan's
+    /// grid says); `None`: the plan's choice, one wave of blocks. The other families ignore it.
     pub decode_splits: Option<u32>,
 }
 
