@@ -1,7 +1,9 @@
 """PyTorch SDPA (flash and cuDNN) on the decode rows of examples/decode_bench.rs, timed the same way
 in the same run: after warm-up, each sample is --calls back-to-back calls between two CUDA events.
-bf16, d = 128, GQA through enable_gqa. Writes $OUT/sdpa-decode.json (raw per-call samples) and
-prints the median per-call time and the K/V bytes read per second.
+bf16, d = 128, GQA through enable_gqa. Also times a device-to-device copy (`Tensor.copy_`) of each
+size in COPY_BYTES, the same way: issue 11 holds the decode rows' K/V read rate against the
+measured copy bandwidth (bytes read plus bytes written per second). Writes $OUT/sdpa-decode.json
+(raw per-call samples) and prints the median per-call time and the bytes moved per second.
 """
 import argparse, json, os, sys
 
@@ -15,6 +17,24 @@ PEERS = ("flash", "cudnn")
 # (B, N_q, N_k, H_q, H_kv), as ROWS in examples/decode_bench.rs.
 ROWS = [(1, 1, 32768, 32, 8), (1, 1, 131072, 32, 8), (8, 1, 8192, 32, 8), (64, 1, 4096, 32, 8),
         (1, 1, 131072, 32, 32), (1, 512, 32768, 32, 8)]
+# Copies: row 1's K/V bytes (134 MB) and 1 GiB.
+COPY_BYTES = (2 * 32768 * 8 * 128 * 2, 1 << 30)
+
+
+def copies(args):
+    """The copy bandwidth of each size in COPY_BYTES: read + written bytes per second."""
+    out = []
+    for n in COPY_BYTES:
+        src = torch.randn(n // 2, device="cuda", dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        samples, _ = timed(lambda: dst.copy_(src), args.warmup, args.samples, "pipelined", args.calls)
+        assert torch.equal(dst, src)
+        ms = median(samples)
+        out.append(dict(bytes=n, calls_per_sample=args.calls, warmup=args.warmup, median_ms=ms,
+                        tb_per_s=2 * n / (ms * 1e-3) / 1e12, samples_ms_per_call=samples))
+        print(f"copy {n / 1e6:.0f} MB: {ms:.4f} ms, {out[-1]['tb_per_s']:.2f} TB/s read + written", flush=True)
+        del src, dst
+    return out
 
 
 def main():
@@ -51,7 +71,7 @@ def main():
             print(f"B={B} N_q={nq} N_k={nk} H_q/H_kv={hq}/{hkv} {name:6s} {ms:.4f} ms, K/V {rows[-1]['kv_tb_per_s']:.2f} TB/s", flush=True)
         del q, k, v
     with open(os.path.join(os.environ.get("OUT", "."), "sdpa-decode.json"), "w") as f:
-        json.dump(dict(environment=env, rows=rows), f, indent=1)
+        json.dump(dict(environment=env, rows=rows, copies=copies(args)), f, indent=1)
 
 
 if __name__ == "__main__":
