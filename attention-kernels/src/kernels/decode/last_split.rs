@@ -18,7 +18,7 @@ const EMPTY: f32 = -0.0;
 
 /// Parts whose O loads one thread issues before adding any: the partials' L2 round trips
 /// overlap instead of following one another.
-const LOADS_IN_FLIGHT: usize = 8;
+const LOADS_IN_FLIGHT: usize = 16;
 
 /// Four f32, one 16-byte load.
 #[repr(C, align(16))]
