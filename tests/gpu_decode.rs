@@ -77,7 +77,7 @@ fn cases(rng: &mut StdRng, d: u32) -> Vec<Case> {
         ..case(3, 1, 8192, 8, 2, d)
     });
     out.push(case(1, 1, 1, 4, 1, d));
-    // Many splits of one K/V head (on the H200: 209 of 3 tiles, one wave).
+    // Many splits of one K/V head (on the H200: 125 of 5 tiles at d = 128, 209 of 3 at d = 64).
     out.push(case(1, 1, 40_000, 4, 1, d));
     // Several query rows per head filling the 16-row tile, without the causal mask.
     out.push(case(2, 2, 1000, 16, 2, d));

@@ -4,7 +4,8 @@
 //! split kernel's 16-row `mma.sync` tile (one decode step of up to 16 heads per K/V head, or a
 //! speculative / chunked step of a few rows): each K/V row is read once and the kernel stays
 //! bandwidth bound (`kernels::decode`). Larger groups are prefill, for the tensor-core families.
-//! Splits: one wave of blocks (`blocks_per_sm`, `choose_splits`).
+//! Splits: one wave of blocks, as many per SM as keep one d = 128 block's bytes in flight
+//! (`wave_blocks_per_sm`, `choose_splits`).
 
 use attention_kernels::abi::grid::MAX_GRID_YZ;
 use attention_kernels::kernels::decode::{
@@ -35,9 +36,19 @@ pub fn blocks_per_sm(device: &DeviceCaps, head_dim: u32) -> u32 {
     by_shared.min(by_registers).max(1)
 }
 
+/// Split blocks per SM that one wave of splits aims at: the two K/V tiles in flight of
+/// one d = 128 block per SM (64 KiB) are enough to keep HBM busy, and a second resident block
+/// only adds merge parts and blocks finishing unevenly (the H200 sweep of
+/// `reports/PERF_LOG_DECODE.md`: 16 splits of 32,768 keys over 8 K/V heads, 128 blocks, beat 32
+/// splits, 256 blocks, on every row). Smaller head dims take as many blocks as make up the same
+/// bytes, at most what fits (`blocks_per_sm`).
+pub fn wave_blocks_per_sm(device: &DeviceCaps, head_dim: u32) -> u32 {
+    (128 / head_dim.max(1)).clamp(1, blocks_per_sm(device, head_dim))
+}
+
 /// `(splits, keys_per_split)` for `batch_heads` (sequences × K/V heads) blocks of work over `n_k`
-/// keys on `sms` SMs holding `per_sm` blocks each: as many splits as fill every block slot once
-/// (one wave: no tail of a second, no block waiting for a slot), never a split shorter than one
+/// keys on `sms` SMs taking `per_sm` blocks each: as many splits as make one wave of
+/// `sms · per_sm` blocks (no tail of a second, no block waiting for a slot), never a split shorter than one
 /// tile of keys, never more than `MAX_SPLITS` (256). Batches with more blocks of work than slots
 /// run unsplit.
 pub fn choose_splits(sms: u32, per_sm: u32, batch_heads: u32, n_k: u32) -> (u32, u32) {
@@ -116,7 +127,7 @@ pub(crate) fn plan(
     let (splits, keys_per_split) = match o.decode_splits {
         None => choose_splits(
             device.multiprocessors,
-            blocks_per_sm(device, s.head_dim),
+            wave_blocks_per_sm(device, s.head_dim),
             problem.sequences.saturating_mul(s.heads_kv),
             problem.max_k_rows,
         ),
@@ -237,24 +248,24 @@ mod tests {
             p.tiles,
             Tiles::Decode(DecodeConfig {
                 head_dim: 128,
-                splits: 32,
-                keys_per_split: 1024,
+                splits: 16,
+                keys_per_split: 2048,
                 combine: DecodeCombine::LastSplit,
             })
         );
         assert_eq!(p.entry, "flash_decode_mma_bf16_d128");
-        assert_eq!(p.grid, (32, 8, 1));
+        assert_eq!(p.grid, (16, 8, 1));
         assert_eq!((p.block_rows, p.shared_bytes), (16, shared_bytes(128)));
         // The partials, and a counter per (sequence, K/V head) rounded up to the alignment.
         assert_eq!(
             p.workspace,
             vec![
-                ("o_partial", 32 * 32 * 128 * 4),
-                ("lse_partial", 32 * 32 * 4),
+                ("o_partial", 16 * 32 * 128 * 4),
+                ("lse_partial", 16 * 32 * 4),
                 (SPLIT_COUNTERS, WORKSPACE_ALIGN),
             ]
         );
-        assert!(p.to_string().contains("splits: 32"), "{p}");
+        assert!(p.to_string().contains("splits: 16"), "{p}");
         // The parallel combine's launch needs no counters.
         let parallel = fwd(
             &h200,
@@ -284,7 +295,7 @@ mod tests {
         );
         assert_eq!(
             (merge.entry.as_str(), merge.grid),
-            ("flash_decode_mma_bf16_d128", (32, 8, 1))
+            ("flash_decode_mma_bf16_d128", (16, 8, 1))
         );
         assert!(merge.to_string().contains("combine: Merge"), "{merge}");
         // The A100's 163 KiB hold one d = 128 block per SM: 108 slots, 13 splits of 8 heads.
@@ -398,13 +409,24 @@ mod tests {
     }
 
     #[test]
+    fn a_wave_takes_one_d128_block_per_sm_or_its_bytes_in_smaller_blocks() {
+        let h200 = DeviceCaps::for_arch("sm_90", true).unwrap();
+        let a100 = DeviceCaps::for_arch("sm_80", false).unwrap();
+        assert_eq!(wave_blocks_per_sm(&h200, 128), 1);
+        assert_eq!(wave_blocks_per_sm(&h200, 64), 2);
+        assert_eq!(wave_blocks_per_sm(&a100, 128), 1);
+        assert_eq!(wave_blocks_per_sm(&a100, 64), 2);
+    }
+
+    #[test]
     fn splits_fill_the_block_slots_once_without_splitting_below_a_tile() {
-        // H200 (132 SMs, 2 d = 128 blocks each), the rows: batch · H_kv blocks of work.
-        assert_eq!(choose_splits(132, 2, 8, 32768), (32, 1024));
-        assert_eq!(choose_splits(132, 2, 8, 131072), (33, 4032));
-        assert_eq!(choose_splits(132, 2, 64, 8192), (4, 2048));
-        assert_eq!(choose_splits(132, 2, 512, 4096), (1, 4096));
-        assert_eq!(choose_splits(132, 2, 32, 131072), (8, 16384));
+        // H200 (132 SMs, one d = 128 block each in a wave), the rows: batch · H_kv
+        // blocks of work; the counts the sweep found fastest (reports/PERF_LOG_DECODE.md).
+        assert_eq!(choose_splits(132, 1, 8, 32768), (16, 2048));
+        assert_eq!(choose_splits(132, 1, 8, 131072), (16, 8192));
+        assert_eq!(choose_splits(132, 1, 64, 8192), (2, 4096));
+        assert_eq!(choose_splits(132, 1, 512, 4096), (1, 4096));
+        assert_eq!(choose_splits(132, 1, 32, 131072), (4, 32768));
         // Few keys: one tile per split at most; one split when the heads fill the machine.
         assert_eq!(choose_splits(132, 2, 1, 300), (5, 64));
         assert_eq!(choose_splits(132, 2, 1, 1), (1, 64));
