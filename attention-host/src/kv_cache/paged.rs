@@ -19,7 +19,7 @@ use crate::attention::{ForwardOutput, check_lse, check_owned_context, check_tens
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
 use crate::families::decode;
-use crate::family::{Direction, Family, KernelChoice};
+use crate::family::{Family, KernelChoice};
 use crate::flash_options::FlashOptions;
 use crate::options::{MAX_TENSOR_ROWS, checked_elems};
 use crate::plan::{DeviceCaps, Plan};
@@ -327,10 +327,9 @@ impl PagedKvCache {
         let shape = self.shape(n_q, heads_q);
         let problem = Problem::new(&shape, self.k.dtype(), &options)?;
         check_tensor("q", q, problem.dtype, shape.q_elems())?;
-        let plan =
-            decode::plan(&DeviceCaps::of(gpu)?, &problem, Direction::Forward).map_err(|why| {
-                invalid!("a paged cache is attended by the decode family, which {why}")
-            })?;
+        let plan = decode::plan_paged(&DeviceCaps::of(gpu)?, &problem).map_err(|why| {
+            invalid!("a paged cache is attended by the decode family, which {why}")
+        })?;
         Ok((problem, plan))
     }
 

@@ -6,5 +6,5 @@ mod plan;
 
 pub use attention_kernels::kernels::decode::DecodeConfig;
 pub(crate) use launch::launch_forward;
-pub(crate) use plan::plan;
 pub use plan::{blocks_per_sm, choose_splits};
+pub(crate) use plan::{plan, plan_paged};

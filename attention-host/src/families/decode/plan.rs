@@ -64,11 +64,37 @@ pub fn split_keys(wanted: u32, n_k: u32) -> (u32, u32) {
     (n_k.max(1).div_ceil(keys_per_split), keys_per_split)
 }
 
-/// The plan of the decode family for `problem`, or why it cannot run it.
+/// The plan of the decode family for `problem` over contiguous K and V, or why it cannot run it.
 pub(crate) fn plan(
     device: &DeviceCaps,
     problem: &Problem,
     direction: Direction,
+) -> std::result::Result<Plan, String> {
+    plan_keys(
+        device,
+        problem,
+        direction,
+        wave_blocks_per_sm(device, problem.shape.head_dim),
+    )
+}
+
+/// The plan over a paged cache's pages: a wave fills every block slot (`blocks_per_sm`), since
+/// each tile's block-table lookups stall a lone block per SM (run plan: page 16 at 0.81× the
+/// contiguous cache with one block per SM, `reports/PERF_LOG_DECODE.md`).
+pub(crate) fn plan_paged(
+    device: &DeviceCaps,
+    problem: &Problem,
+) -> std::result::Result<Plan, String> {
+    let per_sm = blocks_per_sm(device, problem.shape.head_dim);
+    plan_keys(device, problem, Direction::Forward, per_sm)
+}
+
+/// The plan with a wave of `per_sm` split blocks per SM where the plan chooses the splits.
+fn plan_keys(
+    device: &DeviceCaps,
+    problem: &Problem,
+    direction: Direction,
+    per_sm: u32,
 ) -> std::result::Result<Plan, String> {
     let (s, o) = (&problem.shape, &problem.options);
     if direction == Direction::Backward {
@@ -127,7 +153,7 @@ pub(crate) fn plan(
     let (splits, keys_per_split) = match o.decode_splits {
         None => choose_splits(
             device.multiprocessors,
-            wave_blocks_per_sm(device, s.head_dim),
+            per_sm,
             problem.sequences.saturating_mul(s.heads_kv),
             problem.max_k_rows,
         ),
@@ -255,6 +281,14 @@ mod tests {
         );
         assert_eq!(p.entry, "flash_decode_mma_bf16_d128");
         assert_eq!(p.grid, (16, 8, 1));
+        // Over a paged cache the wave fills both d = 128 slots of each SM.
+        let problem = Problem::new(
+            &shape(1, 1, 32768, 32, 8),
+            DType::Bf16,
+            &FlashOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(plan_paged(&h200, &problem).unwrap().grid, (32, 8, 1));
         assert_eq!((p.block_rows, p.shared_bytes), (16, shared_bytes(128)));
         // The partials, and a counter per (sequence, K/V head) rounded up to the alignment.
         assert_eq!(
