@@ -47,10 +47,10 @@ pub fn wave_blocks_per_sm(device: &DeviceCaps, head_dim: u32) -> u32 {
 }
 
 /// `(splits, keys_per_split)` for `batch_heads` (sequences × K/V heads) blocks of work over `n_k`
-/// keys on `sms` SMs taking `per_sm` blocks each: as many splits as make one wave of
-/// `sms · per_sm` blocks (no tail of a second, no block waiting for a slot), never a split shorter than one
-/// tile of keys, never more than `MAX_SPLITS` (256). Batches with more blocks of work than slots
-/// run unsplit.
+/// keys on `sms` SMs taking `per_sm` blocks each: as many splits as make one wave of `sms ·
+/// per_sm` blocks (no tail of a second, no block waiting for a slot), never a split shorter than
+/// one tile of keys, never more than `MAX_SPLITS` (256). Batches with more blocks of work than
+/// slots run unsplit.
 pub fn choose_splits(sms: u32, per_sm: u32, batch_heads: u32, n_k: u32) -> (u32, u32) {
     split_keys((sms * per_sm) / batch_heads.max(1), n_k)
 }
