@@ -11,8 +11,10 @@
 //!
 //! `cargo run --release --example decode_bench -- [--calls 50] [--samples 30] [--warmup 5]
 //! [--kernel auto|decode|sm90|…] [--combine all|merge|parallel|last-split] [--splits 16,32,…]
-//! [--out reports/bench] [--caches-only]`: every decode row and cache row once per combine of
-//! the splits, the decode rows also once per split count of `--splits` (the plan's without it).
+//! [--out reports/bench] [--caches-only] [--rows 1,2,…] [--no-caches]`: every decode row and
+//! cache row once per combine of the splits, the decode rows also once per split count of
+//! `--splits` (the plan's without it); `--rows` keeps the decode rows of those numbers (1 is the
+//! first), `--no-caches` leaves the caches out (`scripts/profile-decode.sh` profiles one row).
 
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{
@@ -109,9 +111,10 @@ fn tensor_rows(
     options: &FlashOptions,
     combines: &[DecodeCombine],
     splits: &[Option<u32>],
+    rows: &[usize],
 ) -> flash_attn::Result<Vec<String>> {
     let mut records = vec![];
-    for (batch, n_q, n_k, heads_q, heads_kv) in ROWS {
+    for &(batch, n_q, n_k, heads_q, heads_kv) in rows.iter().map(|r| &ROWS[r - 1]) {
         let s = AttentionShape::new(batch, n_q, n_k, heads_q, heads_kv, 128);
         let (q, k, v) = (
             fill(s.q_elems(), 1)?,
@@ -236,6 +239,19 @@ fn main() -> flash_attn::Result<()> {
             .map(|n| Some(n.trim().parse().expect("--splits: comma-separated counts")))
             .collect(),
     };
+    let rows: Vec<usize> = match arg("--rows", String::new()).as_str() {
+        "" => (1..=ROWS.len()).collect(),
+        list => list
+            .split(',')
+            .map(|r| {
+                r.trim()
+                    .parse()
+                    .ok()
+                    .filter(|r| (1..=ROWS.len()).contains(r))
+                    .unwrap_or_else(|| panic!("--rows: numbers 1 to {}, got {r:?}", ROWS.len()))
+            })
+            .collect(),
+    };
     let out_dir = arg("--out", "reports/bench".to_owned());
     let gpu = flash_attn::gpu()?;
     let mut records = vec![];
@@ -246,9 +262,12 @@ fn main() -> flash_attn::Result<()> {
             &FlashOptions::default().kernel(kernel),
             combines,
             &splits,
+            &rows,
         )?);
     }
-    records.extend(cache_rows(&gpu, &t, combines)?);
+    if !flag("--no-caches") {
+        records.extend(cache_rows(&gpu, &t, combines)?);
+    }
     std::fs::create_dir_all(&out_dir).expect("create the output folder");
     let path = format!("{out_dir}/decode-bench.json");
     let json = format!(

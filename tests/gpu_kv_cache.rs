@@ -55,6 +55,7 @@ fn append(
         m.lengths[b] += count;
     }
     assert_eq!(cache.lengths(), &m.lengths[..]);
+    assert_eq!(cache.device_lengths().unwrap(), m.lengths);
 }
 
 /// Attention of `n_q` fresh rows over the cache against the reference; returns the family.

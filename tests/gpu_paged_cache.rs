@@ -110,6 +110,9 @@ impl Caches {
         self.lengths = after;
         assert_eq!(self.paged.lengths(), &self.lengths[..]);
         assert_eq!(self.contiguous.lengths(), &self.lengths[..]);
+        // The device copies the appends advanced (uniform counts upload none).
+        assert_eq!(self.paged.device_lengths().unwrap(), self.lengths);
+        assert_eq!(self.contiguous.device_lengths().unwrap(), self.lengths);
     }
 
     /// Attention of `n_q` fresh rows with each combine of the decode splits (the last split's
@@ -387,6 +390,7 @@ fn paged_cache_refuses_bad_tables_appends_and_calls_before_launch() {
     // A finished sequence gives its pages back.
     cache.release(0).unwrap();
     assert_eq!((cache.lengths(), cache.free_pages()), (&[0, 16][..], 4));
+    assert_eq!(cache.device_lengths().unwrap(), [0, 16]);
     let e = err(cache.release(2));
     assert!(e.contains("sequence 2 of a cache of 2 sequences"), "{e}");
 }

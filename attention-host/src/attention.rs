@@ -63,7 +63,55 @@ pub fn forward(
     v: &DeviceTensor,
     options: &FlashOptions,
 ) -> Result<ForwardOutput> {
-    let (problem, plan) = prepare_forward(gpu, shape, None, [q, k, v], options)?;
+    forward_keyed(gpu, shape, [q, k, v], options, None)
+}
+
+/// As [`forward`] over a KV cache whose key lengths (equal to `options`' `KeyLengths`) the device
+/// holds at `key_lengths`: the kernels read them there instead of an upload of them.
+pub(crate) fn cache_forward(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    [q, k, v]: [&DeviceTensor; 3],
+    options: &FlashOptions,
+    key_lengths: u64,
+) -> Result<ForwardOutput> {
+    forward_keyed(gpu, shape, [q, k, v], options, Some(key_lengths))
+}
+
+/// As [`forward_into`] over a KV cache, as [`cache_forward`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn cache_forward_into(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    [q, k, v]: [&DeviceTensor; 3],
+    o: &DeviceTensor,
+    lse: &DeviceF32,
+    options: &FlashOptions,
+    key_lengths: u64,
+) -> Result<Plan> {
+    forward_into_tiles(
+        gpu,
+        shape,
+        None,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        options,
+        Some(key_lengths),
+    )
+}
+
+fn forward_keyed(
+    gpu: &Gpu,
+    shape: &AttentionShape,
+    [q, k, v]: [&DeviceTensor; 3],
+    options: &FlashOptions,
+    device_key_lengths: Option<u64>,
+) -> Result<ForwardOutput> {
+    let (problem, plan) =
+        prepare_forward(gpu, shape, None, [q, k, v], options, device_key_lengths)?;
     let out = ForwardOutput {
         o: DeviceTensor::uninitialized(problem.dtype, shape.o_elems())?,
         lse: DeviceF32::uninitialized(shape.row_elems())?,
@@ -96,7 +144,7 @@ pub fn forward_into(
     lse: &DeviceF32,
     options: &FlashOptions,
 ) -> Result<Plan> {
-    forward_into_tiles(gpu, shape, None, q, k, v, o, lse, options)
+    forward_into_tiles(gpu, shape, None, q, k, v, o, lse, options, None)
 }
 
 /// As [`forward_into`] on one of the compiled tensor-core instances other than the default
@@ -113,7 +161,7 @@ pub fn forward_variant_into(
     lse: &DeviceF32,
     options: &FlashOptions,
 ) -> Result<Plan> {
-    forward_into_tiles(gpu, shape, Some(tiles), q, k, v, o, lse, options)
+    forward_into_tiles(gpu, shape, Some(tiles), q, k, v, o, lse, options, None)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -127,8 +175,10 @@ fn forward_into_tiles(
     o: &DeviceTensor,
     lse: &DeviceF32,
     options: &FlashOptions,
+    device_key_lengths: Option<u64>,
 ) -> Result<Plan> {
-    let (problem, plan) = prepare_forward(gpu, shape, tiles, [q, k, v], options)?;
+    let (problem, plan) =
+        prepare_forward(gpu, shape, tiles, [q, k, v], options, device_key_lengths)?;
     check_tensor("o", o, problem.dtype, shape.o_elems())?;
     check_lse(lse, shape)?;
     let workspace = Workspace::on_own_queue(gpu, &plan)?;
@@ -228,9 +278,13 @@ fn prepare_forward(
     tiles: Option<Tiles>,
     [q, k, v]: [&DeviceTensor; 3],
     options: &FlashOptions,
+    device_key_lengths: Option<u64>,
 ) -> Result<(Problem, Plan)> {
     check_owned_context(gpu)?;
-    let problem = Problem::new(shape, q.dtype(), options)?;
+    let mut problem = Problem::new(shape, q.dtype(), options)?;
+    if let Some(lengths) = device_key_lengths {
+        problem = problem.with_device_key_lengths(lengths);
+    }
     check_qkv(shape, q, k, v)?;
     let plan = choose(gpu, &problem, Direction::Forward, tiles)?;
     Ok((problem, plan))

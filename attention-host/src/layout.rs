@@ -2,10 +2,10 @@
 
 use crate::error::Result;
 use crate::options::Lengths;
+use crate::problem::Problem;
 use crate::runtime::Queue;
 use crate::runtime::buffer::DeviceArray;
 use attention_kernels::abi::layout::{LENGTHS_FULL, LENGTHS_KEY, LENGTHS_PACKED, SequenceLayout};
-use attention_kernels::abi::shape::AttentionShape;
 
 /// A `SequenceLayout` with the device arrays it points to (kept alive as long as the layout).
 pub struct DeviceLayout {
@@ -17,13 +17,10 @@ pub struct DeviceLayout {
 }
 
 impl DeviceLayout {
-    /// Uploads the arrays of `lengths`, which `AttentionOptions::validate` has accepted for
-    /// `shape`, on the queue's stream for temporaries.
-    pub(crate) fn upload(
-        queue: &Queue,
-        shape: &AttentionShape,
-        lengths: &Lengths,
-    ) -> Result<DeviceLayout> {
+    /// Uploads the arrays of `problem`'s lengths on the queue's stream for temporaries, except
+    /// key lengths the device holds already.
+    pub(crate) fn upload(queue: &Queue, problem: &Problem) -> Result<DeviceLayout> {
+        let (shape, lengths) = (&problem.shape, &problem.options.attention.lengths);
         let upload = |v: &[u32]| DeviceArray::from_slice_on(v, queue.context(), queue.temporaries);
         let mut params = SequenceLayout {
             sequences: shape.batch,
@@ -37,9 +34,17 @@ impl DeviceLayout {
             }
             Lengths::KeyLengths(lens) => {
                 params.mode = LENGTHS_KEY;
-                let a = upload(lens)?;
-                params.key_lengths = a.device_ptr();
-                vec![a]
+                match problem.device_key_lengths {
+                    Some(on_device) => {
+                        params.key_lengths = on_device;
+                        vec![]
+                    }
+                    None => {
+                        let a = upload(lens)?;
+                        params.key_lengths = a.device_ptr();
+                        vec![a]
+                    }
+                }
             }
             Lengths::Packed {
                 cu_seqlens_q,

@@ -25,6 +25,9 @@ pub struct Problem {
     /// Longest sequence in query rows and in key rows: the grid's Q and K/V block extents.
     pub max_q_len: u32,
     pub max_k_rows: u32,
+    /// Where the device holds `options`' `KeyLengths` already (a KV cache's lengths): the launch
+    /// passes that array instead of uploading the host one.
+    pub(crate) device_key_lengths: Option<u64>,
 }
 
 impl Problem {
@@ -77,7 +80,21 @@ impl Problem {
             sequences: sequences as u32,
             max_q_len,
             max_k_rows,
+            device_key_lengths: None,
         })
+    }
+
+    /// This call with its `KeyLengths` read from the device array at `lengths` (`batch` u32, equal
+    /// to the host ones, which were validated).
+    pub(crate) fn with_device_key_lengths(self, lengths: u64) -> Problem {
+        debug_assert!(matches!(
+            self.options.attention.lengths,
+            Lengths::KeyLengths(_)
+        ));
+        Problem {
+            device_key_lengths: Some(lengths),
+            ..self
+        }
     }
 
     /// Grid `(y, z)` extents of the (head, sequence) pairs for `heads` heads per sequence

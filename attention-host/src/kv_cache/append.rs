@@ -1,10 +1,12 @@
 //! What both caches share: the checks of new rows and of a cache's row size, the lengths after an
-//! append, and the append launch (its destination rows given by `KeyPages`).
+//! append, and the append launch (its destination rows given by `KeyPages`), which advances the
+//! device lengths itself.
 
 use attention_kernels::abi::layout::KeyPages;
 use attention_kernels::abi::params::CacheAppendParams;
 use attention_kernels::kernels::cache::APPEND_THREADS;
 
+use super::seq_lens::{AppendLengths, SeqLens};
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
 use crate::instances;
@@ -75,19 +77,22 @@ pub(crate) struct Destination<'a> {
     pub pages: KeyPages,
 }
 
-/// Checks `k_new`, `v_new` (`[lengths.len(), n_new, heads_kv, head_dim]`, the cache's dtype) and
-/// queues the copy of item `b`'s first `new_lengths[b]` rows to its rows `lengths[b] ..`. The
-/// caller checked the lengths after the append against each sequence's room.
-pub(crate) fn launch_append(
+/// Checks `k_new`, `v_new` (`[sequences, n_new, heads_kv, head_dim]`, the cache's dtype), queues
+/// the copy of item `b`'s first `new_lengths[b]` rows to its rows `lengths[b] ..` and records the
+/// lengths `after` it. The caller checked `after` against each sequence's room. Uploads
+/// `new_lengths` only when they differ between sequences.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn append(
     gpu: &Gpu,
     to: &Destination,
     k_new: &DeviceTensor,
     v_new: &DeviceTensor,
     n_new: u32,
-    lengths: &[u32],
+    lengths: &mut SeqLens,
     new_lengths: &[u32],
+    after: Vec<u32>,
 ) -> Result<()> {
-    let batch = lengths.len() as u32;
+    let batch = lengths.host().len() as u32;
     let elems = checked_elems("the new rows", &[batch, n_new, to.heads_kv, to.head_dim])?;
     for (name, t) in [("k_new", k_new), ("v_new", v_new)] {
         if t.dtype() != to.k.dtype() || t.len() != elems {
@@ -109,17 +114,19 @@ pub(crate) fn launch_append(
         .ok()
         .filter(|&b| b <= i32::MAX as u32)
         .ok_or_else(|| invalid!("{chunks} chunks are more than one append launch takes"))?;
-    let (cache_lengths, counts) = (
-        DeviceArray::from_slice(lengths)?,
-        DeviceArray::from_slice(new_lengths)?,
-    );
+    let counts = match new_lengths.iter().all(|&n| n == n_new) {
+        true => None,
+        false => Some(DeviceArray::from_slice(new_lengths)?),
+    };
+    let AppendLengths { before, after: out } = lengths.for_append();
     let params = CacheAppendParams {
         cache_k: to.k.device_ptr(),
         cache_v: to.v.device_ptr(),
         new_k: k_new.device_ptr(),
         new_v: v_new.device_ptr(),
-        cache_lengths: cache_lengths.device_ptr(),
-        new_lengths: counts.device_ptr(),
+        cache_lengths: before,
+        new_lengths: counts.as_ref().map_or(0, |c| c.device_ptr()),
+        lengths_out: out,
         pages: to.pages,
         batch,
         capacity: to.capacity,
@@ -134,7 +141,9 @@ pub(crate) fn launch_append(
             shared_bytes: 0,
         },
         &params,
-    )
+    )?;
+    lengths.appended(after);
+    Ok(())
 }
 
 #[cfg(test)]

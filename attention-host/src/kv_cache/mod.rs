@@ -1,21 +1,23 @@
 //! KV caches for decoding: the contiguous [`KvCache`] and the paged [`PagedKvCache`]. Both keep
-//! each sequence's length on the host (every append is checked before launch) and upload it with
-//! each call; attention of new queries over a cache is a forward with the sequences' lengths as
-//! key lengths (causal is bottom-right aligned to each sequence's own length, so the new rows see
-//! the cache and themselves). One append kernel and one decode kernel serve both: the paged
-//! cache's rows are found through its block table, the contiguous layout is the identity
+//! each sequence's length on the host, where every append is checked before launch, and on the
+//! device, where the append kernel advances it and attention reads it (`seq_lens`); attention of
+//! new queries over a cache is a forward with the sequences' lengths as key lengths (causal is
+//! bottom-right aligned to each sequence's own length, so the new rows see the cache and
+//! themselves). One append kernel and one decode kernel serve both: the paged cache's rows are
+//! found through its block table, the contiguous layout is the identity
 //! (`attention_kernels::abi::layout::KeyPages`).
 
 mod append;
 mod block_table;
 mod paged;
+mod seq_lens;
 
 pub use paged::{PagedKvCache, PagedLayout};
 
 use attention_kernels::abi::layout::KeyPages;
 use attention_kernels::abi::shape::AttentionShape;
 
-use crate::attention::{ForwardOutput, forward, forward_into};
+use crate::attention::{ForwardOutput, cache_forward, cache_forward_into};
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
 use crate::flash_options::FlashOptions;
@@ -23,7 +25,8 @@ use crate::options::{Lengths, checked_elems};
 use crate::plan::Plan;
 use crate::runtime::Gpu;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
-use append::{Destination, check_geometry, grown_lengths, launch_append};
+use append::{Destination, check_geometry, grown_lengths};
+use seq_lens::SeqLens;
 
 /// A contiguous cache: K and V caches of `batch` sequences of at most `capacity` rows each
 /// (`[batch, capacity, heads_kv, head_dim]`).
@@ -55,7 +58,7 @@ pub struct KvCache {
     capacity: u32,
     heads_kv: u32,
     head_dim: u32,
-    lengths: Vec<u32>,
+    lengths: SeqLens,
 }
 
 impl KvCache {
@@ -86,13 +89,19 @@ impl KvCache {
             capacity,
             heads_kv,
             head_dim,
-            lengths: vec![0; batch as usize],
+            lengths: SeqLens::empty(batch)?,
         })
     }
 
     /// Rows each sequence holds.
     pub fn lengths(&self) -> &[u32] {
-        &self.lengths
+        self.lengths.host()
+    }
+
+    /// The device copy of [`Self::lengths`] that the kernels read (`cache_seqlens`), downloaded
+    /// once the queued appends have run; equal to `lengths()`.
+    pub fn device_lengths(&self) -> Result<Vec<u32>> {
+        self.lengths.download()
     }
 
     pub fn capacity(&self) -> u32 {
@@ -117,7 +126,7 @@ impl KvCache {
     ) -> Result<()> {
         let capacity = self.capacity;
         let after = grown_lengths(
-            &self.lengths,
+            self.lengths.host(),
             new_lengths,
             n_new,
             |_| capacity,
@@ -131,9 +140,16 @@ impl KvCache {
             capacity,
             pages: KeyPages::CONTIGUOUS,
         };
-        launch_append(gpu, &to, k_new, v_new, n_new, &self.lengths, new_lengths)?;
-        self.lengths = after;
-        Ok(())
+        append::append(
+            gpu,
+            &to,
+            k_new,
+            v_new,
+            n_new,
+            &mut self.lengths,
+            new_lengths,
+            after,
+        )
     }
 
     /// O and LSE of `q` (`[batch, n_q, heads_q, head_dim]`) over each sequence's cached rows (the
@@ -148,9 +164,9 @@ impl KvCache {
         heads_q: u32,
         options: &FlashOptions,
     ) -> Result<ForwardOutput> {
-        let shape = self.shape(n_q, heads_q);
-        let options = with_cache_lengths(options, &self.lengths)?;
-        forward(gpu, &shape, q, &self.k, &self.v, &options)
+        let options = with_cache_lengths(options, self.lengths.host())?;
+        let (qkv, lengths) = ([q, &self.k, &self.v], self.lengths.device_ptr());
+        cache_forward(gpu, &self.shape(n_q, heads_q), qkv, &options, lengths)
     }
 
     /// As [`Self::attend`], into `o` (`q`'s layout and dtype) and `lse` (f32 `[batch, heads_q,
@@ -166,9 +182,17 @@ impl KvCache {
         lse: &DeviceF32,
         options: &FlashOptions,
     ) -> Result<Plan> {
-        let shape = self.shape(n_q, heads_q);
-        let options = with_cache_lengths(options, &self.lengths)?;
-        forward_into(gpu, &shape, q, &self.k, &self.v, o, lse, &options)
+        let options = with_cache_lengths(options, self.lengths.host())?;
+        let (qkv, lengths) = ([q, &self.k, &self.v], self.lengths.device_ptr());
+        cache_forward_into(
+            gpu,
+            &self.shape(n_q, heads_q),
+            qkv,
+            o,
+            lse,
+            &options,
+            lengths,
+        )
     }
 
     /// The shape of attention of `n_q` rows of `heads_q` heads over the cache.

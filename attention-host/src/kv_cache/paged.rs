@@ -5,15 +5,16 @@
 //!
 //! The table lives on the host, where every change is checked ([`BlockTable`]), and is uploaded
 //! after each change; the kernels read that device copy and trust it, since nothing else writes
-//! it. Appends and attention run the contiguous cache's kernels with the block table as their
+//! it (the sequences' lengths likewise, `seq_lens`). Appends and attention run the contiguous cache's kernels with the block table as their
 //! row translation (`KeyPages`).
 
 use attention_kernels::abi::layout::KeyPages;
 use attention_kernels::abi::shape::AttentionShape;
 use attention_kernels::kernels::decode::HEAD_DIMS;
 
-use super::append::{Destination, check_geometry, grown_lengths, launch_append};
+use super::append::{self, Destination, check_geometry, grown_lengths};
 use super::block_table::{BlockTable, UNASSIGNED};
+use super::seq_lens::SeqLens;
 use super::with_cache_lengths;
 use crate::attention::{ForwardOutput, check_lse, check_owned_context, check_tensor};
 use crate::dtype::DType;
@@ -78,7 +79,7 @@ pub struct PagedKvCache {
     table: BlockTable,
     /// The device copy of `table`, replaced after every change.
     table_device: DeviceArray<u32>,
-    lengths: Vec<u32>,
+    lengths: SeqLens,
 }
 
 impl PagedKvCache {
@@ -139,7 +140,7 @@ impl PagedKvCache {
             table_device: DeviceArray::from_slice(table.entries())?,
             table,
             layout,
-            lengths: vec![0; l.sequences as usize],
+            lengths: SeqLens::empty(l.sequences)?,
         })
     }
 
@@ -149,7 +150,13 @@ impl PagedKvCache {
 
     /// Rows each sequence holds.
     pub fn lengths(&self) -> &[u32] {
-        &self.lengths
+        self.lengths.host()
+    }
+
+    /// The device copy of [`Self::lengths`] that the kernels read (`cache_seqlens`), downloaded
+    /// once the queued appends have run; equal to `lengths()`.
+    pub fn device_lengths(&self) -> Result<Vec<u32>> {
+        self.lengths.download()
     }
 
     /// The block table, `[sequences, pages_per_sequence]`.
@@ -180,7 +187,7 @@ impl PagedKvCache {
     pub fn set_block_table(&mut self, entries: &[u32]) -> Result<()> {
         let l = &self.layout;
         let table = BlockTable::new(entries, l.sequences, l.pages_per_sequence, l.pages)?;
-        table.check_lengths(&self.lengths, l.page_size)?;
+        table.check_lengths(self.lengths.host(), l.page_size)?;
         self.commit(table)
     }
 
@@ -209,7 +216,7 @@ impl PagedKvCache {
         }
         let mut table = self.table.clone();
         table.release(b as usize);
-        self.lengths[b as usize] = 0;
+        self.lengths.clear(b as usize)?;
         self.commit(table)
     }
 
@@ -242,7 +249,7 @@ impl PagedKvCache {
         new_lengths: &[u32],
     ) -> Result<()> {
         let after = grown_lengths(
-            &self.lengths,
+            self.lengths.host(),
             new_lengths,
             n_new,
             |b| self.room(b),
@@ -256,9 +263,16 @@ impl PagedKvCache {
             capacity: self.capacity(),
             pages: self.key_pages(),
         };
-        launch_append(gpu, &to, k_new, v_new, n_new, &self.lengths, new_lengths)?;
-        self.lengths = after;
-        Ok(())
+        append::append(
+            gpu,
+            &to,
+            k_new,
+            v_new,
+            n_new,
+            &mut self.lengths,
+            new_lengths,
+            after,
+        )
     }
 
     /// O and LSE of `q` (`[sequences, n_q, heads_q, head_dim]`) over each sequence's rows (the
@@ -314,7 +328,7 @@ impl PagedKvCache {
         options: &FlashOptions,
     ) -> Result<(Problem, Plan)> {
         check_owned_context(gpu)?;
-        let options = with_cache_lengths(options, &self.lengths)?;
+        let options = with_cache_lengths(options, self.lengths.host())?;
         if !matches!(
             options.kernel,
             KernelChoice::Auto | KernelChoice::Only(Family::Decode)
@@ -325,7 +339,8 @@ impl PagedKvCache {
             ));
         }
         let shape = self.shape(n_q, heads_q);
-        let problem = Problem::new(&shape, self.k.dtype(), &options)?;
+        let problem = Problem::new(&shape, self.k.dtype(), &options)?
+            .with_device_key_lengths(self.lengths.device_ptr());
         check_tensor("q", q, problem.dtype, shape.q_elems())?;
         let plan = decode::plan_paged(&DeviceCaps::of(gpu)?, &problem).map_err(|why| {
             invalid!("a paged cache is attended by the decode family, which {why}")

@@ -393,8 +393,11 @@ pub struct DecodeParams {
 /// Appending new K/V rows to a cache (`kernels::cache`): `new_k`, `new_v` are `[batch, n_new,
 /// heads_kv, head_dim]`; item `b`'s first `new_lengths[b]` rows become its key rows
 /// `cache_lengths[b] ..` in `cache_k`, `cache_v` (the same dtype): rows of `[batch, capacity,
-/// heads_kv, head_dim]` when `pages` is contiguous, of the page pool when it is paged. Both length
-/// arrays are device `u32 [batch]`. Rows are copied as 16-byte chunks.
+/// heads_kv, head_dim]` when `pages` is contiguous, of the page pool when it is paged, and
+/// `lengths_out[b]` becomes `cache_lengths[b] + new_lengths[b]` (so a cache's lengths stay on the
+/// device). The length arrays are device `u32 [batch]`, `lengths_out` another array than
+/// `cache_lengths`; `new_lengths` 0 means every item appends `n_new` rows. Rows are copied as
+/// 16-byte chunks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CacheAppendParams {
@@ -404,6 +407,7 @@ pub struct CacheAppendParams {
     pub new_v: u64,
     pub cache_lengths: u64,
     pub new_lengths: u64,
+    pub lengths_out: u64,
     pub pages: KeyPages,
     pub batch: u32,
     /// Rows per item of the contiguous layout (unused when paged).

@@ -37,7 +37,7 @@ pub(crate) fn launch_forward(
     pages: KeyPages,
 ) -> Result<()> {
     let (shape, options) = (&problem.shape, &problem.options.attention);
-    let layout = DeviceLayout::upload(queue, shape, &options.lengths)?;
+    let layout = DeviceLayout::upload(queue, problem)?;
     let combine_with = match &plan.tiles {
         Tiles::Decode(cfg) => cfg.combine,
         other => return Err(invalid!("a decode launch got the plan of {other:?}")),

@@ -31,7 +31,7 @@ pub(crate) fn launch_backward(
     let (shape, attention) = (&problem.shape, &problem.options.attention);
     let deterministic = problem.options.deterministic;
     let dtype = problem.dtype;
-    let layout = DeviceLayout::upload(queue, shape, &attention.lengths)?;
+    let layout = DeviceLayout::upload(queue, problem)?;
     let mods = DeviceScoreMods::upload(queue, attention, out.d_sinks.as_ref())?;
     let dq_accum = if deterministic {
         0

@@ -30,7 +30,7 @@ pub(crate) fn launch_forward(
     workspace: &Workspace,
 ) -> Result<()> {
     let (shape, attention) = (&problem.shape, &problem.options.attention);
-    let layout = DeviceLayout::upload(queue, shape, &attention.lengths)?;
+    let layout = DeviceLayout::upload(queue, problem)?;
     let mods = DeviceScoreMods::upload(queue, attention, None)?;
     let mut params = FlashForwardParams {
         q: q.device_ptr(),

@@ -37,7 +37,7 @@ pub(crate) fn launch_backward(
     let (shape, options) = (&problem.shape, &problem.options.attention);
     let dtype = problem.dtype;
     let scale = options.scale_for(shape.head_dim);
-    let layout = DeviceLayout::upload(queue, shape, &options.lengths)?;
+    let layout = DeviceLayout::upload(queue, problem)?;
     let n_q_pad = n_q_pad(shape.n_q);
     let mods = DeviceScoreMods::upload(queue, options, out.d_sinks.as_ref())?;
     let params = TensorCoreBackwardParams {

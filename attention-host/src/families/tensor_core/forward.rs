@@ -28,7 +28,7 @@ pub(crate) fn launch_forward(
     strides: &ForwardStrides,
 ) -> Result<()> {
     let (shape, options) = (&problem.shape, &problem.options.attention);
-    let layout = DeviceLayout::upload(queue, shape, &options.lengths)?;
+    let layout = DeviceLayout::upload(queue, problem)?;
     let mods = DeviceScoreMods::upload(queue, options, None)?;
     let params = TensorCoreForwardParams {
         q: q.device_ptr(),

@@ -9,7 +9,8 @@ use crate::arch::{block_dim_x, block_x, thread_x};
 struct Chunk([u32; 4]);
 
 /// Grid `⌈batch · n_new · row_chunks / APPEND_THREADS⌉`. Chunk `x` is item `b`, new row `i`,
-/// chunk `c` of the row; rows past the item's `new_lengths[b]` are not copied.
+/// chunk `c` of the row; rows past the item's count are not copied. The item's first chunk writes
+/// its length after the append (every item has one: the host launches only for `n_new ≥ 1`).
 unsafe fn append(p: &CacheAppendParams) {
     let x = block_x() as u64 * block_dim_x() as u64 + thread_x() as u64;
     let chunks = p.row_chunks as u64;
@@ -18,12 +19,18 @@ unsafe fn append(p: &CacheAppendParams) {
     }
     let (row, c) = (x / chunks, x % chunks);
     let (b, i) = (row / p.n_new as u64, row % p.n_new as u64);
-    // SAFETY: both length arrays hold `batch` entries (host-checked).
+    // SAFETY: the length arrays hold `batch` entries (host-checked); `lengths_out` is another
+    // array than the `cache_lengths` every chunk reads.
     let (start, count) = unsafe {
-        (
-            *(p.cache_lengths as *const u32).add(b as usize),
-            *(p.new_lengths as *const u32).add(b as usize),
-        )
+        let start = *(p.cache_lengths as *const u32).add(b as usize);
+        let count = match p.new_lengths {
+            0 => p.n_new,
+            counts => *(counts as *const u32).add(b as usize),
+        };
+        if i == 0 && c == 0 {
+            *(p.lengths_out as *mut u32).add(b as usize) = start + count;
+        }
+        (start, count)
     };
     if i >= count as u64 {
         return;

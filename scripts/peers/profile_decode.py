@@ -1,0 +1,35 @@
+"""One PyTorch SDPA call of a decode row of scripts/peers/decode_bench.py under the CUDA profiler
+range (cudaProfilerStart/Stop), after warm-up, for `ncu --profile-from-start off`: the peer's
+kernels of that call and nothing else. scripts/profile-decode.sh runs it.
+usage: profile_decode.py ROW BACKEND   (ROW 1 is the first of ROWS; BACKEND flash or cudnn)
+"""
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
+
+from decode_bench import ROWS
+from sdpa_bench import BACKENDS
+
+
+def main():
+    row, backend = int(sys.argv[1]), sys.argv[2]
+    B, nq, nk, hq, hkv = ROWS[row - 1]
+    d = 128
+    q = torch.randn(B, nq, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(B, nk, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    v = torch.randn_like(k)
+    with sdpa_kernel(BACKENDS[backend]):
+        call = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hkv != hq)
+        for _ in range(10):
+            call()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        call()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
