@@ -87,6 +87,12 @@ impl KeyPages {
         page_shift: 0,
     };
 
+    /// Whether this is the contiguous layout (the identity).
+    #[inline(always)]
+    pub const fn is_contiguous(&self) -> bool {
+        self.table == 0
+    }
+
     /// The tensor row of sequence `b`'s key row `j` (`first`: the sequence's first row in a
     /// contiguous layout).
     ///
@@ -95,7 +101,7 @@ impl KeyPages {
     /// sequence's rows against its pages).
     #[inline(always)]
     pub unsafe fn row(&self, b: u32, first: u64, j: u32) -> u64 {
-        if self.table == 0 {
+        if self.is_contiguous() {
             first + j as u64
         } else {
             let slot = b as usize * self.table_width as usize + (j >> self.page_shift) as usize;

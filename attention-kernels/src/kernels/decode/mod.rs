@@ -14,10 +14,12 @@
 //! bytes: 16 flops per byte, which `mma.sync` sustains far above HBM bandwidth, so every group
 //! size stays bandwidth bound.
 //!
-//! K and V are either contiguous or the page pool of a paged cache: each key's tensor row comes
-//! from `abi::layout::KeyPages` (the identity, or a block-table lookup), translated a tile ahead
-//! into shared memory, so both layouts run the same code and the same arithmetic in the same
-//! order.
+//! K and V are either contiguous or the page pool of a paged cache (`abi::layout::KeyPages`): a
+//! thread's contiguous rows are a fixed stride apart, so their copies take an add each (whole
+//! tiles without predicates); paged rows are translated a tile ahead into shared memory, so that
+//! a block-table lookup never delays the copies. Only the addresses differ: both layouts run the
+//! same arithmetic in the same order. Rescaling the accumulators is skipped on tiles where no
+//! row's maximum moved.
 
 #[cfg(target_arch = "nvptx64")]
 mod combine;

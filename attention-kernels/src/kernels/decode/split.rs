@@ -5,8 +5,8 @@ use crate::abi::layout::KeyPages;
 use crate::abi::params::DecodeParams;
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{
-    block_x, block_y, block_z, exp2, grid_dim_x, log2, shared_base, shared_window, sync_threads,
-    sync_threads_or, thread_x,
+    ballot, block_x, block_y, block_z, exp2, grid_dim_x, log2, shared_base, shared_window,
+    sync_threads, sync_threads_or, thread_x,
 };
 use crate::attn::mask::{
     Exponent, OperandRows, non_finite_part, row_is_empty, sanitize_own_chunks,
@@ -15,6 +15,7 @@ use crate::attn::sequence::Sequence;
 use crate::attn::softmax::{RowState, rescale};
 use crate::tile::SwizzledTile;
 use crate::tile::cp_async::{commit, copy16, wait_all, wait_groups};
+use crate::tile::mem_backward::load_shared_u32;
 use crate::tile::mma::{FragA, FragC, MmaElem};
 
 use super::last_split::{Partials, arrive_last, merge_splits, store4};
@@ -53,6 +54,18 @@ impl KeyRows {
     #[inline(always)]
     fn offset(&self, row: u32) -> u64 {
         2 * ((row as u64 * self.heads_kv as u64 + self.head as u64) * self.head_dim as u64)
+    }
+
+    /// Bytes from one tensor row to the next.
+    #[inline(always)]
+    fn row_bytes(&self) -> u64 {
+        2 * self.heads_kv as u64 * self.head_dim as u64
+    }
+
+    /// Byte offset of the sequence's key `j` in the contiguous layout.
+    #[inline(always)]
+    fn contiguous_offset(&self, j: u32) -> u64 {
+        (self.first_row + j as u64) * self.row_bytes() + 2 * (self.head * self.head_dim) as u64
     }
 
     /// The tensor row of the sequence's key `j`.
@@ -150,11 +163,13 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
         head_dim: d,
     };
     let (k_rows, v_rows) = (kv(p.k), kv(p.v));
-    // Thread `tid < BLOCK_KEYS` translates key `tid` of a tile (0 past the split) a tile
-    // before its copies are issued, so that a block-table lookup never delays them.
+    // Paged: thread `tid < BLOCK_KEYS` translates key `tid` of a tile (0 past the split) a tile
+    // before its copies are issued, so that a block-table lookup never delays them. Contiguous
+    // rows need no translation.
+    let contiguous = p.pages.is_contiguous();
     let tile_row = |tile: u32| {
         let j = k0 + tile * BLOCK_KEYS + tid;
-        if tid < BLOCK_KEYS && j < k1 {
+        if !contiguous && tid < BLOCK_KEYS && j < k1 {
             // SAFETY: j < k1 ≤ k_len.
             unsafe { k_rows.tensor_row(j) }
         } else {
@@ -162,33 +177,70 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
         }
     };
     let set_rows = |tile: u32, row: u32| {
-        if tid < BLOCK_KEYS {
+        if !contiguous && tid < BLOCK_KEYS {
             // SAFETY: inside the two tiles' key rows.
             unsafe { *key_rows.add(((tile & 1) * BLOCK_KEYS + tid) as usize) = row };
         }
     };
-    // K and V of tile `tile` into `stage`, from the rows `set_rows` put in its slot; keys past
-    // the split load as zeros. Chunks are assigned as `ChunkedTile::fill_async` assigns them
-    // (`sanitize_own_chunks` relies on it), consecutive threads on consecutive chunks, in a
-    // loop of constant trip count so that it unrolls.
+    let key_rows_at = shared_window() + rows_offset as u32;
+    // Thread `tid` copies chunk `c` of rows `r0, r0 + row_step, …` of every tile: chunks are
+    // assigned as `ChunkedTile::fill_async` assigns them (`sanitize_own_chunks` relies on it),
+    // consecutive threads on consecutive chunks. The swizzle repeats every 8 rows, so the
+    // thread's shared addresses are a fixed step apart, as are its contiguous rows'.
+    let row_step = const {
+        let step = THREADS / (2 * KD as u32);
+        assert!(step.is_multiple_of(8) && BLOCK_KEYS.is_multiple_of(step));
+        step
+    };
+    let (r0, c) = (tid / chunks, tid % chunks);
+    let shared_step = row_step * chunks * 16;
+    let global_step = row_step as u64 * k_rows.row_bytes();
+    // K and V of tile `tile` into `stage`: contiguous rows from their addresses, paged ones
+    // from the rows `set_rows` put in the tile's slot; keys past the split load as zeros. Loops
+    // of constant trip count, so that they unroll.
     let fill = |tile: u32, stage: u32| {
-        let first = k0 + tile * BLOCK_KEYS;
-        let (kt, vt) = (k_tile(stage), v_tile(stage));
-        for n in 0..BLOCK_KEYS * chunks / THREADS {
-            let i = tid + n * THREADS;
-            let (r, c) = (i / chunks, i % chunks);
-            let valid = first + r < k1;
-            let at = if valid {
-                // SAFETY: inside the slot of `tile`'s rows.
-                let row = unsafe { *key_rows.add(((tile & 1) * BLOCK_KEYS + r) as usize) };
-                k_rows.offset(row) + 16 * c as u64
+        let first = k0 + tile * BLOCK_KEYS + r0;
+        // Rows of the thread's past the split's end are not copied.
+        let room = k1.saturating_sub(first);
+        let (kd, vd) = (
+            k_tile(stage).chunk_addr(r0, c),
+            v_tile(stage).chunk_addr(r0, c),
+        );
+        // SAFETY (all loops): each stage holds BLOCK_KEYS rows; a key below k1 is a row of K
+        // and V.
+        let copy = |n: u32, k: u64, v: u64, valid: bool| unsafe {
+            let (k, v) = if valid {
+                (k, v)
             } else {
-                0
+                (k_rows.base, v_rows.base)
             };
-            // SAFETY: each stage holds BLOCK_KEYS rows; a key below k1 is a row of K and V.
-            unsafe {
-                copy16(kt.chunk_addr(r, c), k_rows.base + at, valid);
-                copy16(vt.chunk_addr(r, c), v_rows.base + at, valid);
+            copy16(kd + n * shared_step, k, valid);
+            copy16(vd + n * shared_step, v, valid);
+        };
+        if contiguous {
+            // The thread's rows below `limit` (a constant for whole tiles, so that their copies
+            // are unconditional).
+            let rows_below = |limit: u32| {
+                let at = k_rows.contiguous_offset(first) + 16 * c as u64;
+                let (mut k, mut v) = (k_rows.base + at, v_rows.base + at);
+                for n in 0..BLOCK_KEYS / row_step {
+                    copy(n, k, v, n * row_step < limit);
+                    k += global_step;
+                    v += global_step;
+                }
+            };
+            if k0 + (tile + 1) * BLOCK_KEYS <= k1 {
+                rows_below(BLOCK_KEYS);
+            } else {
+                rows_below(room);
+            }
+        } else {
+            let slot = key_rows_at + 4 * ((tile & 1) * BLOCK_KEYS + r0);
+            for n in 0..BLOCK_KEYS / row_step {
+                // SAFETY: inside the slot of `tile`'s rows.
+                let row = unsafe { load_shared_u32(slot + 4 * n * row_step) };
+                let at = k_rows.offset(row) + 16 * c as u64;
+                copy(n, k_rows.base + at, v_rows.base + at, n * row_step < room);
             }
         }
     };
@@ -274,7 +326,12 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
             }
         }
         let alpha = state.fold(&mut sc);
-        rescale(&mut o, alpha);
+        // Skipped while no row of the group's has a new maximum (α exactly 1): most tiles
+        // once the maxima settle. Padding rows' accumulators are never read.
+        let moved = (alpha[0] != 1.0 && g < rows) || (alpha[1] != 1.0 && g + 8 < rows);
+        if ballot(moved) != 0 {
+            rescale(&mut o, alpha);
+        }
         let pa = T::pack_a(&sc[0], &sc[1]);
         for dp in 0..KD {
             // SAFETY: keys key0 .. key0 + 16 and chunks 2 dp, 2 dp + 1 are inside the V tile.
