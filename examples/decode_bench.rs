@@ -1,7 +1,7 @@
 //! Decode speed on the rows (bf16, d = 128): one query row per sequence against a long
 //! key cache, plus a chunked prefill (N_q = 512 against 32,768 keys); then the KV caches: one
 //! decode step over a full contiguous `KvCache` and over `PagedKvCache`s of the same rows (page
-//! sizes 16 and 256, pages in shuffled order), the paged/contiguous ratio printed. Pipelined
+//! sizes 16, 64 and 256, pages in shuffled order), the paged/contiguous ratio printed. Pipelined
 //! timing: after warm-up, each sample is `--calls` back-to-back calls (`forward_into`, the
 //! caches' `attend_into`) between two CUDA events (per-call time = sample / calls), so launch
 //! gaps overlap as in a serving loop. Prints the median per-call time and the K/V bytes read per
@@ -11,10 +11,12 @@
 //!
 //! `cargo run --release --example decode_bench -- [--calls 50] [--samples 30] [--warmup 5]
 //! [--kernel auto|decode|sm90|…] [--combine all|merge|parallel|last-split] [--splits 16,32,…]
-//! [--out reports/bench] [--caches-only] [--rows 1,2,…] [--no-caches]`: every decode row and
-//! cache row once per combine of the splits, the decode rows also once per split count of
-//! `--splits` (the plan's without it); `--rows` keeps the decode rows of those numbers (1 is the
-//! first), `--no-caches` leaves the caches out (`scripts/profile-decode.sh` profiles one row).
+//! [--out reports/bench] [--caches-only] [--rows 1,2,…] [--no-caches] [--paged-as-contiguous]`:
+//! every decode row and cache row once per combine of the splits, the decode rows also once per
+//! split count of `--splits` (the plan's without it); `--rows` keeps the decode rows of those
+//! numbers (1 is the first), `--no-caches` leaves the caches out (`scripts/profile-decode.sh`
+//! profiles one row), `--paged-as-contiguous` also times the paged caches at the contiguous
+//! plan's split count.
 
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{
@@ -36,7 +38,7 @@ const ROWS: [(u32, u32, u32, u32, u32); 6] = [
 ];
 /// The caches' rows: (batch, n_k) full sequences, one query row, H = 32/8.
 const CACHE_ROWS: [(u32, u32); 2] = [(1, 32768), (8, 8192)];
-const PAGE_SIZES: [u32; 2] = [16, 256];
+const PAGE_SIZES: [u32; 3] = [16, 64, 256];
 
 struct Timing {
     calls: usize,
@@ -197,17 +199,29 @@ fn cache_rows(
             let base = timed.0;
             let kernel = format!("decode contiguous cache, {combine:?} combine");
             records.push(t.record(&s, &kernel, &plan, timed));
+            // The paged plan's split count, and the contiguous plan's with `--paged-as-contiguous`.
+            let paged_splits: &[Option<u32>] = match flag("--paged-as-contiguous") {
+                true => &[None, Some(plan.grid.0)],
+                false => &[None],
+            };
             for (page_size, paged) in &paged_caches {
-                let attend = || paged.attend_into(gpu, &q, 1, heads_q, &o, &lse, &options);
-                let plan = attend()?;
-                let timed = t.run(gpu, attend)?;
-                let ratio = timed.0 / base;
-                let kernel = format!("decode paged cache, page {page_size}, {combine:?} combine");
-                records.push(t.record(&s, &kernel, &plan, timed));
-                println!(
-                    "  paged (page {page_size}) / contiguous: {ratio:.3} ({} 1.10)",
-                    if ratio <= 1.10 { "within" } else { "PAST" }
-                );
+                for &splits in paged_splits {
+                    let options = options.clone().decode_splits(splits);
+                    let attend = || paged.attend_into(gpu, &q, 1, heads_q, &o, &lse, &options);
+                    let plan = attend()?;
+                    let timed = t.run(gpu, attend)?;
+                    let ratio = timed.0 / base;
+                    let mut kernel =
+                        format!("decode paged cache, page {page_size}, {combine:?} combine");
+                    if splits.is_some() {
+                        kernel += &format!(", {} splits", plan.grid.0);
+                    }
+                    records.push(t.record(&s, &kernel, &plan, timed));
+                    println!(
+                        "  paged (page {page_size}) / contiguous: {ratio:.3} ({} 1.10)",
+                        if ratio <= 1.10 { "within" } else { "PAST" }
+                    );
+                }
             }
         }
     }

@@ -342,9 +342,10 @@ impl PagedKvCache {
         let problem = Problem::new(&shape, self.k.dtype(), &options)?
             .with_device_key_lengths(self.lengths.device_ptr());
         check_tensor("q", q, problem.dtype, shape.q_elems())?;
-        let plan = decode::plan_paged(&DeviceCaps::of(gpu)?, &problem).map_err(|why| {
-            invalid!("a paged cache is attended by the decode family, which {why}")
-        })?;
+        let plan = decode::plan_paged(&DeviceCaps::of(gpu)?, &problem, self.layout.page_size)
+            .map_err(|why| {
+                invalid!("a paged cache is attended by the decode family, which {why}")
+            })?;
         Ok((problem, plan))
     }
 

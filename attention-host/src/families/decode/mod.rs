@@ -6,5 +6,5 @@ mod plan;
 
 pub use attention_kernels::kernels::decode::DecodeConfig;
 pub(crate) use launch::launch_forward;
-pub use plan::{blocks_per_sm, choose_splits, wave_blocks_per_sm};
+pub use plan::{PAGE_ROWS_FOR_ONE_WAVE, blocks_per_sm, choose_splits, wave_blocks_per_sm};
 pub(crate) use plan::{plan, plan_paged};

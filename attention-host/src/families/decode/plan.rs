@@ -78,14 +78,25 @@ pub(crate) fn plan(
     )
 }
 
-/// The plan over a paged cache's pages: a wave fills every block slot (`blocks_per_sm`), since
-/// each tile's block-table lookups stall a lone block per SM (run plan: page 16 at 0.81× the
-/// contiguous cache with one block per SM, `reports/PERF_LOG_DECODE.md`).
+/// Pages of at least this many rows (four tiles) run the contiguous plan's wave; smaller ones
+/// fill every block slot.
+pub const PAGE_ROWS_FOR_ONE_WAVE: u32 = 4 * BLOCK_KEYS;
+
+/// The plan over a paged cache of `page_size` rows per page. Small pages fill every block slot
+/// (`blocks_per_sm`): with one block per SM, page 16 ran at 1.21× the contiguous cache, with two
+/// at 1.09× (run split-paged, `reports/PERF_LOG_DECODE.md`). Pages of
+/// [`PAGE_ROWS_FOR_ONE_WAVE`] rows or more take the contiguous plan's wave (page 256: 1.01×
+/// there, against 1.04× with two blocks per SM).
 pub(crate) fn plan_paged(
     device: &DeviceCaps,
     problem: &Problem,
+    page_size: u32,
 ) -> std::result::Result<Plan, String> {
-    let per_sm = blocks_per_sm(device, problem.shape.head_dim);
+    let d = problem.shape.head_dim;
+    let per_sm = match page_size >= PAGE_ROWS_FOR_ONE_WAVE {
+        true => wave_blocks_per_sm(device, d),
+        false => blocks_per_sm(device, d),
+    };
     plan_keys(device, problem, Direction::Forward, per_sm)
 }
 
@@ -281,14 +292,17 @@ mod tests {
         );
         assert_eq!(p.entry, "flash_decode_mma_bf16_d128");
         assert_eq!(p.grid, (16, 8, 1));
-        // Over a paged cache the wave fills both d = 128 slots of each SM.
+        // Over a paged cache of small pages the wave fills both d = 128 slots of each SM; pages
+        // of four tiles or more run the contiguous plan's.
         let problem = Problem::new(
             &shape(1, 1, 32768, 32, 8),
             DType::Bf16,
             &FlashOptions::default(),
         )
         .unwrap();
-        assert_eq!(plan_paged(&h200, &problem).unwrap().grid, (32, 8, 1));
+        assert_eq!(plan_paged(&h200, &problem, 16).unwrap().grid, (32, 8, 1));
+        assert_eq!(plan_paged(&h200, &problem, 128).unwrap().grid, (32, 8, 1));
+        assert_eq!(plan_paged(&h200, &problem, 256).unwrap().grid, p.grid);
         assert_eq!((p.block_rows, p.shared_bytes), (16, shared_bytes(128)));
         // The partials, and a counter per (sequence, K/V head) rounded up to the alignment.
         assert_eq!(
