@@ -1,6 +1,7 @@
 //! The contiguous KV cache (`flash_attn::KvCache`): ragged prefill appends (one sequence empty),
 //! token-by-token decode steps with ragged appends, a 4-row speculative step (causal, bottom-right
-//! to each sequence's length), each step's attention against the f64 reference over the same
+//! to each sequence's length) whose rows are then partly dropped (`truncate`) and overwritten by
+//! the next append, each step's attention against the f64 reference over the same
 //! cached rows, the cache's rows bit for bit against a host mirror, and an append past the
 //! capacity refused with the cache unchanged. bf16 and f16, d = 128, GQA 4.
 //!
@@ -135,6 +136,19 @@ fn kv_cache_appends_and_attends_like_the_reference() {
         append(&gpu, &mut cache, &mut m, &mut rng, dtype, 4, &[4, 4, 4]);
         attend(&gpu, &cache, &m, &mut rng, dtype, 4, true);
         attend(&gpu, &cache, &m, &mut rng, dtype, 4, false);
+        // Some of the step's rows rejected: the cache cut back, then the next token appended
+        // over the dropped rows.
+        let kept = [m.lengths[0] - 2, m.lengths[1], m.lengths[2] - 4];
+        cache.truncate(&kept).unwrap();
+        m.lengths = kept.to_vec();
+        assert_eq!(cache.device_lengths().unwrap(), m.lengths);
+        attend(&gpu, &cache, &m, &mut rng, dtype, 1, true);
+        append(&gpu, &mut cache, &mut m, &mut rng, dtype, 1, &[1, 1, 1]);
+        attend(&gpu, &cache, &m, &mut rng, dtype, 1, true);
+        let grow = [m.lengths[0] + 1, m.lengths[1], m.lengths[2]];
+        let e = cache.truncate(&grow).unwrap_err().to_string();
+        assert!(e.contains("truncate only drops rows"), "{e}");
+        assert_eq!(cache.lengths(), &m.lengths[..]);
         // The cache holds exactly the appended rows (bit for bit, after the dtype's rounding).
         let (k, v) = cache.tensors();
         let row = (HEADS_KV * D) as usize;

@@ -387,6 +387,12 @@ fn paged_cache_refuses_bad_tables_appends_and_calls_before_launch() {
     assert!(e.contains("must not set lengths"), "{e}");
     let e = attend(&q(1, 4), 1, 8, FlashOptions::default());
     assert!(e.contains("q must be bf16 with 1024 elements"), "{e}");
+    // A rejected row dropped (the pages stay); growing is refused.
+    cache.truncate(&[16, 16]).unwrap();
+    assert_eq!(cache.device_lengths().unwrap(), [16, 16]);
+    let e = err(cache.truncate(&[17, 16]));
+    assert!(e.contains("sequence 0 holds 16 rows, it cannot keep 17"), "{e}");
+    assert_eq!(cache.free_pages(), 2);
     // A finished sequence gives its pages back.
     cache.release(0).unwrap();
     assert_eq!((cache.lengths(), cache.free_pages()), (&[0, 16][..], 4));

@@ -67,8 +67,14 @@ impl SeqLens {
     pub(crate) fn clear(&mut self, b: usize) -> Result<()> {
         let mut host = self.host.clone();
         host[b] = 0;
-        self.device[self.current] = DeviceArray::from_slice(&host)?;
-        self.host = host;
+        self.set(host)
+    }
+
+    /// Makes `lengths` (checked by the caller) the lengths on both sides (an upload, in stream
+    /// order after the queued work).
+    pub(crate) fn set(&mut self, lengths: Vec<u32>) -> Result<()> {
+        self.device[self.current] = DeviceArray::from_slice(&lengths)?;
+        self.host = lengths;
         Ok(())
     }
 }
