@@ -66,26 +66,6 @@ pub(crate) fn grown_lengths(
         .collect()
 }
 
-/// `lengths` cut back to `kept` (the rows of a speculative step that were accepted), or why not:
-/// one entry per sequence, none longer than the sequence is.
-pub(crate) fn kept_lengths(lengths: &[u32], kept: &[u32]) -> Result<Vec<u32>> {
-    if kept.len() != lengths.len() {
-        return Err(invalid!(
-            "{} lengths to keep, the cache holds {} sequences",
-            kept.len(),
-            lengths.len()
-        ));
-    }
-    for (b, (&len, &keep)) in lengths.iter().zip(kept).enumerate() {
-        if keep > len {
-            return Err(invalid!(
-                "sequence {b} holds {len} rows, it cannot keep {keep} (truncate only drops rows)"
-            ));
-        }
-    }
-    Ok(kept.to_vec())
-}
-
 /// A cache's K and V and the layout of their rows.
 pub(crate) struct Destination<'a> {
     pub k: &'a DeviceTensor,
@@ -204,18 +184,6 @@ mod tests {
             e.contains("sequence 1: 0 cached + 2 new rows pass the rows its pages hold: 1"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn truncation_only_drops_rows() {
-        assert_eq!(kept_lengths(&[5, 9, 0], &[5, 2, 0]).unwrap(), [5, 2, 0]);
-        let e = kept_lengths(&[5, 9], &[6, 2]).unwrap_err().to_string();
-        assert!(
-            e.contains("sequence 0 holds 5 rows, it cannot keep 6"),
-            "{e}"
-        );
-        let e = kept_lengths(&[5, 9], &[5]).unwrap_err().to_string();
-        assert!(e.contains("1 lengths to keep, the cache holds 2"), "{e}");
     }
 
     #[test]

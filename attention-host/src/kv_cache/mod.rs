@@ -25,7 +25,7 @@ use crate::options::{Lengths, checked_elems};
 use crate::plan::Plan;
 use crate::runtime::Gpu;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
-use append::{Destination, check_geometry, grown_lengths, kept_lengths};
+use append::{Destination, check_geometry, grown_lengths};
 use seq_lens::SeqLens;
 
 /// A contiguous cache: K and V caches of `batch` sequences of at most `capacity` rows each
@@ -156,8 +156,7 @@ impl KvCache {
     /// rows dropped); refused, nothing changed, when a sequence would grow. Rows past the
     /// new lengths are masked keys until appends overwrite them.
     pub fn truncate(&mut self, kept: &[u32]) -> Result<()> {
-        let kept = kept_lengths(self.lengths.host(), kept)?;
-        self.lengths.set(kept)
+        self.lengths.truncate(kept)
     }
 
     /// O and LSE of `q` (`[batch, n_q, heads_q, head_dim]`) over each sequence's cached rows (the

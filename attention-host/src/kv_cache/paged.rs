@@ -12,7 +12,7 @@ use attention_kernels::abi::layout::KeyPages;
 use attention_kernels::abi::shape::AttentionShape;
 use attention_kernels::kernels::decode::HEAD_DIMS;
 
-use super::append::{self, Destination, check_geometry, grown_lengths, kept_lengths};
+use super::append::{self, Destination, check_geometry, grown_lengths};
 use super::block_table::{BlockTable, UNASSIGNED};
 use super::seq_lens::SeqLens;
 use super::with_cache_lengths;
@@ -276,11 +276,11 @@ impl PagedKvCache {
     }
 
     /// Cuts each sequence `b` back to its first `kept[b]` rows (a speculative step's rejected
-    /// rows dropped); refused, nothing changed, when a sequence would grow. Its pages stay in its block table row ([`Self::release`] frees them). Rows past the
-    /// new lengths are masked keys until appends overwrite them.
+    /// rows dropped); refused, nothing changed, when a sequence would grow. Its pages stay in
+    /// its block table row ([`Self::release`] frees them). Rows past the new lengths are masked
+    /// keys until appends overwrite them.
     pub fn truncate(&mut self, kept: &[u32]) -> Result<()> {
-        let kept = kept_lengths(self.lengths.host(), kept)?;
-        self.lengths.set(kept)
+        self.lengths.truncate(kept)
     }
 
     /// O and LSE of `q` (`[sequences, n_q, heads_q, head_dim]`) over each sequence's rows (the

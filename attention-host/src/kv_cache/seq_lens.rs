@@ -5,7 +5,7 @@
 //! for the device; the two arrays alternate because every chunk of an append reads the lengths
 //! before it while the items' first chunks write the new ones.
 
-use crate::error::Result;
+use crate::error::{Result, invalid};
 use crate::runtime::buffer::DeviceArray;
 
 pub(crate) struct SeqLens {
@@ -70,11 +70,55 @@ impl SeqLens {
         self.set(host)
     }
 
+    /// Cuts each sequence `b` back to its first `kept[b]` rows on both sides; refused, nothing
+    /// changed, when a sequence would grow.
+    pub(crate) fn truncate(&mut self, kept: &[u32]) -> Result<()> {
+        let kept = kept_lengths(&self.host, kept)?;
+        self.set(kept)
+    }
+
     /// Makes `lengths` (checked by the caller) the lengths on both sides (an upload, in stream
     /// order after the queued work).
     pub(crate) fn set(&mut self, lengths: Vec<u32>) -> Result<()> {
         self.device[self.current] = DeviceArray::from_slice(&lengths)?;
         self.host = lengths;
         Ok(())
+    }
+}
+
+/// `lengths` cut back to `kept` (the rows of a speculative step that were accepted), or why not:
+/// one entry per sequence, none longer than the sequence is.
+fn kept_lengths(lengths: &[u32], kept: &[u32]) -> Result<Vec<u32>> {
+    if kept.len() != lengths.len() {
+        return Err(invalid!(
+            "{} lengths to keep, the cache holds {} sequences",
+            kept.len(),
+            lengths.len()
+        ));
+    }
+    for (b, (&len, &keep)) in lengths.iter().zip(kept).enumerate() {
+        if keep > len {
+            return Err(invalid!(
+                "sequence {b} holds {len} rows, it cannot keep {keep} (truncate only drops rows)"
+            ));
+        }
+    }
+    Ok(kept.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_only_drops_rows() {
+        assert_eq!(kept_lengths(&[5, 9, 0], &[5, 2, 0]).unwrap(), [5, 2, 0]);
+        let e = kept_lengths(&[5, 9], &[6, 2]).unwrap_err().to_string();
+        assert!(
+            e.contains("sequence 0 holds 5 rows, it cannot keep 6"),
+            "{e}"
+        );
+        let e = kept_lengths(&[5, 9], &[5]).unwrap_err().to_string();
+        assert!(e.contains("1 lengths to keep, the cache holds 2"), "{e}");
     }
 }
