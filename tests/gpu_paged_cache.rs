@@ -391,7 +391,10 @@ fn paged_cache_refuses_bad_tables_appends_and_calls_before_launch() {
     cache.truncate(&[16, 16]).unwrap();
     assert_eq!(cache.device_lengths().unwrap(), [16, 16]);
     let e = err(cache.truncate(&[17, 16]));
-    assert!(e.contains("sequence 0 holds 16 rows, it cannot keep 17"), "{e}");
+    assert!(
+        e.contains("sequence 0 holds 16 rows, it cannot keep 17"),
+        "{e}"
+    );
     assert_eq!(cache.free_pages(), 2);
     // A finished sequence gives its pages back.
     cache.release(0).unwrap();
