@@ -63,47 +63,12 @@ pub fn forward(
     v: &DeviceTensor,
     options: &FlashOptions,
 ) -> Result<ForwardOutput> {
-    forward_keyed(gpu, shape, [q, k, v], options, None)
+    forward_with_lengths(gpu, shape, [q, k, v], options, None)
 }
 
-/// As [`forward`] over a KV cache whose key lengths (equal to `options`' `KeyLengths`) the device
-/// holds at `key_lengths`: the kernels read them there instead of an upload of them.
-pub(crate) fn cache_forward(
-    gpu: &Gpu,
-    shape: &AttentionShape,
-    [q, k, v]: [&DeviceTensor; 3],
-    options: &FlashOptions,
-    key_lengths: u64,
-) -> Result<ForwardOutput> {
-    forward_keyed(gpu, shape, [q, k, v], options, Some(key_lengths))
-}
-
-/// As [`forward_into`] over a KV cache, as [`cache_forward`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn cache_forward_into(
-    gpu: &Gpu,
-    shape: &AttentionShape,
-    [q, k, v]: [&DeviceTensor; 3],
-    o: &DeviceTensor,
-    lse: &DeviceF32,
-    options: &FlashOptions,
-    key_lengths: u64,
-) -> Result<Plan> {
-    forward_into_tiles(
-        gpu,
-        shape,
-        None,
-        q,
-        k,
-        v,
-        o,
-        lse,
-        options,
-        Some(key_lengths),
-    )
-}
-
-fn forward_keyed(
+/// As [`forward`]; with `device_key_lengths` (a KV cache's, equal to `options`' `KeyLengths`),
+/// the kernels read the key lengths there instead of an upload of them.
+pub(crate) fn forward_with_lengths(
     gpu: &Gpu,
     shape: &AttentionShape,
     [q, k, v]: [&DeviceTensor; 3],
@@ -164,8 +129,10 @@ pub fn forward_variant_into(
     forward_into_tiles(gpu, shape, Some(tiles), q, k, v, o, lse, options, None)
 }
 
+/// As [`forward_into`], on `tiles` if given, with key lengths as [`forward_with_lengths`] takes
+/// them.
 #[allow(clippy::too_many_arguments)]
-fn forward_into_tiles(
+pub(crate) fn forward_into_tiles(
     gpu: &Gpu,
     shape: &AttentionShape,
     tiles: Option<Tiles>,

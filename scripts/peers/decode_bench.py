@@ -21,6 +21,13 @@ ROWS = [(1, 1, 32768, 32, 8), (1, 1, 131072, 32, 8), (8, 1, 8192, 32, 8), (64, 1
 COPY_BYTES = (2 * 32768 * 8 * 128 * 2, 1 << 30)
 
 
+def inputs(B, nq, nk, hq, hkv, d=128):
+    """Fresh random Q, K, V of a row: layout [B, N, H, d] like ours, viewed as [B, H, N, d]."""
+    q = torch.randn(B, nq, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(B, nk, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    return q, k, torch.randn_like(k)
+
+
 def copies(args):
     """The copy bandwidth of each size in COPY_BYTES: read + written bytes per second."""
     out = []
@@ -49,11 +56,8 @@ def main():
     rows = []
     for (B, nq, nk, hq, hkv) in ROWS:
         d = 128
-        # Layout [B, N, H, d] like ours, viewed as [B, H, N, d]; causal is bottom-right for N_q < N_k
-        # in ours, so these rows (no mask) compare like for like.
-        q = torch.randn(B, nq, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-        k = torch.randn(B, nk, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-        v = torch.randn_like(k)
+        # Causal is bottom-right for N_q < N_k in ours, so these rows (no mask) compare like for like.
+        q, k, v = inputs(B, nq, nk, hq, hkv, d)
         kv_bytes = 2 * B * nk * hkv * d * 2
         for name in PEERS:
             try:

@@ -9,17 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from decode_bench import ROWS
+from decode_bench import ROWS, inputs
 from sdpa_bench import BACKENDS
 
 
 def main():
     row, backend = int(sys.argv[1]), sys.argv[2]
     B, nq, nk, hq, hkv = ROWS[row - 1]
-    d = 128
-    q = torch.randn(B, nq, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    k = torch.randn(B, nk, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    v = torch.randn_like(k)
+    q, k, v = inputs(B, nq, nk, hq, hkv)
     with sdpa_kernel(BACKENDS[backend]):
         call = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hkv != hq)
         for _ in range(10):

@@ -75,13 +75,15 @@ pub(crate) struct Destination<'a> {
     /// Rows per sequence of the contiguous layout (unused when paged).
     pub capacity: u32,
     pub pages: KeyPages,
+    /// The rows sequence `b` may hold, and what bounds them (for the refusal).
+    pub room: &'a dyn Fn(usize) -> u32,
+    pub room_name: &'a str,
 }
 
-/// Checks `k_new`, `v_new` (`[sequences, n_new, heads_kv, head_dim]`, the cache's dtype), queues
-/// the copy of item `b`'s first `new_lengths[b]` rows to its rows `lengths[b] ..` and records the
-/// lengths `after` it. The caller checked `after` against each sequence's room. Uploads
-/// `new_lengths` only when they differ between sequences.
-#[allow(clippy::too_many_arguments)]
+/// Checks the lengths after the append against each sequence's room and `k_new`, `v_new`
+/// (`[sequences, n_new, heads_kv, head_dim]`, the cache's dtype), queues the copy of item `b`'s
+/// first `new_lengths[b]` rows to its rows `lengths[b] ..` and records the lengths after it.
+/// Uploads `new_lengths` only when they differ between sequences.
 pub(crate) fn append(
     gpu: &Gpu,
     to: &Destination,
@@ -90,8 +92,8 @@ pub(crate) fn append(
     n_new: u32,
     lengths: &mut SeqLens,
     new_lengths: &[u32],
-    after: Vec<u32>,
 ) -> Result<()> {
+    let after = grown_lengths(lengths.host(), new_lengths, n_new, to.room, to.room_name)?;
     let batch = lengths.host().len() as u32;
     let elems = checked_elems("the new rows", &[batch, n_new, to.heads_kv, to.head_dim])?;
     for (name, t) in [("k_new", k_new), ("v_new", v_new)] {

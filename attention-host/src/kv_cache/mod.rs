@@ -17,7 +17,7 @@ pub use paged::{PagedKvCache, PagedLayout};
 use attention_kernels::abi::layout::KeyPages;
 use attention_kernels::abi::shape::AttentionShape;
 
-use crate::attention::{ForwardOutput, cache_forward, cache_forward_into};
+use crate::attention::{ForwardOutput, forward_into_tiles, forward_with_lengths};
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
 use crate::flash_options::FlashOptions;
@@ -25,7 +25,7 @@ use crate::options::{Lengths, checked_elems};
 use crate::plan::Plan;
 use crate::runtime::Gpu;
 use crate::runtime::buffer::{DeviceF32, DeviceTensor};
-use append::{Destination, check_geometry, grown_lengths};
+use append::{Destination, check_geometry};
 use seq_lens::SeqLens;
 
 /// A contiguous cache: K and V caches of `batch` sequences of at most `capacity` rows each
@@ -125,13 +125,6 @@ impl KvCache {
         new_lengths: &[u32],
     ) -> Result<()> {
         let capacity = self.capacity;
-        let after = grown_lengths(
-            self.lengths.host(),
-            new_lengths,
-            n_new,
-            |_| capacity,
-            "the capacity",
-        )?;
         let to = Destination {
             k: &self.k,
             v: &self.v,
@@ -139,6 +132,8 @@ impl KvCache {
             head_dim: self.head_dim,
             capacity,
             pages: KeyPages::CONTIGUOUS,
+            room: &|_| capacity,
+            room_name: "the capacity",
         };
         append::append(
             gpu,
@@ -148,7 +143,6 @@ impl KvCache {
             n_new,
             &mut self.lengths,
             new_lengths,
-            after,
         )
     }
 
@@ -172,8 +166,8 @@ impl KvCache {
         options: &FlashOptions,
     ) -> Result<ForwardOutput> {
         let options = with_cache_lengths(options, self.lengths.host())?;
-        let (qkv, lengths) = ([q, &self.k, &self.v], self.lengths.device_ptr());
-        cache_forward(gpu, &self.shape(n_q, heads_q), qkv, &options, lengths)
+        let (qkv, lengths) = ([q, &self.k, &self.v], Some(self.lengths.device_ptr()));
+        forward_with_lengths(gpu, &self.shape(n_q, heads_q), qkv, &options, lengths)
     }
 
     /// As [`Self::attend`], into `o` (`q`'s layout and dtype) and `lse` (f32 `[batch, heads_q,
@@ -190,16 +184,9 @@ impl KvCache {
         options: &FlashOptions,
     ) -> Result<Plan> {
         let options = with_cache_lengths(options, self.lengths.host())?;
-        let (qkv, lengths) = ([q, &self.k, &self.v], self.lengths.device_ptr());
-        cache_forward_into(
-            gpu,
-            &self.shape(n_q, heads_q),
-            qkv,
-            o,
-            lse,
-            &options,
-            lengths,
-        )
+        let (shape, lengths) = (self.shape(n_q, heads_q), Some(self.lengths.device_ptr()));
+        let (k, v) = (&self.k, &self.v);
+        forward_into_tiles(gpu, &shape, None, q, k, v, o, lse, &options, lengths)
     }
 
     /// The shape of attention of `n_q` rows of `heads_q` heads over the cache.

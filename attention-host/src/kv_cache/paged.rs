@@ -5,14 +5,14 @@
 //!
 //! The table lives on the host, where every change is checked ([`BlockTable`]), and is uploaded
 //! after each change; the kernels read that device copy and trust it, since nothing else writes
-//! it (the sequences' lengths likewise, `seq_lens`). Appends and attention run the contiguous cache's kernels with the block table as their
-//! row translation (`KeyPages`).
+//! it (the sequences' lengths likewise, `seq_lens`). Appends and attention run the contiguous
+//! cache's kernels with the block table as their row translation (`KeyPages`).
 
 use attention_kernels::abi::layout::KeyPages;
 use attention_kernels::abi::shape::AttentionShape;
 use attention_kernels::kernels::decode::HEAD_DIMS;
 
-use super::append::{self, Destination, check_geometry, grown_lengths};
+use super::append::{self, Destination, check_geometry};
 use super::block_table::{BlockTable, UNASSIGNED};
 use super::seq_lens::SeqLens;
 use super::with_cache_lengths;
@@ -164,11 +164,6 @@ impl PagedKvCache {
         self.table.entries()
     }
 
-    /// The rows sequence `b` may hold: its pages before its first unassigned slot.
-    fn room(&self, b: usize) -> u32 {
-        self.table.held(b) * self.layout.page_size
-    }
-
     /// Pool pages in no slot.
     pub fn free_pages(&self) -> u32 {
         self.table.free_pages().len() as u32
@@ -248,13 +243,8 @@ impl PagedKvCache {
         n_new: u32,
         new_lengths: &[u32],
     ) -> Result<()> {
-        let after = grown_lengths(
-            self.lengths.host(),
-            new_lengths,
-            n_new,
-            |b| self.room(b),
-            "the rows its pages hold",
-        )?;
+        // A sequence may hold the rows of its pages before its first unassigned slot.
+        let (table, page_size) = (&self.table, self.layout.page_size);
         let to = Destination {
             k: &self.k,
             v: &self.v,
@@ -262,6 +252,8 @@ impl PagedKvCache {
             head_dim: self.layout.head_dim,
             capacity: self.capacity(),
             pages: self.key_pages(),
+            room: &|b| table.held(b) * page_size,
+            room_name: "the rows its pages hold",
         };
         append::append(
             gpu,
@@ -271,7 +263,6 @@ impl PagedKvCache {
             n_new,
             &mut self.lengths,
             new_lengths,
-            after,
         )
     }
 
