@@ -11,12 +11,13 @@
 //!
 //! `cargo run --release --example decode_bench -- [--calls 50] [--samples 30] [--warmup 5]
 //! [--kernel auto|decode|sm90|…] [--combine all|merge|parallel|last-split] [--splits 16,32,…]
-//! [--out reports/bench] [--caches-only] [--rows 1,2,…] [--no-caches] [--paged-as-contiguous]`:
-//! every decode row and cache row once per combine of the splits, the decode rows also once per
-//! split count of `--splits` (the plan's without it); `--rows` keeps the decode rows of those
-//! numbers (1 is the first), `--no-caches` leaves the caches out (`scripts/profile-decode.sh`
-//! profiles one row), `--paged-as-contiguous` also times the paged caches at the contiguous
-//! plan's split count.
+//! [--out reports/bench] [--caches-only] [--rows 1,2,…] [--shapes B,Nq,Nk,Hq,Hkv;…] [--no-caches]
+//! [--paged-as-contiguous]`: every decode row and cache row once per combine of the splits, the
+//! decode rows also once per split count of `--splits` (the plan's without it); `--rows` keeps
+//! the decode rows of those numbers (1 is the first), `--shapes` times these shapes instead
+//! (d = 128, no mask; to place a row among its neighbours), `--no-caches` leaves the caches out
+//! (`scripts/profile-decode.sh` profiles one row), `--paged-as-contiguous` also times the paged
+//! caches at the contiguous plan's split count.
 
 use flash_attn::timing::{median, time_calls};
 use flash_attn::{
@@ -28,7 +29,8 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
 /// (batch, n_q, n_k, heads_q, heads_kv).
-const ROWS: [(u32, u32, u32, u32, u32); 6] = [
+type Row = (u32, u32, u32, u32, u32);
+const ROWS: [Row; 6] = [
     (1, 1, 32768, 32, 8),
     (1, 1, 131072, 32, 8),
     (8, 1, 8192, 32, 8),
@@ -113,10 +115,10 @@ fn tensor_rows(
     options: &FlashOptions,
     combines: &[DecodeCombine],
     splits: &[Option<u32>],
-    rows: &[usize],
+    rows: &[Row],
 ) -> flash_attn::Result<Vec<String>> {
     let mut records = vec![];
-    for &(batch, n_q, n_k, heads_q, heads_kv) in rows.iter().map(|r| &ROWS[r - 1]) {
+    for &(batch, n_q, n_k, heads_q, heads_kv) in rows {
         let s = AttentionShape::new(batch, n_q, n_k, heads_q, heads_kv, 128);
         let (q, k, v) = (
             fill(s.q_elems(), 1)?,
@@ -228,6 +230,19 @@ fn cache_rows(
     Ok(records)
 }
 
+/// `B,Nq,Nk,Hq,Hkv` of `--shapes`.
+fn parse_shape(text: &str) -> Row {
+    let n: Vec<u32> = text
+        .split(',')
+        .map(|n| n.trim().parse().ok().filter(|&n| n > 0))
+        .collect::<Option<_>>()
+        .unwrap_or_else(|| panic!("--shapes: positive B,Nq,Nk,Hq,Hkv, got {text:?}"));
+    match n[..] {
+        [b, nq, nk, hq, hkv] => (b, nq, nk, hq, hkv),
+        _ => panic!("--shapes: five numbers B,Nq,Nk,Hq,Hkv, got {text:?}"),
+    }
+}
+
 fn main() -> flash_attn::Result<()> {
     let t = Timing {
         calls: arg("--calls", 50usize),
@@ -253,18 +268,24 @@ fn main() -> flash_attn::Result<()> {
             .map(|n| Some(n.trim().parse().expect("--splits: comma-separated counts")))
             .collect(),
     };
-    let rows: Vec<usize> = match arg("--rows", String::new()).as_str() {
-        "" => (1..=ROWS.len()).collect(),
-        list => list
+    let rows: Vec<Row> = match (
+        arg("--rows", String::new()).as_str(),
+        arg("--shapes", String::new()).as_str(),
+    ) {
+        ("", "") => ROWS.to_vec(),
+        (list, "") => list
             .split(',')
             .map(|r| {
                 r.trim()
-                    .parse()
+                    .parse::<usize>()
                     .ok()
                     .filter(|r| (1..=ROWS.len()).contains(r))
+                    .map(|r| ROWS[r - 1])
                     .unwrap_or_else(|| panic!("--rows: numbers 1 to {}, got {r:?}", ROWS.len()))
             })
             .collect(),
+        ("", list) => list.split(';').map(parse_shape).collect(),
+        _ => panic!("--rows and --shapes: give one of them"),
     };
     let out_dir = arg("--out", "reports/bench".to_owned());
     let gpu = flash_attn::gpu()?;

@@ -53,6 +53,8 @@ for t in ${TESTS:-gpu_variants gpu_matrix gpu_non_finite gpu_stream_api gpu_many
   fi
 done
 wait
+# No sanitizer runs (SANITIZE=" "): no logs, nothing to check.
+shopt -s nullglob
 for log in "$logs"/*check-*/sanitizer-*.log; do
   note "$(basename "$log" .log): $(grep -a -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1); $(grep -a -c '^ok ' "$log") cases ok; $(tail -1 "$log")"
   [ "$(grep -a -c 'exit status 0 ' "$log")" = 1 ] || passed=0
