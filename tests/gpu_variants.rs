@@ -12,8 +12,8 @@
 use attention_kernels::kernels::{sm80, sm90};
 use flash_attn::reference::{backward_f32, forward_f32};
 use flash_attn::{
-    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor, FlashOptions,
-    GradientBuffers, Tiles, Workspace,
+    AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceF32, DeviceTensor, Family,
+    FlashOptions, GradientBuffers, KernelChoice, Tiles, Workspace,
 };
 use flash_attn_testkit::testing::{fresh_seed, gpu_or_skip, lse_err, rel_err, skip};
 use rand::rngs::StdRng;
@@ -225,6 +225,84 @@ fn long_d64_plain_forwards_run_the_warp_specialized_tiles_and_match_the_referenc
                 ("lse", lse_err(&lse.to_vec().unwrap(), &want.lse)),
             ];
             judge(&mut failures, dtype, format!("{} {s:?}", plan.entry), &errs);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Scales other than 1/√d, zero and negative among them, on every forward family the plan can
+/// run them on: the `wgmma` forward folds a positive scale into the exponent's `fma` (the raw
+/// scores' maximum, scaled, is the scaled scores'), any other one is applied first; both must
+/// match the reference, with and without the causal mask and a window.
+#[test]
+fn every_forward_family_takes_any_finite_scale() {
+    let test = "every_forward_family_takes_any_finite_scale";
+    let Some(gpu) = gpu_or_skip(test) else {
+        return;
+    };
+    let mut families = vec![Family::Sm80, Family::Decode];
+    if gpu.has_wgmma() {
+        families.push(Family::Sm90);
+    } else {
+        skip(
+            test,
+            &format!(
+                "{} loads no sm_90a module: sm90 untested",
+                gpu.device_name()
+            ),
+        );
+    }
+    let mut rng = StdRng::seed_from_u64(fresh_seed(test));
+    let mut failures = Vec::new();
+    let dtype = DType::Bf16;
+    for family in families {
+        // Decode takes few query rows per K/V head; the others a block of rows and more.
+        let shapes = if family == Family::Decode {
+            vec![AttentionShape::new(2, 1, 700, 8, 2, 128)]
+        } else {
+            vec![
+                AttentionShape::new(1, 300, 333, 2, 1, 128),
+                AttentionShape::new(2, 200, 250, 2, 2, 64),
+            ]
+        };
+        for s in shapes {
+            let (q, k, v) = (
+                draw(&mut rng, dtype, s.q_elems(), 2.0),
+                draw(&mut rng, dtype, s.k_elems(), 2.0),
+                draw(&mut rng, dtype, s.v_elems(), 1.0),
+            );
+            let up = |x: &[f32]| DeviceTensor::from_f32(dtype, x).unwrap();
+            let (dq, dk, dv) = (up(&q), up(&k), up(&v));
+            for scale in [0.0, -0.2, 0.05, 0.4] {
+                // Decode takes no window.
+                let masks: &[(bool, Option<(u32, u32)>)] = if family == Family::Decode {
+                    &[(false, None), (true, None)]
+                } else {
+                    &[(false, None), (true, None), (false, Some((90, 40)))]
+                };
+                for &(causal, window) in masks {
+                    let mut a = AttentionOptions::new().scale(scale).causal(causal);
+                    if let Some((left, right)) = window {
+                        a = a.window(left, right);
+                    }
+                    let want = forward_f32(&s, &q, &k, &v, &a).unwrap();
+                    let o = DeviceTensor::poisoned(dtype, s.o_elems()).unwrap();
+                    let lse = DeviceF32::poisoned(s.row_elems()).unwrap();
+                    let opts = FlashOptions::new(a).kernel(KernelChoice::Only(family));
+                    let plan =
+                        flash_attn::forward_into(&gpu, &s, &dq, &dk, &dv, &o, &lse, &opts).unwrap();
+                    gpu.synchronize().unwrap();
+                    let errs = [
+                        ("o", rel_err(&o.to_f32().unwrap(), &want.o)),
+                        ("lse", lse_err(&lse.to_vec().unwrap(), &want.lse)),
+                    ];
+                    let case = format!(
+                        "{} scale {scale} causal {causal} window {window:?} {s:?}",
+                        plan.entry
+                    );
+                    judge(&mut failures, dtype, case, &errs);
+                }
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

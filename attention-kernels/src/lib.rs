@@ -7,7 +7,7 @@
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
+    feature(abi_ptx, asm_experimental_arch, core_float_math, stdarch_nvptx)
 )]
 
 // The host build links std for `exp`/`ln` (core has neither); the device build never does.

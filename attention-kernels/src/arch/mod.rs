@@ -195,6 +195,12 @@ pub fn log2(x: f32) -> f32 {
     r
 }
 
+/// `a · b + c` rounded once (`fma.rn`); LLVM folds `b = 1` to an addition.
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    core::f32::math::mul_add(a, b, c)
+}
+
 /// `2^x` (hardware `ex2`, flushes subnormals; `2^-∞ = 0`).
 #[inline(always)]
 pub fn exp2(x: f32) -> f32 {

@@ -68,9 +68,16 @@ impl RowKeys {
 
     /// Raw scores `sc` of keys `k0 .. k0 + 8·NK` (lane columns `k0 + 8j + 2t + c`) to base-2
     /// scores: times `τ · log2 e`, modified (softcap, ALiBi), and `−∞` at keys the row may not
-    /// see. Blocks every row sees whole skip the mask.
+    /// see. Blocks every row sees whole skip the mask. Without `scale` (see
+    /// [`RowKeys::scale_in_fold`]) the scores stay unscaled, masked only.
     #[inline(always)]
-    pub fn prepare<const NK: usize>(&self, sc: &mut [FragC; NK], scale_log2: f32, k0: u32, t: u32) {
+    pub fn prepare<const NK: usize>(
+        &self,
+        sc: &mut [FragC; NK],
+        (scale_log2, scale): (f32, bool),
+        k0: u32,
+        t: u32,
+    ) {
         const { assert!(NK <= 16) };
         let m = self.score_mod;
         if m.softcap != 0.0 || m.slope != 0.0 {
@@ -83,7 +90,7 @@ impl RowKeys {
                     f.0[e] = m.apply_log2(f.0[e], scale_log2, distance);
                 }
             });
-        } else {
+        } else if scale {
             for f in sc.iter_mut() {
                 for e in 0..4 {
                     f.0[e] *= scale_log2;
@@ -102,5 +109,13 @@ impl RowKeys {
                 }
             });
         }
+    }
+
+    /// Whether `RowState::fold` can take the scale in its `fma` instead of `prepare` multiplying
+    /// the scores by it: without modifiers, and with `τ > 0` (the raw scores' maximum, scaled,
+    /// is then the scaled scores').
+    #[inline(always)]
+    pub fn scale_in_fold(&self, scale_log2: f32) -> bool {
+        self.score_mod.softcap == 0.0 && self.score_mod.slope == 0.0 && scale_log2 > 0.0
     }
 }

@@ -4,7 +4,7 @@
 //! `ex2`. Each of the four lanes of a quad holds a quarter of a row: maxima are reduced over the
 //! quad at every block (every lane needs `m`), sums only once at the end.
 
-use crate::arch::{exp2, log2, shfl_xor};
+use crate::arch::{exp2, fma, log2, shfl_xor};
 use crate::attn::mask::row_is_empty;
 use crate::attn::score_mod::with_sink;
 use crate::tile::mma::{FragA, FragC, MmaElem};
@@ -22,6 +22,28 @@ fn quad_max(x: f32) -> f32 {
     x.max(shfl_xor(x, 2))
 }
 
+/// The maximum of row `r`'s (g, g + 8) scores of `s`, reduced as a balanced tree: the maximum
+/// is the same in any order, and a chain of `2·NK` dependent maxima would wait on each other.
+#[inline(always)]
+fn tree_max<const NK: usize>(s: &[FragC; NK], r: usize) -> f32 {
+    let mut v = [0.0f32; NK];
+    for (v, t) in v.iter_mut().zip(s) {
+        *v = t.0[2 * r].max(t.0[2 * r + 1]);
+    }
+    let mut n = NK;
+    while n > 1 {
+        let half = n / 2;
+        for i in 0..half {
+            v[i] = v[i].max(v[i + half]);
+        }
+        if n % 2 == 1 {
+            v[0] = v[0].max(v[n - 1]);
+        }
+        n = half;
+    }
+    v[0]
+}
+
 #[inline(always)]
 fn quad_sum(x: f32) -> f32 {
     let x = x + shfl_xor(x, 1);
@@ -37,16 +59,13 @@ impl RowState {
         }
     }
 
-    /// Folds one block of scaled, masked scores `s` into the state and turns them into
-    /// `P = 2^(s − m)` in place; returns the factors `α` by which the output accumulated so far
-    /// must be rescaled (rows g and g + 8, [`rescale`]).
+    /// Folds one block of masked scores `s`, base-2 once multiplied by `scale` (> 0; 1 for
+    /// scores already scaled), into the state and turns them into `P = 2^(scale·s − m)` in
+    /// place, one `fma` and one `ex2` each; returns the factors `α` by which the output
+    /// accumulated so far must be rescaled (rows g and g + 8, [`rescale`]).
     #[inline(always)]
-    pub fn fold<const NK: usize>(&mut self, s: &mut [FragC; NK]) -> [f32; 2] {
-        let mut m_new = self.m;
-        for t in s.iter() {
-            m_new[0] = m_new[0].max(t.0[0]).max(t.0[1]);
-            m_new[1] = m_new[1].max(t.0[2]).max(t.0[3]);
-        }
+    pub fn fold<const NK: usize>(&mut self, s: &mut [FragC; NK], scale: f32) -> [f32; 2] {
+        let mut m_new = [0, 1].map(|r| self.m[r].max(tree_max(s, r) * scale));
         let mut alpha = [0.0f32; 2];
         let mut m_sub = [0.0f32; 2];
         for r in 0..2 {
@@ -64,7 +83,7 @@ impl RowState {
         }
         for t in s.iter_mut() {
             for e in 0..4 {
-                t.0[e] = exp2(t.0[e] - m_sub[e / 2]);
+                t.0[e] = exp2(fma(t.0[e], scale, -m_sub[e / 2]));
                 self.l[e / 2] += t.0[e];
             }
         }
@@ -88,6 +107,13 @@ impl RowState {
         let mut inv = [0.0f32; 2];
         for r in 0..2 {
             let l = quad_sum(self.l[r]);
+            // A maximum that overflowed to +∞ only in `fold`'s scaling leaves every p at 0: the
+            // row is a +∞ score's, NaN, as when the scaled score itself is +∞.
+            let l = if self.m[r] == f32::INFINITY {
+                f32::NAN
+            } else {
+                l
+            };
             if let Some(sink) = sink {
                 (lse[r], inv[r]) = with_sink(self.m[r] * core::f32::consts::LN_2, l, sink);
             } else if !row_is_empty(l) {

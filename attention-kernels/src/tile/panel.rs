@@ -69,10 +69,15 @@ impl PanelTile {
     /// `row0 ..` (a multiple of 8) and columns `16 kk .. 16 kk + 16`.
     #[inline(always)]
     pub const fn k_major(&self, row0: u32, kk: u32) -> (u32, u32, u32) {
-        let start =
-            self.base + (kk / 4) * self.panel_bytes() + row0 * PANEL_ROW_BYTES + (kk % 4) * 32;
+        let start = self.base + row0 * PANEL_ROW_BYTES + self.k_step_offset(kk);
         // The leading offset is unused when one k-step lies inside the 128-byte swizzle row.
         (start, 16, ATOM_BYTES)
+    }
+
+    /// Bytes from the K-major operand of k-step 0 to that of k-step `kk` (the same rows).
+    #[inline(always)]
+    pub const fn k_step_offset(&self, kk: u32) -> u32 {
+        (kk / 4) * self.panel_bytes() + (kk % 4) * 32
     }
 
     /// Start address, leading and stride byte offsets of the MN-major operand made of rows

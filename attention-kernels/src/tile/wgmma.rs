@@ -32,6 +32,14 @@ impl Desc {
         }
         Desc(field(addr) | (field(lbo) << 16) | (field(sbo) << 32) | SWIZZLE_128B)
     }
+
+    /// The same matrix `bytes` (a multiple of 16) further on: the start address field takes the
+    /// offset without a carry out of it, shared memory ending below its 2^18 bytes. One
+    /// descriptor's bit arithmetic then serves every k-step of an operand.
+    #[inline(always)]
+    pub const fn advanced(self, bytes: u32) -> Desc {
+        Desc(self.0 + (bytes >> 4) as u64)
+    }
 }
 
 /// Makes register values written by ordinary instructions (accumulators rescaled, A fragments
@@ -97,19 +105,24 @@ macro_rules! placeholders {
 }
 
 macro_rules! accumulator {
-    // Both operands from shared memory; `$trans` is the transpose flag of A and of B.
+    // Both operands from shared memory; `$trans` is the transpose flag of A and of B. Without
+    // `accumulate` the accumulators are outputs only, so nothing zeroes them before the product.
     (@ss $acc:ident, $a:ident, $b:ident, $accumulate:ident, $trans:literal, [$($i:tt)*], $n:literal) => {{
         let c = $acc;
-        let scale_d = $accumulate as u32;
         macro_rules! ss {
-            ($ty:literal) => {
-                asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, {sd}, 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty,
+            ($ty:literal, $sd:literal, $dir:ident) => {
+                asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, ", $sd, ", 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty,
                              " {{", placeholders!($($i)*), "}}, {a}, {b}, p, 1, 1, ", $trans, ", ", $trans, "; }}"),
-                     $(inout(reg32) c[$i].0[0], inout(reg32) c[$i].0[1], inout(reg32) c[$i].0[2], inout(reg32) c[$i].0[3],)*
-                     a = in(reg64) $a.0, b = in(reg64) $b.0, sd = in(reg32) scale_d, options(nostack))
+                     $($dir(reg32) c[$i].0[0], $dir(reg32) c[$i].0[1], $dir(reg32) c[$i].0[2], $dir(reg32) c[$i].0[3],)*
+                     a = in(reg64) $a.0, b = in(reg64) $b.0, options(nostack))
             };
         }
-        if T::BF16 { ss!("bf16") } else { ss!("f16") }
+        match (T::BF16, $accumulate) {
+            (true, true) => ss!("bf16", "1", inout),
+            (true, false) => ss!("bf16", "0", out),
+            (false, true) => ss!("f16", "1", inout),
+            (false, false) => ss!("f16", "0", out),
+        }
     }};
     ($n:literal, $tiles:literal, [$($i:tt)*]) => {
         impl Accumulator for [FragC; $tiles] {

@@ -325,7 +325,7 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
                 };
             }
         }
-        let alpha = state.fold(&mut sc);
+        let alpha = state.fold(&mut sc, 1.0);
         // Skipped while no row of the group's has a new maximum (α exactly 1): most tiles
         // once the maxima settle. Padding rows' accumulators are never read.
         let moved = (alpha[0] != 1.0 && g < rows) || (alpha[1] != 1.0 && g + 8 < rows);

@@ -60,6 +60,7 @@ use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::load_shared_u32;
 use crate::tile::mma::{FragA, FragC};
+use crate::tile::panel::PANEL_ROW_BYTES;
 use crate::tile::tma;
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
@@ -72,7 +73,9 @@ const TURN: u32 = 2;
 /// Scales, modifies and masks the scores `sc` of keys `k0 .. k0 + 8·NK` (`RowKeys::prepare`)
 /// and folds them into `state`: `sc` becomes P, the result is the factor that rescales O. A
 /// function rather than a closure so that it is always inlined (a call would put the scores in
-/// local memory).
+/// local memory). `fold_scale`, constant per instance: whether it has the registers for a second
+/// copy of the fold, which takes the scale in the exponent's `fma` (one instruction per score
+/// fewer) where `RowKeys::scale_in_fold` allows (a factor chosen at run time made ptxas spill).
 #[inline(always)]
 fn mask_and_fold<const NK: usize>(
     sc: &mut [FragC; NK],
@@ -81,9 +84,15 @@ fn mask_and_fold<const NK: usize>(
     k0: u32,
     keys: &RowKeys,
     t: u32,
+    fold_scale: bool,
 ) -> [f32; 2] {
-    keys.prepare(sc, scale_log2, k0, t);
-    state.fold(sc)
+    if fold_scale && keys.scale_in_fold(scale_log2) {
+        keys.prepare(sc, (scale_log2, false), k0, t);
+        state.fold(sc, scale_log2)
+    } else {
+        keys.prepare(sc, (scale_log2, true), k0, t);
+        state.fold(sc, 1.0)
+    }
 }
 
 /// `sc = Q·Kᵀ` of the warpgroup's 64 rows from `row0` of `q` against the keys of `k`, issued as
@@ -103,10 +112,14 @@ unsafe fn scores<T: Wgmma, const KD: usize, const NK: usize>(
 ) where
     [FragC; NK]: Accumulator,
 {
+    let (a, b) = (desc(q.k_major(row0, 0)), desc(k.k_major(0, 0)));
     for kk in 0..KD as u32 {
-        let (a, b) = (q.k_major(row0, kk), k.k_major(0, kk));
+        let (a, b) = (
+            a.advanced(q.k_step_offset(kk)),
+            b.advanced(k.k_step_offset(kk)),
+        );
         // SAFETY: forwarded to the caller.
-        unsafe { sc.mma_ss::<T>(desc(a), desc(b), kk > 0) };
+        unsafe { sc.mma_ss::<T>(a, b, kk > 0) };
     }
     wgmma::commit();
 }
@@ -124,9 +137,12 @@ unsafe fn accumulate<T: Wgmma, const ND: usize, const NP: usize>(
 ) where
     [FragC; ND]: Accumulator,
 {
+    let b = desc(v.mn_major(0, 0));
     for (kk, pa) in pf.iter().enumerate() {
-        // SAFETY: forwarded to the caller (keys 16 kk .. 16 kk + 16 of `v`).
-        unsafe { o.mma_rs_trans_b::<T>(pa, desc(v.mn_major(16 * kk as u32, 0))) };
+        // Keys 16 kk .. 16 kk + 16: 16 panel rows further on.
+        let b = b.advanced(16 * kk as u32 * PANEL_ROW_BYTES);
+        // SAFETY: forwarded to the caller.
+        unsafe { o.mma_rs_trans_b::<T>(pa, b) };
     }
     wgmma::commit();
 }
@@ -163,6 +179,9 @@ unsafe fn forward<
     const { assert!(!(TMA && GENERAL)) };
     const { assert!(!WS || (TMA && (WG == 2 || WG == 3) && !PADDED)) };
     let (d, bc, br) = (16 * KD as u32, 8 * NK as u32, 64 * WG as u32);
+    // The modifier instances (which spill already) and the three-consumer tile (160 registers a
+    // consumer thread) keep one copy of the fold.
+    let fold_scale = !MODS && WG == 2;
     // Tiles hold whole 64-column panels: d = 96 uses three quarters of two (`WgConfig::tile_cols`).
     let dt = d.next_multiple_of(64);
     // The consumer warpgroups' threads: all of the block's but a warp-specialized one's producer.
@@ -477,7 +496,7 @@ unsafe fn forward<
         sc.pin();
         // O is still zero: its factor changes nothing.
         let k0 = first_block * bc;
-        mask_and_fold(&mut sc, &mut state, p.scale_log2, k0, &keys, t);
+        mask_and_fold(&mut sc, &mut state, p.scale_log2, k0, &keys, t, fold_scale);
         if GENERAL && p.dropout.enabled() {
             apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], k0, t);
         }
@@ -504,7 +523,7 @@ unsafe fn forward<
             release(k_empty(block));
             sc.pin();
             let k0 = block * bc;
-            let alpha = mask_and_fold(&mut sc, &mut state, p.scale_log2, k0, &keys, t);
+            let alpha = mask_and_fold(&mut sc, &mut state, p.scale_log2, k0, &keys, t, fold_scale);
             if GENERAL && p.dropout.enabled() {
                 apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], k0, t);
             }

@@ -212,8 +212,8 @@ unsafe fn forward<
                 T::mma(&mut sc[2 * np + 1], qf, &b1);
             }
         }
-        keys.prepare(&mut sc, p.scale_log2, k0, lane % 4);
-        let alpha = state.fold(&mut sc);
+        keys.prepare(&mut sc, (p.scale_log2, true), k0, lane % 4);
+        let alpha = state.fold(&mut sc, 1.0);
         rescale(&mut o, alpha);
         if GENERAL && p.dropout.enabled() {
             let rows = [row_lo, row_hi];
