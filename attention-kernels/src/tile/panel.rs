@@ -86,7 +86,18 @@ impl PanelTile {
     #[inline(always)]
     pub const fn mn_major(&self, k0: u32, col0: u32) -> (u32, u32, u32) {
         let start = self.base + (col0 / 64) * self.panel_bytes() + (col0 % 64) * 2;
-        (start + k0 * PANEL_ROW_BYTES, self.panel_bytes(), ATOM_BYTES)
+        (
+            start + Self::mn_step_offset(k0),
+            self.panel_bytes(),
+            ATOM_BYTES,
+        )
+    }
+
+    /// Bytes from the MN-major operand of rows `0 ..` to that of rows `k0 ..` (the same
+    /// columns).
+    #[inline(always)]
+    pub const fn mn_step_offset(k0: u32) -> u32 {
+        k0 * PANEL_ROW_BYTES
     }
 }
 

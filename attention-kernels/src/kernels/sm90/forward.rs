@@ -60,7 +60,6 @@ use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
 use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
 use crate::tile::mem_backward::load_shared_u32;
 use crate::tile::mma::{FragA, FragC};
-use crate::tile::panel::PANEL_ROW_BYTES;
 use crate::tile::tma;
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{PanelTile, SwizzledTile};
@@ -139,8 +138,8 @@ unsafe fn accumulate<T: Wgmma, const ND: usize, const NP: usize>(
 {
     let b = desc(v.mn_major(0, 0));
     for (kk, pa) in pf.iter().enumerate() {
-        // Keys 16 kk .. 16 kk + 16: 16 panel rows further on.
-        let b = b.advanced(16 * kk as u32 * PANEL_ROW_BYTES);
+        // Keys 16 kk .. 16 kk + 16.
+        let b = b.advanced(PanelTile::mn_step_offset(16 * kk as u32));
         // SAFETY: forwarded to the caller.
         unsafe { o.mma_rs_trans_b::<T>(pa, b) };
     }
