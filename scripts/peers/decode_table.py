@@ -1,7 +1,7 @@
 """The decode table of issue 11 from one run: ours (decode-bench.json from examples/decode_bench.rs)
 beside PyTorch SDPA flash and cuDNN (sdpa-decode.json from decode_bench.py), median per-call ms,
-ours/cuDNN (each peer at the faster of its layouts), the K/V bandwidth each reached, and ours as a share of the fastest copy measured in
-the same run (sdpa-decode.json's `copies`).
+ours/cuDNN (each peer at the faster of its layouts), the K/V bandwidth each reached, and ours as
+a share of the fastest copy measured in the same run (sdpa-decode.json's `copies`).
 usage: decode_table.py OUT_DIR
 """
 import json, os, sys
