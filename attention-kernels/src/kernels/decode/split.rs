@@ -49,11 +49,10 @@ struct KeyRows {
 }
 
 impl KeyRows {
-    /// Byte offset of tensor row `row`'s K/V head from the tensor's start (tensor rows are
-    /// below 2^31, host-checked for both layouts).
+    /// Byte offset of tensor row `row`'s K/V head from the tensor's start.
     #[inline(always)]
-    fn offset(&self, row: u32) -> u64 {
-        2 * ((row as u64 * self.heads_kv as u64 + self.head as u64) * self.head_dim as u64)
+    fn offset(&self, row: u64) -> u64 {
+        row * self.row_bytes() + 2 * (self.head * self.head_dim) as u64
     }
 
     /// Bytes from one tensor row to the next.
@@ -65,7 +64,7 @@ impl KeyRows {
     /// Byte offset of the sequence's key `j` in the contiguous layout.
     #[inline(always)]
     fn contiguous_offset(&self, j: u32) -> u64 {
-        (self.first_row + j as u64) * self.row_bytes() + 2 * (self.head * self.head_dim) as u64
+        self.offset(self.first_row + j as u64)
     }
 
     /// The tensor row of the sequence's key `j`.
@@ -84,7 +83,7 @@ impl OperandRows for KeyRows {
     #[inline(always)]
     unsafe fn row_addr(&self, key: u32) -> u64 {
         // SAFETY: forwarded to the caller.
-        self.base + self.offset(unsafe { self.tensor_row(key) })
+        self.base + self.offset(unsafe { self.tensor_row(key) } as u64)
     }
     #[inline(always)]
     fn tiles(&self) -> u32 {
@@ -239,7 +238,7 @@ unsafe fn decode<T: MmaElem + Exponent, const KD: usize, const ND: usize>(p: &De
             for n in 0..BLOCK_KEYS / row_step {
                 // SAFETY: inside the slot of `tile`'s rows.
                 let row = unsafe { load_shared_u32(slot + 4 * n * row_step) };
-                let at = k_rows.offset(row) + 16 * c as u64;
+                let at = k_rows.offset(row as u64) + 16 * c as u64;
                 copy(n, k_rows.base + at, v_rows.base + at, n * row_step < room);
             }
         }

@@ -79,6 +79,19 @@ const NQ: usize = 8;
 /// k-steps over the Q block in `dV += Pᵀ·dO` and `dK += dSᵀ·Q`.
 const NQP: usize = NQ / 2;
 
+/// The descriptor of the operand `offset` bytes past `first` (`PanelTile::k_major`,
+/// `mn_major`): `first`'s own, built once per product and advanced (`Desc::advanced`), when
+/// `hoist`; else rebuilt from the address, as the general and modifier instances keep it (short
+/// of registers, they spilled a quarter more holding the built one across a product).
+#[inline(always)]
+fn stepped(first: (u32, u32, u32), offset: u32, hoist: bool) -> Desc {
+    if hoist {
+        Desc::swizzle_128(first.0, first.1, first.2).advanced(offset)
+    } else {
+        Desc::swizzle_128(first.0 + offset, first.1, first.2)
+    }
+}
+
 #[inline(always)]
 unsafe fn backward<
     T: Wgmma + Exponent,
@@ -121,6 +134,8 @@ unsafe fn backward<
     let s = p.shape;
     let tid = thread_x();
     let (group, warp, lane) = (tid / 128, (tid / 32) % 4, tid % 32);
+    // Descriptors built once per product and advanced per k-step (`stepped`).
+    let hoist = !GENERAL && !MODS;
     let (g, t) = (lane / 4, lane % 4);
     let causal = p.causal != 0;
     let Some((hk, sq)) = head_and_sequence(s.heads_kv, p.layout.sequences) else {
@@ -172,7 +187,6 @@ unsafe fn backward<
     let stats = |base: u32, st: u32| ds_base(base) + 2 * bc * br * 2 + st * 2 * br * 4;
     // Q/dO/statistics stage and dSᵀ buffer of step i.
     let stage_of = |i: u32| i % stages;
-    let desc = |(start, lbo, sbo): (u32, u32, u32)| Desc::swizzle_128(start, lbo, sbo);
 
     // The window (`WINDOW` instances only; the others compile without it): the K/V block visits
     // only the Q blocks of rows whose window reaches it.
@@ -416,26 +430,24 @@ unsafe fn backward<
         let mut s_t = [FragC::default(); NQ];
         let mut dp_t = [FragC::default(); NQ];
         wgmma::fence();
+        let (k_a, q_b) = (kt.k_major(group_key, 0), qt.k_major(0, 0));
         for kk in 0..KD as u32 {
+            let (a, b) = (
+                stepped(k_a, kt.k_step_offset(kk), hoist),
+                stepped(q_b, qt.k_step_offset(kk), hoist),
+            );
             // SAFETY: the group's keys of K and V, and the stage's Q and dO, are filled.
-            unsafe {
-                s_t.mma_ss::<T>(
-                    desc(kt.k_major(group_key, kk)),
-                    desc(qt.k_major(0, kk)),
-                    kk > 0,
-                );
-            }
+            unsafe { s_t.mma_ss::<T>(a, b, kk > 0) };
         }
         wgmma::commit();
+        let (v_a, do_b) = (vt.k_major(group_key, 0), dot.k_major(0, 0));
         for kk in 0..KD as u32 {
+            let (a, b) = (
+                stepped(v_a, vt.k_step_offset(kk), hoist),
+                stepped(do_b, dot.k_step_offset(kk), hoist),
+            );
             // SAFETY: as above.
-            unsafe {
-                dp_t.mma_ss::<T>(
-                    desc(vt.k_major(group_key, kk)),
-                    desc(dot.k_major(0, kk)),
-                    kk > 0,
-                );
-            }
+            unsafe { dp_t.mma_ss::<T>(a, b, kk > 0) };
         }
         wgmma::commit();
         // Sᵀ is done, and so is everything issued before it: the previous dQ.
@@ -538,8 +550,9 @@ unsafe fn backward<
             }
         }
         wgmma::fence();
+        let do_b = dot.mn_major(0, col0);
         for (k, a) in pt_a.iter().enumerate() {
-            let b = desc(dot.mn_major(16 * k as u32, col0));
+            let b = stepped(do_b, PanelTile::mn_step_offset(16 * k as u32), hoist);
             // SAFETY: queries 16k .. 16k + 16 of the stage's dO are filled.
             unsafe { dv.mma_rs_trans_b::<T>(a, b) };
         }
@@ -587,8 +600,9 @@ unsafe fn backward<
         }
         wgmma::fence_proxy_async();
         wgmma::fence();
+        let q_b = qt.mn_major(0, col0);
         for (k, a) in ds_a.iter().enumerate() {
-            let b = desc(qt.mn_major(16 * k as u32, col0));
+            let b = stepped(q_b, PanelTile::mn_step_offset(16 * k as u32), hoist);
             // SAFETY: queries 16k .. 16k + 16 of the stage's Q are filled.
             unsafe { dk.mma_rs_trans_b::<T>(a, b) };
         }
@@ -598,15 +612,12 @@ unsafe fn backward<
 
         let issue_dq = |dq: &mut [FragC; DQ], dq_col0: u32| {
             wgmma::fence();
+            let (ds_a, k_b) = (dst.mn_major(0, 0), kt.mn_major(0, dq_col0));
             for kk in 0..(bc / 16) {
+                let step = PanelTile::mn_step_offset(16 * kk);
+                let (a, b) = (stepped(ds_a, step, hoist), stepped(k_b, step, hoist));
                 // SAFETY: keys 16kk .. 16kk + 16 of the dSᵀ and K tiles are written.
-                unsafe {
-                    dq.mma_ss_trans::<T>(
-                        desc(dst.mn_major(16 * kk, 0)),
-                        desc(kt.mn_major(16 * kk, dq_col0)),
-                        kk > 0,
-                    );
-                }
+                unsafe { dq.mma_ss_trans::<T>(a, b, kk > 0) };
             }
             wgmma::commit();
         };
