@@ -93,7 +93,7 @@ fn every_tensor_core_instance_matches_the_reference() {
     ];
     let mut failures = Vec::new();
     for dtype in [DType::Bf16, DType::F16] {
-        for d in [64, 128] {
+        for d in [32, 64, 96, 128] {
             for causal in [false, true] {
                 for &(batch, n_q, n_k, heads_q, heads_kv) in &shapes {
                     let s = AttentionShape::new(batch, n_q, n_k, heads_q, heads_kv, d);

@@ -104,7 +104,7 @@ fn plan_family(
                     })
                 }),
                 (Family::Sm90, Direction::Backward) => {
-                    sm90::backward_config(d).map(Tiles::Sm90Backward)
+                    sm90_backward_tiles(problem, d).map(Tiles::Sm90Backward)
                 }
                 (_, Direction::Forward) => sm80::forward::config(d).map(Tiles::Sm80Forward),
                 (_, Direction::Backward) => sm80::backward::config(d).map(Tiles::Sm80Backward),
@@ -113,6 +113,20 @@ fn plan_family(
         }
     };
     plan_tiles(device, problem, direction, family, tiles)
+}
+
+/// The `wgmma` backward's configuration for a call whose widest head dim is `d`: the default
+/// one, or for a plain call (full-length sequences, no dropout, window, score modifiers or
+/// deterministic dQ) the tiles of its own that `sm90::backward_plain_config` gives.
+fn sm90_backward_tiles(problem: &Problem, d: u32) -> Option<sm90::WgBackwardConfig> {
+    let plain = !problem.needs_general() && !problem.options.deterministic;
+    sm90::backward_config(d).map(|c| {
+        if plain {
+            sm90::backward_plain_config(&c, d)
+        } else {
+            c
+        }
+    })
 }
 
 /// The plan of one of the compiled tensor-core instances other than the default (the tuning
@@ -168,7 +182,10 @@ pub fn with_tiles(
     if forward_tiles != (direction == Direction::Forward) {
         return Err(invalid!("{tiles:?} is not a {direction:?} configuration"));
     }
-    if !candidate.compiled || candidate.pads_to != Some(candidate.head_dim) {
+    // A plain backward may also run the tiles of its own that the plan gives it.
+    let plain_backward =
+        matches!(tiles, Tiles::Sm90Backward(c) if sm90_backward_tiles(problem, d) == Some(c));
+    if !candidate.compiled || (candidate.pads_to != Some(candidate.head_dim) && !plain_backward) {
         return Err(invalid!("no compiled instance {tiles:?} for head_dim {d}"));
     }
     if problem.needs_general() && !candidate.default {
@@ -662,9 +679,8 @@ mod tests {
     }
 
     /// Every multiple of 8 from 32 to 256 runs forward and backward on the next compiled head
-    /// dim (64, 128, 192, 256; the `wgmma` forward 96 too) of each tensor-core family on the
-    /// H200 and the A100; the preprocess that the backward launches is that instance's. Others
-    /// fall to the exact kernels.
+    /// dim (64, 128, 192, 256; the `wgmma` forward 96 too, its plain backward 32 and 96) of
+    /// each tensor-core family on the H200 and the A100. Others fall to the exact kernels.
     #[test]
     fn head_dims_pad_to_the_next_compiled_instance() {
         let (h, a) = (h200(), a100());
@@ -674,14 +690,12 @@ mod tests {
                 for (dev, family) in [(&h, Family::Sm90), (&a, Family::Sm80), (&h, Family::Sm80)] {
                     let o = FlashOptions::default().kernel(KernelChoice::Only(family));
                     let p = select_on(dev, shape(d), DType::Bf16, o, direction);
-                    // The `wgmma` forward compiles d = 96 too.
-                    let sm90_forward = family == Family::Sm90 && direction == Direction::Forward;
-                    let padded = padded.map(|pd| {
-                        if sm90_forward && (72..=96).contains(&d) {
-                            96
-                        } else {
-                            pd
-                        }
+                    // The `wgmma` forward compiles d = 96 too, its plain backward 32 and 96.
+                    let sm90 = family == Family::Sm90;
+                    let padded = padded.map(|pd| match d {
+                        72..=96 if sm90 => 96,
+                        32 if sm90 && direction == Direction::Backward => 32,
+                        _ => pd,
                     });
                     match padded {
                         Some(pd) => {
@@ -718,6 +732,50 @@ mod tests {
         assert_eq!(tensor_core_head_dim(200), Some(256));
         assert_eq!(tensor_core_head_dim(24), None);
         assert_eq!(tensor_core_head_dim(36), None);
+    }
+
+    /// The plain `wgmma` backward runs tiles of its own at d = 32 (`BACKWARD_D32`) and 72–96
+    /// (`BACKWARD_D96`, V's head dim too); key lengths, a window, dropout or deterministic dQ
+    /// keep the padded defaults, and `with_tiles` takes both where the plan gives the own ones.
+    #[test]
+    fn plain_backwards_at_d32_and_d96_run_tiles_of_their_own() {
+        let h = h200();
+        let bwd = Direction::Backward;
+        let plan = |s: AttentionShape, o: FlashOptions| select_on(&h, s, DType::Bf16, o, bwd);
+        for (d, d_v, own) in [
+            (32, 32, sm90::BACKWARD_D32),
+            (72, 72, sm90::BACKWARD_D96),
+            (96, 80, sm90::BACKWARD_D96),
+            (64, 96, sm90::BACKWARD_D96),
+        ] {
+            let s = shape(d).with_head_dim_v(d_v);
+            let p = plan(s, FlashOptions::default()).unwrap();
+            assert_eq!(p.tiles, Tiles::Sm90Backward(own), "({d}, {d_v})");
+            assert!(
+                p.entry.ends_with(&format!("_d{}_g2", own.head_dim)),
+                "{}",
+                p.entry
+            );
+            let default = sm90::backward_config(d.max(d_v)).unwrap();
+            for o in [
+                FlashOptions::new(AttentionOptions::new().key_lengths(vec![50, 70])),
+                FlashOptions::new(AttentionOptions::new().window(16, 0)),
+                FlashOptions::default().deterministic(true),
+            ] {
+                let p = plan(s, o.clone()).unwrap();
+                assert_eq!(p.tiles, Tiles::Sm90Backward(default), "({d}, {d_v}) {o:?}");
+            }
+            let problem = Problem::new(&s, DType::Bf16, &FlashOptions::default()).unwrap();
+            for c in [own, default] {
+                let p = with_tiles(&h, &problem, bwd, Tiles::Sm90Backward(c)).unwrap();
+                assert_eq!(p.tiles, Tiles::Sm90Backward(c));
+            }
+        }
+        for (d, d_v) in [(64, 64), (104, 104), (96, 128), (40, 32)] {
+            let p = plan(shape(d).with_head_dim_v(d_v), FlashOptions::default()).unwrap();
+            let default = sm90::backward_config(d.max(d_v)).unwrap();
+            assert_eq!(p.tiles, Tiles::Sm90Backward(default), "({d}, {d_v})");
+        }
     }
 
     /// A V head dim of its own runs on the tensor-core instance of the wider head dim (the

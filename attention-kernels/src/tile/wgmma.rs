@@ -170,6 +170,7 @@ macro_rules! accumulator {
     };
 }
 
+accumulator!(16, 2, [0 1]);
 accumulator!(32, 4, [0 1 2 3]);
 accumulator!(64, 8, [0 1 2 3 4 5 6 7]);
 accumulator!(96, 12, [0 1 2 3 4 5 6 7 8 9 10 11]);

@@ -77,8 +77,10 @@ pub(crate) fn launch_backward(
         .tiles
         .compiled_head_dim()
         .ok_or_else(|| invalid!("{:?} is not a tensor-core backward plan", plan.tiles))?;
+    // The preprocess is compiled per whole 64-column panels (d = 32's and 96's tiles are 64's
+    // and 128's).
     queue.launch(
-        &instances::tensor_core_preprocess(dtype, compiled_head_dim),
+        &instances::tensor_core_preprocess(dtype, compiled_head_dim.next_multiple_of(64)),
         LaunchConfig {
             grid: (blocks(preprocess_blocks(shape))?, 1, 1),
             block: (32 * PREPROCESS_WARPS, 1, 1),

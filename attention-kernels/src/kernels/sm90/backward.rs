@@ -115,11 +115,11 @@ unsafe fn backward<
     [FragC; DQ]: Accumulator,
 {
     const {
-        assert!(KD >= 4 && WG > 0);
+        assert!(KD >= 2 && WG > 0);
         assert!(if SLICED {
             16 * KD <= 128 * WG && ND == 16 && DQ == 8 && WG == KD.div_ceil(8) && !CARRY_DQ
         } else {
-            ND == 2 * KD && DQ * WG == ND
+            ND == 2 * KD && (DQ * WG == ND || 8 * DQ * WG == (16 * KD).next_multiple_of(64))
         });
     };
     const { assert!(!DETERMINISTIC || !(CARRY_DQ || GENERAL || WINDOW)) };
@@ -779,6 +779,10 @@ entry_points! {
     tma flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, true;
     tma flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, true;
     tma flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d32_g2 => Bf16, WgBackwardConfig { head_dim: 32, warpgroups: 2 }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d32_g2 => F16, WgBackwardConfig { head_dim: 32, warpgroups: 2 }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d96_g2 => Bf16, WgBackwardConfig { head_dim: 96, warpgroups: 2 }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d96_g2 => F16, WgBackwardConfig { head_dim: 96, warpgroups: 2 }, false, false, false, false;
     tma flash_wgmma_backward_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, false;
     tma flash_wgmma_backward_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, false;
     cp_async flash_wgmma_backward_general_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, false, false, false;

@@ -281,13 +281,13 @@ impl WgBackwardConfig {
     pub const fn threads(&self) -> u32 {
         128 * self.warpgroups
     }
-    /// Columns of the shared tiles: the head dim, or (sliced) whole slices, zeros past the head
-    /// dim (see the kernel).
+    /// Columns of the shared tiles: whole 64-column panels (128-byte swizzle rows), or (sliced)
+    /// whole slices, zeros past the head dim (see the kernel).
     pub const fn tile_cols(&self) -> u32 {
         if self.sliced() {
             self.warpgroups * BACKWARD_SLICE_COLS
         } else {
-            self.head_dim
+            self.head_dim.next_multiple_of(64)
         }
     }
     /// Columns of dK and dV each warpgroup accumulates: all, or (sliced) a slice's.
@@ -304,12 +304,17 @@ impl WgBackwardConfig {
         self.head_dim <= 64
     }
     /// dQ columns of one `wgmma` chain: each warpgroup's share, or (sliced) 64 at a time of
-    /// its slice, so that they fit beside the slice's dK and dV.
+    /// its slice, so that they fit beside the slice's dK and dV. A chain's columns lie in one
+    /// 64-column panel or cover whole ones (an MN-major operand cannot start inside a panel and
+    /// cross into the next), so d = 96 shares the tiles' 128 columns, zeros past 96.
     pub const fn dq_cols(&self) -> u32 {
+        let share = self.head_dim / self.warpgroups;
         if self.sliced() {
             64
+        } else if 64u32.is_multiple_of(share) || share.is_multiple_of(64) {
+            share
         } else {
-            self.head_dim / self.warpgroups
+            self.tile_cols() / self.warpgroups
         }
     }
     /// Shared stages of Q, dO and their rows' statistics: three where dQ is carried into the
@@ -351,11 +356,31 @@ pub const BACKWARD_D256: WgBackwardConfig = WgBackwardConfig {
     warpgroups: 2,
 };
 
-/// Every backward configuration compiled into the sm_90a PTX. Measured against them on the H200
-/// and dropped (reports/PERF_LOG_BACKWARD.md): dQ split by keys instead of columns, and one
-/// warpgroup per block at d = 64 (two independent blocks per SM).
-pub const BACKWARD_VARIANTS: &[WgBackwardConfig] =
-    &[BACKWARD_D64, BACKWARD_D128, BACKWARD_D192, BACKWARD_D256];
+/// d = 32 and 96, plain calls only ([`backward_plain_config`]): d = 64's and d = 128's tiles
+/// (one and two 64-column panels, zeros past the head dim) with half and three quarters of their
+/// tensor-core work: `Sᵀ` and `dPᵀ` in 2 and 6 k-steps, dK and dV 32 and 96 columns wide; dQ
+/// 16 columns per warpgroup at d = 32, at d = 96 d = 128's 64 (its zero columns are not added).
+pub const BACKWARD_D32: WgBackwardConfig = WgBackwardConfig {
+    head_dim: 32,
+    warpgroups: 2,
+};
+pub const BACKWARD_D96: WgBackwardConfig = WgBackwardConfig {
+    head_dim: 96,
+    warpgroups: 2,
+};
+
+/// Every backward configuration compiled into the sm_90a PTX: the defaults and the plain-only
+/// [`BACKWARD_D32`] and [`BACKWARD_D96`]. Measured against them on the H200 and dropped
+/// (reports/PERF_LOG_BACKWARD.md): dQ split by keys instead of columns, and one warpgroup per
+/// block at d = 64 (two independent blocks per SM).
+pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[
+    BACKWARD_D64,
+    BACKWARD_D128,
+    BACKWARD_D192,
+    BACKWARD_D256,
+    BACKWARD_D32,
+    BACKWARD_D96,
+];
 
 /// The default backward configuration for a head dimension (padded as [`config`]).
 pub const fn backward_config(head_dim: u32) -> Option<WgBackwardConfig> {
@@ -365,5 +390,19 @@ pub const fn backward_config(head_dim: u32) -> Option<WgBackwardConfig> {
         Some(192) => Some(BACKWARD_D192),
         Some(256) => Some(BACKWARD_D256),
         _ => None,
+    }
+}
+
+/// The configuration whose plain instance runs the plain calls (full-length sequences, no
+/// dropout, window, score modifiers or deterministic dQ) of default `c` whose Q/K and V head
+/// dims are at most `widest`: [`BACKWARD_D32`] for [`BACKWARD_D64`]'s at 32, [`BACKWARD_D96`]
+/// for [`BACKWARD_D128`]'s from 72 to 96; otherwise `c`.
+pub const fn backward_plain_config(c: &WgBackwardConfig, widest: u32) -> WgBackwardConfig {
+    if c.head_dim == 64 && widest <= BACKWARD_D32.head_dim {
+        BACKWARD_D32
+    } else if c.head_dim == 128 && widest <= BACKWARD_D96.head_dim {
+        BACKWARD_D96
+    } else {
+        *c
     }
 }
