@@ -10,8 +10,7 @@ out=${OUT:-reports/bench}
 mkdir -p "$out"
 rows=${1:-1 2}
 peers=${2:-cudnn}
-ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
-[ -n "$ncu" ] || { echo "profile-decode: no ncu on this machine" >&2; exit 1; }
+. scripts/ncu-find.sh
 sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats"
 log=$out/ncu-decode.txt
 : > "$log"

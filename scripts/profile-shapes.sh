@@ -11,8 +11,7 @@ out=${OUT:-reports/bench}
 mkdir -p "$out"
 shapes=${1:?"usage: profile-shapes.sh \"B,Nq,Nk,Hq,Hkv ...\" [KERNEL_REGEX]"}
 kernel=${2:-flash_}
-ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n1)
-[ -n "$ncu" ] || { echo "profile-shapes: no ncu on this machine" >&2; exit 1; }
+. scripts/ncu-find.sh
 sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats"
 metrics="regex:sm__pipe_.*cycles_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,sm__cycles_elapsed.avg.per_second"
 log=$out/ncu-shapes.txt
