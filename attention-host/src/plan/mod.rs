@@ -92,17 +92,9 @@ fn plan_family(
         (Family::Sm90 | Family::Sm80, _) => {
             let d = tensor_core_head_dims(&problem.shape)?;
             let tiles = match (family, direction) {
-                (Family::Sm90, Direction::Forward) => sm90::config(d).map(|c| {
-                    // A plain call of the compiled head dim (full-length sequences, no dropout,
-                    // window or score modifiers) may run on tiles of its own.
-                    let plain = compiled_head_dims(&problem.shape, &c) && !problem.needs_general();
-                    let causal = problem.options.attention.causal;
-                    Tiles::Sm90Forward(if plain {
-                        sm90::plain_config(&c, causal, problem.max_q_len)
-                    } else {
-                        c
-                    })
-                }),
+                (Family::Sm90, Direction::Forward) => {
+                    sm90_forward_tiles(problem, d).map(Tiles::Sm90Forward)
+                }
                 (Family::Sm90, Direction::Backward) => {
                     sm90_backward_tiles(problem, d).map(Tiles::Sm90Backward)
                 }
@@ -113,6 +105,20 @@ fn plan_family(
         }
     };
     plan_tiles(device, problem, direction, family, tiles)
+}
+
+/// The `wgmma` forward's configuration for a call whose widest head dim is `d`: the default
+/// one, or for a plain call (full-length sequences, no dropout, window or score modifiers) the
+/// tiles of its own that `sm90::plain_config` gives.
+fn sm90_forward_tiles(problem: &Problem, d: u32) -> Option<sm90::WgConfig> {
+    let (s, causal) = (&problem.shape, problem.options.attention.causal);
+    sm90::config(d).map(|c| {
+        if problem.needs_general() {
+            c
+        } else {
+            sm90::plain_config(&c, causal, problem.max_q_len, (s.head_dim, s.head_dim_v))
+        }
+    })
 }
 
 /// The `wgmma` backward's configuration for a call whose widest head dim is `d`: the default
@@ -182,10 +188,13 @@ pub fn with_tiles(
     if forward_tiles != (direction == Direction::Forward) {
         return Err(invalid!("{tiles:?} is not a {direction:?} configuration"));
     }
-    // A plain backward may also run the tiles of its own that the plan gives it.
-    let plain_backward =
-        matches!(tiles, Tiles::Sm90Backward(c) if sm90_backward_tiles(problem, d) == Some(c));
-    if !candidate.compiled || (candidate.pads_to != Some(candidate.head_dim) && !plain_backward) {
+    // A plain call may also run the tiles of its own that the plan gives it.
+    let plain_tiles = match tiles {
+        Tiles::Sm90Forward(c) => sm90_forward_tiles(problem, d) == Some(c),
+        Tiles::Sm90Backward(c) => sm90_backward_tiles(problem, d) == Some(c),
+        _ => false,
+    };
+    if !candidate.compiled || (candidate.pads_to != Some(candidate.head_dim) && !plain_tiles) {
         return Err(invalid!("no compiled instance {tiles:?} for head_dim {d}"));
     }
     if problem.needs_general() && !candidate.default {
@@ -679,8 +688,9 @@ mod tests {
     }
 
     /// Every multiple of 8 from 32 to 256 runs forward and backward on the next compiled head
-    /// dim (64, 128, 192, 256; the `wgmma` forward 96 too, its plain backward 32 and 96) of
-    /// each tensor-core family on the H200 and the A100. Others fall to the exact kernels.
+    /// dim (64, 128, 192, 256; the `wgmma` forward 96 too, its plain calls 32, the plain
+    /// backward 96) of each tensor-core family on the H200 and the A100. Others fall to the
+    /// exact kernels.
     #[test]
     fn head_dims_pad_to_the_next_compiled_instance() {
         let (h, a) = (h200(), a100());
@@ -690,11 +700,11 @@ mod tests {
                 for (dev, family) in [(&h, Family::Sm90), (&a, Family::Sm80), (&h, Family::Sm80)] {
                     let o = FlashOptions::default().kernel(KernelChoice::Only(family));
                     let p = select_on(dev, shape(d), DType::Bf16, o, direction);
-                    // The `wgmma` forward compiles d = 96 too, its plain backward 32 and 96.
+                    // The `wgmma` forward compiles d = 96 too, its plain calls 32 and 96.
                     let sm90 = family == Family::Sm90;
                     let padded = padded.map(|pd| match d {
                         72..=96 if sm90 => 96,
-                        32 if sm90 && direction == Direction::Backward => 32,
+                        32 if sm90 => 32,
                         _ => pd,
                     });
                     match padded {
@@ -732,6 +742,55 @@ mod tests {
         assert_eq!(tensor_core_head_dim(200), Some(256));
         assert_eq!(tensor_core_head_dim(24), None);
         assert_eq!(tensor_core_head_dim(36), None);
+    }
+
+    /// The plain `wgmma` forward at d = 32 runs `sm90::D32` (short or long, causal or not);
+    /// key lengths, a window, or a V head dim past 32 keep `D64`'s general, window and padded
+    /// instances, and `with_tiles` takes both where the plan gives `D32`.
+    #[test]
+    fn plain_forwards_at_d32_run_tiles_of_their_own() {
+        let h = h200();
+        let fwd = Direction::Forward;
+        let plan = |s: AttentionShape, o: FlashOptions| select_on(&h, s, DType::Bf16, o, fwd);
+        let long = AttentionShape::new(1, sm90::D64_WS_MIN_ROWS, 300, 4, 2, 32);
+        for s in [shape(32), long] {
+            for causal in [false, true] {
+                let o = FlashOptions::new(AttentionOptions::new().causal(causal));
+                let p = plan(s, o.clone()).unwrap();
+                assert_eq!(
+                    p.tiles,
+                    Tiles::Sm90Forward(sm90::D32),
+                    "{s:?} causal={causal}"
+                );
+                assert_eq!(p.entry, "flash_wgmma_forward_bf16_d32_g2_k64");
+                let problem = Problem::new(&s, DType::Bf16, &o).unwrap();
+                for c in [sm90::D32, sm90::D64] {
+                    let p = with_tiles(&h, &problem, fwd, Tiles::Sm90Forward(c)).unwrap();
+                    assert_eq!(p.tiles, Tiles::Sm90Forward(c));
+                }
+            }
+        }
+        for (s, o, kind) in [
+            (
+                shape(32),
+                FlashOptions::new(AttentionOptions::new().key_lengths(vec![50, 70])),
+                "_general_",
+            ),
+            (
+                shape(32),
+                FlashOptions::new(AttentionOptions::new().window(16, 0)),
+                "_window_",
+            ),
+            (
+                shape(32).with_head_dim_v(64),
+                FlashOptions::default(),
+                "_padded_",
+            ),
+        ] {
+            let p = plan(s, o).unwrap();
+            assert_eq!(p.tiles, Tiles::Sm90Forward(sm90::D64), "{s:?}");
+            assert!(p.entry.contains(kind), "{}", p.entry);
+        }
     }
 
     /// The plain `wgmma` backward runs tiles of its own at d = 32 (`BACKWARD_D32`) and 72–96

@@ -77,6 +77,11 @@ pub trait Accumulator {
     /// # Safety
     /// As [`Accumulator::mma_ss`].
     unsafe fn mma_ss_trans<T: Wgmma>(&mut self, a: Desc, b: Desc, accumulate: bool);
+    /// `self += A · B` with A K-major and B MN-major (transposed) in shared memory.
+    ///
+    /// # Safety
+    /// As [`Accumulator::mma_ss`].
+    unsafe fn mma_ss_trans_b<T: Wgmma>(&mut self, a: Desc, b: Desc, accumulate: bool);
     /// `self += A · B` with A in registers and B MN-major (transposed) in shared memory.
     ///
     /// # Safety
@@ -105,14 +110,14 @@ macro_rules! placeholders {
 }
 
 macro_rules! accumulator {
-    // Both operands from shared memory; `$trans` is the transpose flag of A and of B. Without
+    // Both operands from shared memory; `$ta`, `$tb` are the transpose flags of A and B. Without
     // `accumulate` the accumulators are outputs only, so nothing zeroes them before the product.
-    (@ss $acc:ident, $a:ident, $b:ident, $accumulate:ident, $trans:literal, [$($i:tt)*], $n:literal) => {{
+    (@ss $acc:ident, $a:ident, $b:ident, $accumulate:ident, $ta:literal, $tb:literal, [$($i:tt)*], $n:literal) => {{
         let c = $acc;
         macro_rules! ss {
             ($ty:literal, $sd:literal, $dir:ident) => {
                 asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, ", $sd, ", 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty,
-                             " {{", placeholders!($($i)*), "}}, {a}, {b}, p, 1, 1, ", $trans, ", ", $trans, "; }}"),
+                             " {{", placeholders!($($i)*), "}}, {a}, {b}, p, 1, 1, ", $ta, ", ", $tb, "; }}"),
                      $($dir(reg32) c[$i].0[0], $dir(reg32) c[$i].0[1], $dir(reg32) c[$i].0[2], $dir(reg32) c[$i].0[3],)*
                      a = in(reg64) $a.0, b = in(reg64) $b.0, options(nostack))
             };
@@ -129,13 +134,19 @@ macro_rules! accumulator {
             #[inline(always)]
             unsafe fn mma_ss<T: Wgmma>(&mut self, a: Desc, b: Desc, accumulate: bool) {
                 // SAFETY: forwarded to the caller.
-                unsafe { accumulator!(@ss self, a, b, accumulate, "0", [$($i)*], $n) }
+                unsafe { accumulator!(@ss self, a, b, accumulate, "0", "0", [$($i)*], $n) }
             }
 
             #[inline(always)]
             unsafe fn mma_ss_trans<T: Wgmma>(&mut self, a: Desc, b: Desc, accumulate: bool) {
                 // SAFETY: forwarded to the caller.
-                unsafe { accumulator!(@ss self, a, b, accumulate, "1", [$($i)*], $n) }
+                unsafe { accumulator!(@ss self, a, b, accumulate, "1", "1", [$($i)*], $n) }
+            }
+
+            #[inline(always)]
+            unsafe fn mma_ss_trans_b<T: Wgmma>(&mut self, a: Desc, b: Desc, accumulate: bool) {
+                // SAFETY: forwarded to the caller.
+                unsafe { accumulator!(@ss self, a, b, accumulate, "0", "1", [$($i)*], $n) }
             }
 
             #[inline(always)]

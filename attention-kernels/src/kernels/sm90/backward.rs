@@ -32,10 +32,11 @@
 //! (`attn::backward::dq_adds_before`); one thread waits for its count, the block adds, and one
 //! thread releases the count + 1. Their barriers sit on compile-time paths only.
 //! The `SLICED` instances (d = 192, 256) split the head dim instead of the keys: both warpgroups
-//! own the block's 64 keys and each recomputes `Sᵀ`, `Pᵀ`, `dPᵀ` and `dSᵀ` over the whole head
-//! dim, but accumulates dK, dV and dQ of its own slice of 128 columns only
-//! (`BACKWARD_SLICE_COLS`), so the accumulators fit in registers; warpgroup 0 writes the `dSᵀ`
-//! tile. The tiles are 256 columns wide at d = 192 too, the last 64 zeros that only the second
+//! own the block's 64 keys; each computes `Sᵀ`, `Pᵀ`, `dPᵀ` and `dSᵀ` for its half of the Q
+//! block's rows (`m64n32`, `WgBackwardConfig::score_queries`) and writes `Pᵀ` (times Z) and
+//! `dSᵀ` to the two `dSᵀ` buffers, which it does not need for dQ (not carried); after a barrier
+//! each accumulates dK, dV and dQ of its own slice of 128 columns only (`BACKWARD_SLICE_COLS`)
+//! over all 64 rows, A from those tiles, so the accumulators fit in registers. The tiles are 256 columns wide at d = 192 too, the last 64 zeros that only the second
 //! slice's products read: a 64-column product there would sit in a branch on the warpgroup,
 //! which ptxas cannot tell uniform, and it serializes every `wgmma` of such a kernel (C7520).
 //! The instances without sequences of their own or dropout (plain, window, deterministic) load
@@ -97,6 +98,7 @@ unsafe fn backward<
     T: Wgmma + Exponent,
     const KD: usize,
     const ND: usize,
+    const NS: usize,
     const WG: usize,
     const DQ: usize,
     const CARRY_DQ: bool,
@@ -111,15 +113,22 @@ unsafe fn backward<
     maps: u64,
 ) where
     [FragC; ND]: Accumulator,
-    [FragC; NQ]: Accumulator,
+    [FragC; NS]: Accumulator,
     [FragC; DQ]: Accumulator,
 {
     const {
         assert!(KD >= 2 && WG > 0);
         assert!(if SLICED {
-            16 * KD <= 128 * WG && ND == 16 && DQ == 8 && WG == KD.div_ceil(8) && !CARRY_DQ
+            16 * KD <= 128 * WG
+                && ND == 16
+                && DQ == 8
+                && WG == KD.div_ceil(8)
+                && !CARRY_DQ
+                && NS * WG == NQ
         } else {
-            ND == 2 * KD && (DQ * WG == ND || 8 * DQ * WG == (16 * KD).next_multiple_of(64))
+            ND == 2 * KD
+                && (DQ * WG == ND || 8 * DQ * WG == (16 * KD).next_multiple_of(64))
+                && NS == NQ
         });
     };
     const { assert!(!DETERMINISTIC || !(CARRY_DQ || GENERAL || WINDOW)) };
@@ -310,6 +319,9 @@ unsafe fn backward<
     }
 
     let group_key = if SLICED { 0 } else { 64 * group };
+    // The group's first query column of `Sᵀ`, `dPᵀ`, `Pᵀ` and `dSᵀ`: 0 (all of the block's),
+    // or (SLICED) that of its share.
+    let q_col0 = if SLICED { 8 * NS as u32 * group } else { 0 };
     let key_row = group_key + 16 * warp;
     let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
     // The group's columns of dK and dV: all of them, or (SLICED) its slice.
@@ -419,18 +431,20 @@ unsafe fn backward<
             fill(i + 1, stage_of(i + 1));
         }
         let base = opaque(smem);
+        // SLICED: `Pᵀ` in the first `dSᵀ` buffer, `dSᵀ` in the second.
         let (kt, vt, qt, dot, dst) = (
             k_tile(base),
             v_tile(base),
             q_tile(base, st),
             do_tile(base, st),
-            ds_tile(base, i & 1),
+            ds_tile(base, if SLICED { 1 } else { i & 1 }),
         );
+        let pt_tile = ds_tile(base, 0);
 
-        let mut s_t = [FragC::default(); NQ];
-        let mut dp_t = [FragC::default(); NQ];
+        let mut s_t = [FragC::default(); NS];
+        let mut dp_t = [FragC::default(); NS];
         wgmma::fence();
-        let (k_a, q_b) = (kt.k_major(group_key, 0), qt.k_major(0, 0));
+        let (k_a, q_b) = (kt.k_major(group_key, 0), qt.k_major(q_col0, 0));
         for kk in 0..KD as u32 {
             let (a, b) = (
                 stepped(k_a, kt.k_step_offset(kk), hoist),
@@ -440,7 +454,7 @@ unsafe fn backward<
             unsafe { s_t.mma_ss::<T>(a, b, kk > 0) };
         }
         wgmma::commit();
-        let (v_a, do_b) = (vt.k_major(group_key, 0), dot.k_major(0, 0));
+        let (v_a, do_b) = (vt.k_major(group_key, 0), dot.k_major(q_col0, 0));
         for kk in 0..KD as u32 {
             let (a, b) = (
                 stepped(v_a, vt.k_step_offset(kk), hoist),
@@ -472,12 +486,12 @@ unsafe fn backward<
         // ALiBi's distance `|row + n_k − n_q − key|` of element e of fragment j.
         // In i32, which holds every row and key (below 2^31, the host's validation).
         let distance = |j: usize, e: usize| {
-            let row = (q0 + 8 * j as u32 + 2 * t + (e % 2) as u32) as i32;
+            let row = (q0 + q_col0 + 8 * j as u32 + 2 * t + (e % 2) as u32) as i32;
             let key = if e < 2 { key_lo } else { key_hi } as i32;
             (row + (n_k as i32 - n_q as i32) - key).unsigned_abs() as f32
         };
         each_fragment!(s_t, |j, f| {
-            let col = 8 * j as u32 + 2 * t;
+            let col = q_col0 + 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
             let lse = unsafe { load_shared_f32x2(stats(base, st) + col * 4) };
             for e in 0..4 {
@@ -496,7 +510,7 @@ unsafe fn backward<
         let skip = past_end || masked || k_poisoned;
         if past_end || masked {
             each_fragment!(s_t, |j, f| {
-                let col = 8 * j as u32 + 2 * t;
+                let col = q_col0 + 8 * j as u32 + 2 * t;
                 for e in 0..4 {
                     // A select, not a branch, so the loop unrolls and stays in registers.
                     let key = if e < 2 { key_lo } else { key_hi };
@@ -523,7 +537,7 @@ unsafe fn backward<
         // Dropout: bit 4j + e of `keep` for element e of fragment j.
         let dropping = GENERAL && p.dropout.enabled();
         let keep = if dropping {
-            transposed_keep_bits::<NQ>(&p.dropout, (seq.index, h), q0, t, [key_lo, key_hi])
+            transposed_keep_bits::<NS>(&p.dropout, (seq.index, h), q0 + q_col0, t, [key_lo, key_hi])
         } else {
             0
         };
@@ -536,8 +550,9 @@ unsafe fn backward<
                 0.0
             }
         };
+        // The A operands of the group's queries, 16 at a time (`NS / 2` of the `NQP`).
         let mut pt_a = [FragA::default(); NQP];
-        for k in 0..NQP {
+        for k in 0..NS / 2 {
             if dropping {
                 let (mut l, mut r) = (s_t[2 * k], s_t[2 * k + 1]);
                 for e in 0..4 {
@@ -549,20 +564,43 @@ unsafe fn backward<
                 pt_a[k] = T::pack_a(&s_t[2 * k], &s_t[2 * k + 1]);
             }
         }
-        wgmma::fence();
+        // Registers (g, 16k + 2t), (g + 8, ..), (g, 16k + 8 + 2t), (g + 8, ..) of the A operand
+        // `a[k]` to chunks 2k and 2k + 1 (of the group's queries) of rows key_row + g and
+        // key_row + g + 8 of `tile`.
+        let store_operand = |tile: PanelTile, a: &[FragA; NQP]| {
+            for (k, a) in a.iter().enumerate().take(NS / 2) {
+                let c = q_col0 / 8 + 2 * k as u32;
+                // SAFETY: the warp's own key rows of the tile, the group's own query chunks.
+                unsafe {
+                    store_shared_u32(tile.chunk_addr(key_row + g, c) + 4 * t, a.0[0]);
+                    store_shared_u32(tile.chunk_addr(key_row + g + 8, c) + 4 * t, a.0[1]);
+                    store_shared_u32(tile.chunk_addr(key_row + g, c + 1) + 4 * t, a.0[2]);
+                    store_shared_u32(tile.chunk_addr(key_row + g + 8, c + 1) + 4 * t, a.0[3]);
+                }
+            }
+        };
+        // dV from `Pᵀ` in registers; SLICED, where each group holds half the block's queries,
+        // through the `Pᵀ` tile (the first `dSᵀ` buffer, which SLICED, not carrying dQ, leaves
+        // free), which both groups' products read after the barrier below.
         let do_b = dot.mn_major(0, col0);
-        for (k, a) in pt_a.iter().enumerate() {
-            let b = stepped(do_b, PanelTile::mn_step_offset(16 * k as u32), hoist);
-            // SAFETY: queries 16k .. 16k + 16 of the stage's dO are filled.
-            unsafe { dv.mma_rs_trans_b::<T>(a, b) };
+        if SLICED {
+            store_operand(pt_tile, &pt_a);
+            wgmma::wait::<0>();
+        } else {
+            wgmma::fence();
+            for (k, a) in pt_a.iter().enumerate() {
+                let b = stepped(do_b, PanelTile::mn_step_offset(16 * k as u32), hoist);
+                // SAFETY: queries 16k .. 16k + 16 of the stage's dO are filled.
+                unsafe { dv.mma_rs_trans_b::<T>(a, b) };
+            }
+            wgmma::commit();
+            wgmma::wait::<1>();
         }
-        wgmma::commit();
-        wgmma::wait::<1>();
         dp_t.pin();
 
         // dSᵀ = Pᵀ ∘ (dPᵀ∘Z − D) into `dp_t`, then to the dSᵀ tile for dQ.
         each_fragment!(dp_t, s_t, |j, f, pf| {
-            let col = 8 * j as u32 + 2 * t;
+            let col = q_col0 + 8 * j as u32 + 2 * t;
             // SAFETY: columns col, col + 1 are inside the stage's statistics.
             let d_row = unsafe { load_shared_f32x2(stats(base, st) + br * 4 + col * 4) };
             // The softcap's `1 − tanh²`, recovered from P (`ScoreMod::grad_from_p`).
@@ -581,34 +619,40 @@ unsafe fn backward<
             }
         });
         let mut ds_a = [FragA::default(); NQP];
-        for k in 0..NQP {
+        for k in 0..NS / 2 {
             ds_a[k] = T::pack_a(&dp_t[2 * k], &dp_t[2 * k + 1]);
-            // Registers (g, 16k + 2t), (g + 8, ..), (g, 16k + 8 + 2t), (g + 8, ..) of the A
-            // operand: chunks 2k and 2k + 1 of rows key_row + g and key_row + g + 8.
-            let a = ds_a[k].0;
-            let c = 2 * k as u32;
-            // SAFETY: the warp's own key rows of the tile (group 0's, SLICED: the groups'
-            // `dSᵀ` are the same).
-            if !SLICED || group == 0 {
-                unsafe {
-                    store_shared_u32(dst.chunk_addr(key_row + g, c) + 4 * t, a[0]);
-                    store_shared_u32(dst.chunk_addr(key_row + g + 8, c) + 4 * t, a[1]);
-                    store_shared_u32(dst.chunk_addr(key_row + g, c + 1) + 4 * t, a[2]);
-                    store_shared_u32(dst.chunk_addr(key_row + g + 8, c + 1) + 4 * t, a[3]);
+        }
+        store_operand(dst, &ds_a);
+        wgmma::fence_proxy_async();
+        let q_b = qt.mn_major(0, col0);
+        if SLICED {
+            // Both groups' queries of `Pᵀ` and `dSᵀ` are in their tiles.
+            sync_threads();
+            wgmma::fence();
+            for (tile, b, acc) in [(pt_tile, do_b, &mut dv), (dst, q_b, &mut dk)] {
+                let a = tile.k_major(0, 0);
+                for kk in 0..NQP as u32 {
+                    let (a, b) = (
+                        stepped(a, tile.k_step_offset(kk), hoist),
+                        stepped(b, PanelTile::mn_step_offset(16 * kk), hoist),
+                    );
+                    // SAFETY: queries 16kk .. 16kk + 16 of the tile and of the stage's dO or Q
+                    // are written.
+                    unsafe { acc.mma_ss_trans_b::<T>(a, b, true) };
                 }
             }
+            wgmma::commit();
+        } else {
+            wgmma::fence();
+            for (k, a) in ds_a.iter().enumerate() {
+                let b = stepped(q_b, PanelTile::mn_step_offset(16 * k as u32), hoist);
+                // SAFETY: queries 16k .. 16k + 16 of the stage's Q are filled.
+                unsafe { dk.mma_rs_trans_b::<T>(a, b) };
+            }
+            wgmma::commit();
+            // dQ reads every warpgroup's dSᵀ rows.
+            sync_threads();
         }
-        wgmma::fence_proxy_async();
-        wgmma::fence();
-        let q_b = qt.mn_major(0, col0);
-        for (k, a) in ds_a.iter().enumerate() {
-            let b = stepped(q_b, PanelTile::mn_step_offset(16 * k as u32), hoist);
-            // SAFETY: queries 16k .. 16k + 16 of the stage's Q are filled.
-            unsafe { dk.mma_rs_trans_b::<T>(a, b) };
-        }
-        wgmma::commit();
-        // dQ reads every warpgroup's dSᵀ rows.
-        sync_threads();
 
         let issue_dq = |dq: &mut [FragC; DQ], dq_col0: u32| {
             wgmma::fence();
@@ -743,6 +787,7 @@ macro_rules! entry_points {
                     $t,
                     { $cfg.head_dim as usize / 16 },
                     { $cfg.slice_cols() as usize / 8 },
+                    { $cfg.score_queries() as usize / 8 },
                     { $cfg.warpgroups as usize },
                     { $cfg.dq_cols() as usize / 8 },
                     { $cfg.carry_dq() && !$det },

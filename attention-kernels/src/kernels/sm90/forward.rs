@@ -173,7 +173,7 @@ unsafe fn forward<
     [FragC; NK]: Accumulator,
     [FragC; ND]: Accumulator,
 {
-    const { assert!(ND == 2 * KD && NK == 2 * NP && NP > 0 && KD >= 4 && WG > 0) };
+    const { assert!(ND == 2 * KD && NK == 2 * NP && NP > 0 && KD >= 2 && WG > 0) };
     const { assert!(WINDOW || !MODS) };
     const { assert!(!(TMA && GENERAL)) };
     const { assert!(!WS || (TMA && (WG == 2 || WG == 3) && !PADDED)) };
@@ -744,6 +744,8 @@ macro_rules! entry_points {
 entry_points! {
     ws flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, false;
     ws flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, false;
+    tma flash_wgmma_forward_bf16_d32_g2_k64 => Bf16, WgConfig { head_dim: 32, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    tma flash_wgmma_forward_f16_d32_g2_k64 => F16, WgConfig { head_dim: 32, warpgroups: 2, block_keys: 64 }, false, false, false, false;
     tma flash_wgmma_forward_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
     tma flash_wgmma_forward_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, false, false, false;
     ws flash_wgmma_forward_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;

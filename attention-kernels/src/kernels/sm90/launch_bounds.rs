@@ -10,6 +10,8 @@
 /// spills the bound costs (`reports/PERF_LOG.md`); its padded twin, which runs head dims 32 to
 /// 56, likewise.
 pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
+    ("flash_wgmma_forward_bf16_d32_g2_k64", 256, 2),
+    ("flash_wgmma_forward_f16_d32_g2_k64", 256, 2),
     ("flash_wgmma_forward_bf16_d64_g2_k64", 256, 2),
     ("flash_wgmma_forward_f16_d64_g2_k64", 256, 2),
     ("flash_wgmma_forward_padded_bf16_d64_g2_k64", 256, 2),

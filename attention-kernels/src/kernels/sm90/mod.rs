@@ -55,6 +55,14 @@ pub const D64: WgConfig = WgConfig {
     warpgroups: 2,
     block_keys: 64,
 };
+/// d = 32, plain calls only ([`plain_config`]): [`D64`]'s tiles (one 64-column panel, zeros
+/// past 32, never read) with half of its tensor-core work: `Q·Kᵀ` in 2 k-steps, `P·V`
+/// `m64n32k16`; two blocks per SM as [`D64`], no producer.
+pub const D32: WgConfig = WgConfig {
+    head_dim: 32,
+    warpgroups: 2,
+    block_keys: 64,
+};
 /// d = 64's plain instance for long sequences without the causal mask ([`plain_config`]):
 /// warp-specialized, FlashAttention-3's tiles, three consumer warpgroups of 64 rows beside the
 /// producer and 128-key blocks: 88 KiB of shared memory, one block of 16 warps per SM. Its
@@ -104,6 +112,7 @@ pub const D256: WgConfig = WgConfig {
 /// the candidates they were measured against (compared by the timing examples).
 pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
     &[
+        D32,
         D64,
         D64_WS,
         D96,
@@ -119,7 +128,7 @@ pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
         PLAIN_CANDIDATES[1],
     ]
 } else {
-    &[D64, D64_WS, D96, D128, D192, D256]
+    &[D32, D64, D64_WS, D96, D128, D192, D256]
 };
 
 /// The tuning candidates compiled as warp-specialized plain instances only (their head dim,
@@ -152,12 +161,20 @@ pub const fn config(head_dim: u32) -> Option<WgConfig> {
     }
 }
 
-/// The configuration whose plain instance runs the calls of default `c` that take its compiled
-/// head dim over full-length sequences without dropout, window or score modifiers, `q_len`
-/// query rows each: [`D64_WS`] for [`D64`] without the causal mask from [`D64_WS_MIN_ROWS`]
-/// rows, otherwise `c`.
-pub const fn plain_config(c: &WgConfig, causal: bool, q_len: u32) -> WgConfig {
-    if same(c, &D64) && !causal && q_len >= D64_WS_MIN_ROWS {
+/// The configuration whose plain instance runs the calls of default `c` over full-length
+/// sequences without dropout, window or score modifiers, `q_len` query rows each, Q/K and V
+/// head dims `head_dims`: [`D32`] for [`D64`] at 32; [`D64_WS`] for [`D64`] at its compiled
+/// head dim without the causal mask from [`D64_WS_MIN_ROWS`] rows; otherwise `c`.
+pub const fn plain_config(
+    c: &WgConfig,
+    causal: bool,
+    q_len: u32,
+    head_dims: (u32, u32),
+) -> WgConfig {
+    let compiled = head_dims.0 == c.head_dim && head_dims.1 == c.head_dim;
+    if same(c, &D64) && head_dims.0 <= D32.head_dim && head_dims.1 <= D32.head_dim {
+        D32
+    } else if same(c, &D64) && compiled && !causal && q_len >= D64_WS_MIN_ROWS {
         D64_WS
     } else {
         *c
@@ -254,9 +271,11 @@ pub const fn backward_shared_bytes(c: &WgBackwardConfig, tma: bool) -> u32 {
 /// K/V block for `Sᵀ`, `dPᵀ`, dK and dV; Q blocks of 64 rows, whose dQ the groups split by
 /// columns (each reads every group's `dSᵀ` rows). Past d = 128 the block is [`sliced`]: both
 /// groups own the same 64 keys, group `w` the head-dim slice `w` of their dK, dV and dQ
-/// ([`BACKWARD_SLICE_COLS`]), each recomputing `Sᵀ` and `dPᵀ`.
+/// ([`BACKWARD_SLICE_COLS`]), each computing `Sᵀ` and `dPᵀ` for half the Q block's rows
+/// ([`score_queries`]).
 ///
 /// [`sliced`]: WgBackwardConfig::sliced
+/// [`score_queries`]: WgBackwardConfig::score_queries
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgBackwardConfig {
     pub head_dim: u32,
@@ -296,6 +315,15 @@ impl WgBackwardConfig {
             BACKWARD_SLICE_COLS
         } else {
             self.head_dim
+        }
+    }
+    /// Query columns of `Sᵀ` (and `dPᵀ`, `Pᵀ`, `dSᵀ`) each warpgroup computes: the whole Q
+    /// block's, or (sliced, where the groups share the keys) its share of them.
+    pub const fn score_queries(&self) -> u32 {
+        if self.sliced() {
+            self.block_rows() / self.warpgroups
+        } else {
+            self.block_rows()
         }
     }
     /// Whether dQ of one step is carried into the next (see the kernel): only where registers
