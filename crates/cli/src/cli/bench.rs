@@ -134,6 +134,9 @@ pub struct BenchArgs {
     /// Only causal (`true`) or only non-causal (`false`) cases; both when absent.
     #[arg(long)]
     causal: Option<bool>,
+    /// Only the cases of these head dims (comma separated); all when absent.
+    #[arg(long, value_delimiter = ',')]
+    head_dim: Vec<u32>,
     /// Storage dtype.
     #[arg(long, default_value = "bf16")]
     dtype: DType,
@@ -160,7 +163,6 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: &BenchArgs) -> CliResult {
-    let gpu = flash_attn::gpu()?;
     let plain = |(shape, causal)| Case {
         shape,
         causal,
@@ -184,7 +186,16 @@ pub fn run(args: &BenchArgs) -> CliResult {
     }
     .into_iter()
     .filter(|c| args.causal.is_none_or(|want| want == c.causal))
+    .filter(|c| args.head_dim.is_empty() || args.head_dim.contains(&c.shape.head_dim))
     .collect();
+    if cases.is_empty() {
+        return Err(format!(
+            "no {:?} case has head dim {:?} (and causal {:?})",
+            args.shapes, args.head_dim, args.causal
+        )
+        .into());
+    }
+    let gpu = flash_attn::gpu()?;
     let env = environment(&gpu);
     println!("{}", serde_json::to_string(&env)?);
     println!(
