@@ -34,4 +34,4 @@ for peer in $peers; do
   (cd scripts/peers && "$ncu" --clock-control none --profile-from-start off $sections --metrics "$metrics" \
     python3 profile_backward.py $batch $heads 4096 "$d" "$flag" "$peer") >> "$log" 2>&1
 done
-grep -E "^===|^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Dynamic Shared|Achieved Occupancy|Block Size|Grid Size|pipe_tensor|pipe_lsu|pipe_uniform|pipe_fma |pipe_alu|pipe_xu|red|stalled_(barrier|long_scoreboard|math_pipe|wait|short_scoreboard|sleeping|dispatch|mio|lg_throttle|membar|branch|no_instruction|selected)" "$log"
+grep -E "^===|^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Dynamic Shared|Achieved Occupancy|Block Size|Grid Size|pipe_tensor|pipe_lsu|pipe_uniform|pipe_fma |pipe_alu|pipe_xu|global_red_pred_on_any.sum |stalled_(barrier|long_scoreboard|math_pipe|wait|short_scoreboard|sleeping|dispatch|mio|lg_throttle|membar|branch|no_instruction|selected)" "$log"

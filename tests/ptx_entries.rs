@@ -255,3 +255,31 @@ fn sm90_backward_entries_take_the_parameters_the_host_passes() {
     }
     assert!(checked >= 40, "{checked} entries checked");
 }
+
+/// The FP8 forward's entry takes the parameters `flash_attn::fp8` passes and is compiled for
+/// the threads it launches (its producer warpgroup and two consumers), without local memory.
+#[test]
+fn fp8_forward_entry_matches_its_launch() {
+    use attention_kernels::abi::params::Fp8ForwardParams;
+    let Some(hopper) = flash_attn::PTX_SM90A else {
+        return;
+    };
+    let c = sm90::FP8_D128;
+    let name = flash_attn::instances::sm90_forward_e4m3(&c);
+    assert_eq!(param_bytes(hopper, &name), size_of::<Fp8ForwardParams>());
+    let at = hopper.find(&format!(".entry {name}(")).unwrap();
+    let body = at + hopper[at..].find("\n{").unwrap();
+    assert!(
+        hopper[at..body].contains(&format!(".maxntid {}, 1, 1", c.threads())),
+        "{name}: not compiled for {} threads",
+        c.threads()
+    );
+    let end = body
+        + hopper[body..]
+            .find("\n.visible")
+            .unwrap_or(hopper.len() - body);
+    assert!(
+        !hopper[body..end].contains(".local"),
+        "{name} uses local memory"
+    );
+}

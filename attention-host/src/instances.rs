@@ -4,7 +4,7 @@
 
 use attention_kernels::kernels::sm80::backward::TcBackwardConfig;
 use attention_kernels::kernels::sm80::forward::TcConfig;
-use attention_kernels::kernels::sm90::{WgBackwardConfig, WgConfig};
+use attention_kernels::kernels::sm90::{Fp8Config, WgBackwardConfig, WgConfig};
 use attention_kernels::kernels::{decode, sm80, sm90};
 
 use crate::dtype::DType;
@@ -86,6 +86,14 @@ pub fn sm90_forward_mods(dtype: DType, cfg: &WgConfig) -> String {
 /// the modifiers' registers.
 pub fn sm90_forward_window(dtype: DType, cfg: &WgConfig) -> String {
     sm90_forward(dtype, cfg, true).replacen("_general_", "_window_", 1)
+}
+
+/// The FP8 (e4m3) `wgmma` forward `cfg` (`crate::fp8`): plain calls, O in bf16.
+pub fn sm90_forward_e4m3(cfg: &Fp8Config) -> String {
+    format!(
+        "flash_wgmma_forward_e4m3_d{}_g{}_k{}",
+        cfg.head_dim, cfg.warpgroups, cfg.block_keys
+    )
 }
 
 /// The `mma.sync` backward main kernel `cfg`; `general` as for [`sm80_forward`];
@@ -266,5 +274,6 @@ pub fn entry_points() -> Vec<Entry> {
             }
         }
     }
+    push(Family::Sm90, sm90_forward_e4m3(&sm90::FP8_D128));
     out
 }

@@ -14,6 +14,7 @@ pub mod error;
 pub mod families;
 pub mod family;
 pub mod flash_options;
+pub mod fp8;
 pub mod instances;
 pub mod kv_cache;
 pub mod layout;

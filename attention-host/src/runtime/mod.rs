@@ -186,6 +186,7 @@ kernel_params!(
     attention_kernels::abi::params::MaterializedOutputParams,
     attention_kernels::abi::params::TensorCoreForwardParams,
     attention_kernels::abi::params::TmaForwardParams,
+    attention_kernels::abi::params::Fp8ForwardParams,
     attention_kernels::abi::params::TensorCoreBackwardParams,
     attention_kernels::abi::params::TmaBackwardParams,
     attention_kernels::abi::params::MergeParams,

@@ -203,6 +203,40 @@ const _: () = assert!(
         && core::mem::offset_of!(TmaForwardParams, v_map) == TMA_MAPS_OFFSET + 128
 );
 
+/// The `wgmma` FP8 forward (`kernels::sm90::forward_fp8`): Q, K, V in e4m3 `[batch, seq, heads,
+/// head_dim]` (one byte per element, Q's rows at `q_strides`), K and V read through their tensor
+/// maps (boxes of 128 one-byte columns by the block's keys, 128-byte swizzled), O in bf16 at
+/// `o_strides`, LSE f32 `[batch, heads_q, n_q]`. `descale` points to f32 factors: the Q heads',
+/// then the K heads', then the V heads' (`heads_q + 2 · heads_kv`), by which the stored values
+/// are multiplied to give the real ones.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fp8ForwardParams {
+    pub align: [u64; TMA_MAPS_OFFSET / 8],
+    pub k_map: TensorMap,
+    pub v_map: TensorMap,
+    pub q: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub descale: u64,
+    pub shape: AttentionShape,
+    /// `τ · log2 e`, before the descaling factors of Q and K.
+    pub scale_log2: f32,
+    /// 1 for the causal mask, 0 for none.
+    pub causal: u32,
+    pub q_strides: TensorStrides,
+    pub o_strides: TensorStrides,
+    /// V as the accelerator reads it through `v_map`: for the slow path that finds a NaN of V
+    /// under the causal mask's diagonal (the kernel's docs).
+    pub v: u64,
+    pub v_strides: TensorStrides,
+}
+
+const _: () = assert!(
+    core::mem::offset_of!(Fp8ForwardParams, k_map) == TMA_MAPS_OFFSET
+        && core::mem::offset_of!(Fp8ForwardParams, v_map) == TMA_MAPS_OFFSET + 128
+);
+
 /// The tensor-core backward (`kernels::sm80::backward`, `kernels::sm90`), one struct for its
 /// kernels. Q, K, V, O, dO, dQ, dK, dV are f16 or bf16 `[batch, seq, heads, head_dim]` with the
 /// strides of `strides`; `lse` is the forward's f32 `[batch, heads_q, n_q]` (natural log).

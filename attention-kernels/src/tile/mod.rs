@@ -4,6 +4,7 @@
 //! The swizzle is plain address arithmetic and compiles for the host too, where its bank-conflict
 //! properties are tested; everything else is device code.
 
+pub mod fp8_layout;
 pub mod fragment_addr;
 pub mod panel;
 pub mod swizzle;
@@ -26,6 +27,8 @@ pub mod order;
 pub mod tma;
 #[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
 pub mod wgmma;
+#[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
+pub mod wgmma_fp8;
 
 pub use panel::PanelTile;
 pub use swizzle::SwizzledTile;

@@ -11,8 +11,8 @@ use cudarc::driver::sys;
 use crate::dtype::DType;
 use crate::error::{Result, invalid};
 
-/// Columns of one box: a 128-byte panel of 16-bit elements.
-const BOX_COLS: u32 = 64;
+/// Bytes of one box's row: a 128-byte panel (64 16-bit or 128 8-bit elements).
+const BOX_BYTES: u32 = 128;
 
 /// One 16-bit tensor of `rows` rows of `heads` heads of `head_dim` columns per batch item, at
 /// device address `ptr` with element strides `strides`.
@@ -33,10 +33,26 @@ pub(crate) fn encode(dtype: DType, t: &Operand, box_rows: u32) -> Result<TensorM
         DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::F32 => return Err(invalid!("tensor maps are made for 16-bit tensors only")),
     };
+    encode_elements(data_type, 2, t, box_rows)
+}
+
+/// The map of a one-byte (e4m3) tensor `t`, in boxes of `box_rows` rows of 128 columns: one
+/// 128-byte swizzle row each, as the FP8 forward's tiles hold them.
+pub(crate) fn encode_bytes(t: &Operand, box_rows: u32) -> Result<TensorMap> {
+    let data_type = sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8;
+    encode_elements(data_type, 1, t, box_rows)
+}
+
+/// The map of `t` with elements of `es` bytes, boxes of 128 bytes by `box_rows` rows.
+fn encode_elements(
+    data_type: sys::CUtensorMapDataType,
+    es: u64,
+    t: &Operand,
+    box_rows: u32,
+) -> Result<TensorMap> {
     if t.batch == 0 || t.rows == 0 || t.heads == 0 || t.head_dim == 0 {
         return Ok(TensorMap::default());
     }
-    let es = 2u64;
     let dims = [t.head_dim, t.heads, t.rows, t.batch].map(u64::from);
     // Byte strides of dims 1..3. The stride over an extent of 1 is never stepped: any valid
     // value does (the row's bytes, whole 16-byte chunks).
@@ -51,7 +67,7 @@ pub(crate) fn encode(dtype: DType, t: &Operand, box_rows: u32) -> Result<TensorM
             if extent <= 1 { row_bytes } else { stride * es }
         },
     );
-    let boxes = [BOX_COLS, 1, box_rows, 1];
+    let boxes = [BOX_BYTES / es as u32, 1, box_rows, 1];
     let element_strides = [1u32; 4];
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
     // SAFETY: every pointer is to a live array of the rank's length; the driver only reads them

@@ -11,6 +11,8 @@
 mod backward;
 #[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
 mod forward;
+#[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
+mod forward_fp8;
 mod launch_bounds;
 
 pub use launch_bounds::{LAUNCH_BOUNDS, TUNING_LAUNCH_BOUNDS};
@@ -252,6 +254,58 @@ pub const BARRIER_BYTES: u32 = 8;
 /// Bytes of shared memory an instance takes: its tiles and its barrier slots.
 pub const fn forward_shared_bytes(c: &WgConfig, tma: bool, warp_specialized: bool) -> u32 {
     c.shared_bytes() + BARRIER_BYTES * forward_barrier_slots(tma, warp_specialized)
+}
+
+/// Tiles of the FP8 (e4m3) forward (`forward_fp8`): `warpgroups` consumer groups of 64 query
+/// rows beside a producer warpgroup, K/V blocks of `block_keys` keys, rows of `head_dim` bytes
+/// (one 128-byte swizzle row at d = 128).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8Config {
+    pub head_dim: u32,
+    pub warpgroups: u32,
+    pub block_keys: u32,
+}
+
+impl Fp8Config {
+    pub const fn block_rows(&self) -> u32 {
+        64 * self.warpgroups
+    }
+    pub const fn consumer_threads(&self) -> u32 {
+        128 * self.warpgroups
+    }
+    /// The consumers and the producer warpgroup.
+    pub const fn threads(&self) -> u32 {
+        self.consumer_threads() + 128
+    }
+    /// Bytes of one tile: every tile (Q, a K, V or transposed V stage) is 128 rows of 128 bytes.
+    pub const fn tile_bytes(&self) -> u32 {
+        assert!(self.block_rows() == 128 && self.block_keys == 128 && self.head_dim == 128);
+        128 * 128
+    }
+    /// Q, two stages each of K, V as it lands and V transposed, then ten barriers (a stage's
+    /// K landed and released, V landed, V transposed and released) and the word that flags a
+    /// NaN of V under the causal diagonal.
+    pub const fn shared_bytes(&self) -> u32 {
+        7 * self.tile_bytes() + 11 * BARRIER_BYTES
+    }
+}
+
+/// d = 128: two consumer warpgroups (128 query rows), 128-key blocks: 112 KiB of shared memory,
+/// one block of 12 warps per SM, as the bf16 [`D128`].
+pub const FP8_D128: Fp8Config = Fp8Config {
+    head_dim: 128,
+    warpgroups: 2,
+    block_keys: 128,
+};
+
+/// The FP8 forward's configuration for a head dim: d = 128 only (smaller ones would need
+/// another swizzle than 128-byte rows).
+pub const fn fp8_config(head_dim: u32) -> Option<Fp8Config> {
+    if head_dim == 128 {
+        Some(FP8_D128)
+    } else {
+        None
+    }
 }
 
 /// Whether the backward's main kernel of `c` for full-length sequences without dropout
