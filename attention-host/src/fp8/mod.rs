@@ -5,7 +5,7 @@
 //! d = 128, for plain calls: full-length sequences, causal or not, any scale; no lengths,
 //! dropout, window or score modifiers. Everything else is refused with `InvalidInput`.
 //!
-//! [`reference`] is the f64 reference on the dequantized inputs, which the GPU test bounds the
+//! [`reference()`] is the f64 reference on the dequantized inputs, which the GPU test bounds the
 //! kernel's error against.
 
 pub mod e4m3;
