@@ -25,7 +25,7 @@
 use crate::abi::params::Fp8ForwardParams;
 use crate::abi::storage::Bf16;
 use crate::arch::{
-    block_x, claim_registers, grid_dim_x, named_arrive, named_sync, opaque, release_registers,
+    block_x, claim_registers, grid_dim_x, named_arrive, named_sync, release_registers,
     shared_window, sync_threads, thread_x,
 };
 use crate::attn::grid::head_and_sequence;
