@@ -30,6 +30,27 @@ fn quantized(rng: &mut StdRng, n: usize, heads: u32, range: f32) -> (Vec<u8>, Ve
     fp8::quantize_per_head(&x, heads, 128)
 }
 
+/// O and LSE of one forward.
+type OutputPair<T> = (Vec<T>, Vec<T>);
+
+/// O and LSE of the FP8 forward and of the f64 reference on the same e4m3 inputs.
+fn beside_reference(
+    gpu: &flash_attn::Gpu,
+    shape: &AttentionShape,
+    [q, k, v]: [&[u8]; 3],
+    descale: &Fp8Descale,
+    causal: bool,
+) -> (OutputPair<f32>, OutputPair<f64>) {
+    let options = FlashOptions::new(AttentionOptions::new().causal(causal));
+    let up = |x: &[u8]| DeviceE4m3::from_bits(x).unwrap();
+    let out = fp8::forward_e4m3(gpu, shape, [&up(q), &up(k), &up(v)], descale, &options).unwrap();
+    let r = fp8::reference(shape, [q, k, v], descale, &options).unwrap();
+    (
+        (out.o.to_f32().unwrap(), out.lse.to_vec().unwrap()),
+        (r.o, r.lse),
+    )
+}
+
 #[test]
 fn fp8_forward_matches_the_dequantized_reference() {
     let Some(gpu) = gpu_or_skip("fp8_forward_matches_the_dequantized_reference") else {
@@ -62,24 +83,13 @@ fn fp8_forward_matches_the_dequantized_reference() {
             k: dk,
             v: dv.clone(),
         };
-        let options = FlashOptions::new(AttentionOptions::new().causal(causal));
-        let up = |x: &[u8]| DeviceE4m3::from_bits(x).unwrap();
-        let out = fp8::forward_e4m3(
-            &gpu,
-            &shape,
-            [&up(&q), &up(&k), &up(&v)],
-            &descale,
-            &options,
-        )
-        .unwrap();
-        let (o, lse) = (out.o.to_f32().unwrap(), out.lse.to_vec().unwrap());
-        let r = fp8::reference(&shape, [&q, &k, &v], &descale, &options).unwrap();
+        let ((o, lse), r) = beside_reference(&gpu, &shape, [&q, &k, &v], &descale, causal);
         let v_max = fp8::dequantize(&v, &dv, 128)
             .iter()
             .fold(0.0f64, |m, x| m.max(x.abs()));
-        let o_max = r.o.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+        let o_max = r.0.iter().fold(0.0f64, |m, x| m.max(x.abs()));
         let (mut worst, mut sq) = (0.0f64, 0.0f64);
-        for (&a, &e) in o.iter().zip(&r.o) {
+        for (&a, &e) in o.iter().zip(&r.0) {
             let d = (a as f64 - e).abs();
             assert!(
                 d.is_finite() || e.is_nan(),
@@ -90,7 +100,7 @@ fn fp8_forward_matches_the_dequantized_reference() {
         }
         let rms = (sq / o.len() as f64).sqrt();
         let mut lse_worst = 0.0f64;
-        for (&a, &e) in lse.iter().zip(&r.lse) {
+        for (&a, &e) in lse.iter().zip(&r.1) {
             if e == f64::NEG_INFINITY {
                 assert_eq!(a, f32::NEG_INFINITY, "an empty row's LSE");
             } else {
@@ -141,24 +151,13 @@ fn fp8_forward_keeps_masked_nans_out() {
             k: dk,
             v: dv.clone(),
         };
-        let options = FlashOptions::new(AttentionOptions::new().causal(true));
-        let up = |x: &[u8]| DeviceE4m3::from_bits(x).unwrap();
-        let out = fp8::forward_e4m3(
-            &gpu,
-            &shape,
-            [&up(&q), &up(&k), &up(&v)],
-            &descale,
-            &options,
-        )
-        .unwrap();
-        let o = out.o.to_f32().unwrap();
-        let r = fp8::reference(&shape, [&q, &k, &v], &descale, &options).unwrap();
+        let ((o, _), r) = beside_reference(&gpu, &shape, [&q, &k, &v], &descale, true);
         let v_max = fp8::dequantize(&v, &dv, 128)
             .iter()
             .filter(|x| x.is_finite())
             .fold(0.0f64, |m, x| m.max(x.abs()));
         let (mut nan, mut finite) = (0, 0);
-        for (i, (&a, &e)) in o.iter().zip(&r.o).enumerate() {
+        for (i, (&a, &e)) in o.iter().zip(&r.0).enumerate() {
             let (row, col) = (i / (128 * hq as usize), i % 128);
             if e.is_nan() {
                 assert!(
