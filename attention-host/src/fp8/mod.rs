@@ -114,6 +114,17 @@ pub fn check(
     descale: &Fp8Descale,
     options: &FlashOptions,
 ) -> Result<Fp8Config> {
+    checked(cc, wgmma, shape, descale, options).map(|(config, _)| config)
+}
+
+/// [`check`], also returning the validated problem (its grid).
+fn checked(
+    cc: (u32, u32),
+    wgmma: bool,
+    shape: &AttentionShape,
+    descale: &Fp8Descale,
+    options: &FlashOptions,
+) -> Result<(Fp8Config, Problem)> {
     if cc < (8, 9) {
         return Err(invalid!(
             "FP8 (e4m3) attention needs 8-bit tensor cores (compute capability 8.9 or newer); \
@@ -138,7 +149,7 @@ pub fn check(
             ));
         }
     }
-    Problem::new(shape, DType::Bf16, options)?;
+    let problem = Problem::new(shape, DType::Bf16, options)?;
     let a = &options.attention;
     if a.lengths != Lengths::Full
         || a.dropout.is_some()
@@ -183,7 +194,18 @@ pub fn check(
             "descaling factors must be finite and positive, got {f}"
         ));
     }
-    Ok(config)
+    Ok((config, problem))
+}
+
+/// The launch of `config` for `problem`: a block per 128 query rows of each (head, sequence)
+/// pair, the pairs on the grid's y and z as every family's (folded past 65,535 of either).
+fn launch_config(config: &Fp8Config, problem: &Problem, shape: &AttentionShape) -> LaunchConfig {
+    let (y, z) = problem.grid_yz(shape.heads_q);
+    LaunchConfig {
+        grid: (shape.n_q.div_ceil(config.block_rows()), y, z),
+        block: (config.threads(), 1, 1),
+        shared_bytes: config.shared_bytes(),
+    }
 }
 
 /// The FP8 forward's results: O (bf16) and LSE, queued on the `Gpu`'s stream.
@@ -202,7 +224,7 @@ pub fn forward_e4m3(
     descale: &Fp8Descale,
     options: &FlashOptions,
 ) -> Result<Fp8Forward> {
-    let config = check(
+    let (config, problem) = checked(
         gpu.compute_capability(),
         gpu.has_wgmma(),
         shape,
@@ -225,13 +247,15 @@ pub fn forward_e4m3(
     let lse = DeviceF32::uninitialized(shape.row_elems())?;
     let factors = DeviceF32::from_slice(&descale.packed())?;
     let (d, a) = (shape.head_dim, &options.attention);
+    let q_strides = TensorStrides::contiguous(shape.n_q, shape.heads_q, d);
+    let kv_strides = TensorStrides::contiguous(shape.n_k, shape.heads_kv, d);
     let kv = |ptr| Operand {
         ptr,
         batch: shape.batch,
         rows: shape.n_k,
         heads: shape.heads_kv,
         head_dim: d,
-        strides: TensorStrides::contiguous(shape.n_k, shape.heads_kv, d),
+        strides: kv_strides,
     };
     let params = Fp8ForwardParams {
         align: TmaForwardParams::default().align,
@@ -244,21 +268,13 @@ pub fn forward_e4m3(
         shape: *shape,
         scale_log2: a.scale_for(d) * std::f32::consts::LOG2_E,
         causal: a.causal as u32,
-        q_strides: TensorStrides::contiguous(shape.n_q, shape.heads_q, d),
-        o_strides: TensorStrides::contiguous(shape.n_q, shape.heads_q, d),
+        q_strides,
+        o_strides: q_strides,
         v: v.device_ptr(),
-        v_strides: TensorStrides::contiguous(shape.n_k, shape.heads_kv, d),
-    };
-    let cfg = LaunchConfig {
-        grid: (
-            shape.n_q.div_ceil(config.block_rows()),
-            shape.heads_q,
-            shape.batch,
-        ),
-        block: (config.threads(), 1, 1),
-        shared_bytes: config.shared_bytes(),
+        v_strides: kv_strides,
     };
     if shape.n_q > 0 && shape.batch > 0 && shape.heads_q > 0 {
+        let cfg = launch_config(&config, &problem, shape);
         gpu.launch(&crate::instances::sm90_forward_e4m3(&config), cfg, &params)?;
     }
     // The factors are read by the queued kernel: freed in stream order after it.

@@ -29,6 +29,20 @@ fn check_takes_plain_calls_at_d128_on_hopper() {
     assert!(check(HOPPER, true, &shape, &descale, &sm90).is_ok());
 }
 
+/// Past 65,535 sequences the launch folds the (head, sequence) pairs onto y and z as every
+/// family's does, which the kernel decodes with `attn::grid::head_and_sequence`.
+#[test]
+fn launch_folds_pairs_past_the_grid_limit() {
+    for (batch, heads, want) in [(3, 8, (1, 8, 3)), (70_000, 1, (1, 65_535, 2))] {
+        let shape = AttentionShape::new(batch, 100, 100, heads, 1, 128);
+        let descale = Fp8Descale::per_tensor(&shape, 1.0, 1.0, 1.0);
+        let (config, problem) = checked(HOPPER, true, &shape, &descale, &plain(true)).unwrap();
+        let launch = launch_config(&config, &problem, &shape);
+        assert_eq!(launch.grid, want, "batch {batch}, heads {heads}");
+        assert_eq!(launch.block, (384, 1, 1));
+    }
+}
+
 #[test]
 fn check_refuses_devices_without_fp8_or_wgmma() {
     let shape = AttentionShape::new(1, 64, 64, 2, 2, 128);
