@@ -76,7 +76,7 @@ const TURN: u32 = 2;
 /// copy of the fold, which takes the scale in the exponent's `fma` (one instruction per score
 /// fewer) where `RowKeys::scale_in_fold` allows (a factor chosen at run time made ptxas spill).
 #[inline(always)]
-fn mask_and_fold<const NK: usize>(
+pub(super) fn mask_and_fold<const NK: usize>(
     sc: &mut [FragC; NK],
     state: &mut RowState,
     scale_log2: f32,

@@ -33,6 +33,7 @@ use crate::attn::row_keys::RowKeys;
 use crate::attn::score_mod::{ScoreMod, Window, keys_every_row_sees};
 use crate::attn::sequence::Sequence;
 use crate::attn::softmax::{RowState, rescale};
+use crate::kernels::sm90::forward::mask_and_fold;
 use crate::kernels::sm90::{FP8_D128, Fp8Config};
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
 use crate::tile::fp8_layout::{is_nan, key_of_position, nan_bytes, transpose_square};
@@ -62,27 +63,6 @@ const P_SCALE: f32 = 256.0;
 #[inline(always)]
 fn desc((start, lbo, sbo): (u32, u32, u32)) -> Desc {
     Desc::swizzle_128(start, lbo, sbo)
-}
-
-/// Masks the raw scores `sc` of keys `k0 ..` and folds them into `state` (`forward`'s, with
-/// the scale in the exponent's `fma` where it may be); returns O's factor. A function rather
-/// than a closure so that it is always inlined.
-#[inline(always)]
-fn mask_and_fold<const NK: usize>(
-    sc: &mut [FragC; NK],
-    state: &mut RowState,
-    scale_log2: f32,
-    k0: u32,
-    keys: &RowKeys,
-    t: u32,
-) -> [f32; 2] {
-    if keys.scale_in_fold(scale_log2) {
-        keys.prepare(sc, (scale_log2, false), k0, t);
-        state.fold(sc, scale_log2)
-    } else {
-        keys.prepare(sc, (scale_log2, true), k0, t);
-        state.fold(sc, 1.0)
-    }
 }
 
 /// `sc = Q·Kᵀ` of the 64 rows from `row0` of `q` against the keys of `k`, one committed group.
@@ -419,7 +399,15 @@ unsafe fn forward<const KD: usize, const ND: usize, const NK: usize, const NP: u
         wgmma::wait::<0>();
         release(k_empty(first_block));
         sc.pin();
-        mask_and_fold(&mut sc, &mut state, scale_log2, first_block * bc, &keys, t);
+        mask_and_fold(
+            &mut sc,
+            &mut state,
+            scale_log2,
+            first_block * bc,
+            &keys,
+            t,
+            true,
+        );
         let mut pf = pack_p::<NK, NP>(&sc, P_SCALE);
         for block in first_block + 1..n_blocks {
             wait_k(block);
@@ -436,7 +424,7 @@ unsafe fn forward<const KD: usize, const ND: usize, const NK: usize, const NP: u
             wgmma::wait::<1>();
             release(k_empty(block));
             sc.pin();
-            let alpha = mask_and_fold(&mut sc, &mut state, scale_log2, block * bc, &keys, t);
+            let alpha = mask_and_fold(&mut sc, &mut state, scale_log2, block * bc, &keys, t, true);
             wgmma::wait::<0>();
             release(vt_empty(block - 1));
             o.pin();
