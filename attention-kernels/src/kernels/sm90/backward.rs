@@ -93,6 +93,29 @@ fn stepped(first: (u32, u32, u32), offset: u32, hoist: bool) -> Desc {
     }
 }
 
+/// `acc += A · B` over the Q block's k-steps, one committed group: A (`Pᵀ` or `dSᵀ`) from
+/// registers, one fragment per 16 queries, and B (dO or Q) MN-major from `b`.
+///
+/// # Safety
+/// Queries `0 .. 16 · NQP` of B are filled and published; the whole warpgroup calls it.
+#[inline(always)]
+unsafe fn accumulate_rs<T: Wgmma, const N: usize>(
+    acc: &mut [FragC; N],
+    a: &[FragA; NQP],
+    b: (u32, u32, u32),
+    hoist: bool,
+) where
+    [FragC; N]: Accumulator,
+{
+    wgmma::fence();
+    for (k, a) in a.iter().enumerate() {
+        let b = stepped(b, PanelTile::mn_step_offset(16 * k as u32), hoist);
+        // SAFETY: forwarded to the caller.
+        unsafe { acc.mma_rs_trans_b::<T>(a, b) };
+    }
+    wgmma::commit();
+}
+
 #[inline(always)]
 unsafe fn backward<
     T: Wgmma + Exponent,
@@ -587,13 +610,8 @@ unsafe fn backward<
             store_operand(pt_tile, &pt_a);
             wgmma::wait::<0>();
         } else {
-            wgmma::fence();
-            for (k, a) in pt_a.iter().enumerate() {
-                let b = stepped(do_b, PanelTile::mn_step_offset(16 * k as u32), hoist);
-                // SAFETY: queries 16k .. 16k + 16 of the stage's dO are filled.
-                unsafe { dv.mma_rs_trans_b::<T>(a, b) };
-            }
-            wgmma::commit();
+            // SAFETY: the stage's dO is filled.
+            unsafe { accumulate_rs::<T, ND>(&mut dv, &pt_a, do_b, hoist) };
             wgmma::wait::<1>();
         }
         dp_t.pin();
@@ -643,13 +661,8 @@ unsafe fn backward<
             }
             wgmma::commit();
         } else {
-            wgmma::fence();
-            for (k, a) in ds_a.iter().enumerate() {
-                let b = stepped(q_b, PanelTile::mn_step_offset(16 * k as u32), hoist);
-                // SAFETY: queries 16k .. 16k + 16 of the stage's Q are filled.
-                unsafe { dk.mma_rs_trans_b::<T>(a, b) };
-            }
-            wgmma::commit();
+            // SAFETY: the stage's Q is filled.
+            unsafe { accumulate_rs::<T, ND>(&mut dk, &ds_a, q_b, hoist) };
             // dQ reads every warpgroup's dSᵀ rows.
             sync_threads();
         }
