@@ -89,3 +89,34 @@ pub unsafe fn stage_fragments_at<T: MmaElem, const N: usize>(
         }
     }
 }
+
+/// Copies rows `0 .. rows` of `tile`, 16-byte chunks `0 .. chunks` of each, to the global rows
+/// `dst + (row0 + r) · stride`, skipping rows at or past `row_end`; `threads` threads share the
+/// copy, this one starting at `first`. The epilogues send their staged O rows out this way, as
+/// whole coalesced chunks.
+///
+/// # Safety
+/// The rows and chunks must lie inside the tile, and every global row below `row_end` must be
+/// writable for `16 · chunks` bytes at 16-byte alignment.
+#[inline(always)]
+pub unsafe fn store_staged_rows(
+    tile: SwizzledTile,
+    (rows, chunks): (u32, u32),
+    (dst, stride): (u64, u64),
+    (row0, row_end): (u32, u32),
+    (first, threads): (u32, u32),
+) {
+    let mut i = first;
+    while i < rows * chunks {
+        let (r, c) = (i / chunks, i % chunks);
+        let row = row0 + r;
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            let v = load_shared_16(tile.chunk_addr(r, c));
+            if row < row_end {
+                store_global_16(dst + row as u64 * stride + c as u64 * 16, v);
+            }
+        }
+        i += threads;
+    }
+}

@@ -36,7 +36,9 @@
 //! block's rows (`m64n32`, `WgBackwardConfig::score_queries`) and writes `Pᵀ` (times Z) and
 //! `dSᵀ` to the two `dSᵀ` buffers, which it does not need for dQ (not carried); after a barrier
 //! each accumulates dK, dV and dQ of its own slice of 128 columns only (`BACKWARD_SLICE_COLS`)
-//! over all 64 rows, A from those tiles, so the accumulators fit in registers. The tiles are 256 columns wide at d = 192 too, the last 64 zeros that only the second
+//! over all 64 rows, A from those tiles, so the accumulators fit in registers. dQ's two 64-column
+//! chains are issued before dV and before dK, so that each chain's reductions run under the
+//! product after it. The tiles are 256 columns wide at d = 192 too, the last 64 zeros that only the second
 //! slice's products read: a 64-column product there would sit in a branch on the warpgroup,
 //! which ptxas cannot tell uniform, and it serializes every `wgmma` of such a kernel (C7520).
 //! The instances without sequences of their own or dropout (plain, window, deterministic) load
@@ -112,6 +114,34 @@ unsafe fn accumulate_rs<T: Wgmma, const N: usize>(
         let b = stepped(b, PanelTile::mn_step_offset(16 * k as u32), hoist);
         // SAFETY: forwarded to the caller.
         unsafe { acc.mma_rs_trans_b::<T>(a, b) };
+    }
+    wgmma::commit();
+}
+
+/// `acc += A · B` over the Q block's k-steps, one committed group: A (`Pᵀ` or `dSᵀ`, every
+/// query of the block) K-major from `a`, and B (dO or Q) MN-major from `b`. The sliced
+/// instances accumulate dV and dK this way, each group over its slice of B's columns.
+///
+/// # Safety
+/// Queries `0 .. 16 · NQP` of A and B are written and published; the whole warpgroup calls it.
+#[inline(always)]
+unsafe fn accumulate_ss<T: Wgmma, const N: usize>(
+    acc: &mut [FragC; N],
+    a: PanelTile,
+    b: (u32, u32, u32),
+    hoist: bool,
+) where
+    [FragC; N]: Accumulator,
+{
+    wgmma::fence();
+    let first = a.k_major(0, 0);
+    for kk in 0..NQP as u32 {
+        let (a, b) = (
+            stepped(first, a.k_step_offset(kk), hoist),
+            stepped(b, PanelTile::mn_step_offset(16 * kk), hoist),
+        );
+        // SAFETY: forwarded to the caller.
+        unsafe { acc.mma_ss_trans_b::<T>(a, b, true) };
     }
     wgmma::commit();
 }
@@ -644,22 +674,9 @@ unsafe fn backward<
         wgmma::fence_proxy_async();
         let q_b = qt.mn_major(0, col0);
         if SLICED {
-            // Both groups' queries of `Pᵀ` and `dSᵀ` are in their tiles.
+            // Both groups' queries of `Pᵀ` and `dSᵀ` are in their tiles; dV and dK are issued
+            // with dQ's chains below.
             sync_threads();
-            wgmma::fence();
-            for (tile, b, acc) in [(pt_tile, do_b, &mut dv), (dst, q_b, &mut dk)] {
-                let a = tile.k_major(0, 0);
-                for kk in 0..NQP as u32 {
-                    let (a, b) = (
-                        stepped(a, tile.k_step_offset(kk), hoist),
-                        stepped(b, PanelTile::mn_step_offset(16 * kk), hoist),
-                    );
-                    // SAFETY: queries 16kk .. 16kk + 16 of the tile and of the stage's dO or Q
-                    // are written.
-                    unsafe { acc.mma_ss_trans_b::<T>(a, b, true) };
-                }
-            }
-            wgmma::commit();
         } else {
             // SAFETY: the stage's Q is filled.
             unsafe { accumulate_rs::<T, ND>(&mut dk, &ds_a, q_b, hoist) };
@@ -692,7 +709,22 @@ unsafe fn backward<
                 let col = dq_col0 + part * dq_cols;
                 let mut dq_now = [FragC::default(); DQ];
                 issue_dq(&mut dq_now, col);
-                wgmma::wait::<0>();
+                if SLICED {
+                    // dV after the first chain, dK after the second: each chain's reduction
+                    // runs while the product issued after it does.
+                    // SAFETY: both groups' queries of the `Pᵀ` and `dSᵀ` tiles are written
+                    // (the barrier above); the stage's dO and Q are filled.
+                    unsafe {
+                        if part == 0 {
+                            accumulate_ss::<T, ND>(&mut dv, pt_tile, do_b, hoist);
+                        } else {
+                            accumulate_ss::<T, ND>(&mut dk, dst, q_b, hoist);
+                        }
+                    }
+                    wgmma::wait::<1>();
+                } else {
+                    wgmma::wait::<0>();
+                }
                 dq_now.pin();
                 if DETERMINISTIC && part == 0 {
                     if tid == 0 {
@@ -705,6 +737,11 @@ unsafe fn backward<
                     sync_threads();
                 }
                 reduce_dq(&dq_now, (h, q0), col);
+            }
+            if SLICED {
+                // dK reads the `dSᵀ` tile, which the next step's barrier hands back to both
+                // groups.
+                wgmma::wait::<0>();
             }
             if DETERMINISTIC {
                 // Every thread's adds precede the barrier; the release publishes them.

@@ -57,7 +57,7 @@ use crate::attn::sequence::Sequence;
 use crate::attn::softmax::{RowState, pack, rescale};
 use crate::kernels::sm90::WgConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
-use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
+use crate::tile::mem::{stage_fragments, store_shared_u32, store_staged_rows};
 use crate::tile::mem_backward::load_shared_u32;
 use crate::tile::mma::{FragA, FragC};
 use crate::tile::tma;
@@ -643,21 +643,17 @@ unsafe fn forward<
     let seq = locate();
     let (o_dst, o_stride) = (p.o + 2 * seq.q_row(&p.strides.o, 0, h), 2 * p.strides.o.seq);
     // O's real head dim's chunks only (the staging tile may hold padding columns past them).
-    let chunks = v_chunks;
-    let mut i = tid;
-    while i < br * chunks {
-        let (r, c) = (i / chunks, i % chunks);
-        let row = q0 + r;
-        // SAFETY: the shared chunk is inside the staging tile (chunks ≤ its chunks); the global
-        // row is below n_q.
-        unsafe {
-            let v = load_shared_16(staging.chunk_addr(r, c));
-            if row < seq.q_len {
-                store_global_16(o_dst + row as u64 * o_stride + c as u64 * 16, v);
-            }
-        }
-        i += threads;
-    }
+    // SAFETY: the chunks are inside the staging tile (v_chunks ≤ its chunks); the global rows
+    // below q_len are O's.
+    unsafe {
+        store_staged_rows(
+            staging,
+            (br, v_chunks),
+            (o_dst, o_stride),
+            (q0, seq.q_len),
+            (tid, threads),
+        )
+    };
     if t == 0 {
         let lse_row =
             (seq.batch as u64 * s.heads_q as u64 + h as u64) * s.n_q as u64 + seq.q_start as u64;

@@ -37,7 +37,7 @@ use crate::kernels::sm90::forward::mask_and_fold;
 use crate::kernels::sm90::{FP8_D128, Fp8Config};
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, wait_all};
 use crate::tile::fp8_layout::{is_nan, key_of_position, nan_bytes, transpose_square};
-use crate::tile::mem::{load_shared_16, stage_fragments, store_global_16, store_shared_u32};
+use crate::tile::mem::{stage_fragments, store_shared_u32, store_staged_rows};
 use crate::tile::mem_backward::load_shared_u32;
 use crate::tile::mma::{FragA, FragC};
 use crate::tile::tma;
@@ -450,20 +450,16 @@ unsafe fn forward<const KD: usize, const ND: usize, const NK: usize, const NP: u
     unsafe { stage_fragments::<Bf16, ND>(staging, group_row + 16 * warp, &o, dv / P_SCALE, lane) };
     named_sync(CONSUMERS, consumers);
     let (o_dst, o_stride) = (p.o + 2 * seq.q_row(&p.o_strides, 0, h), 2 * p.o_strides.seq);
-    let chunks = c.head_dim / 8;
-    let mut i = tid;
-    while i < br * chunks {
-        let (r, ch) = (i / chunks, i % chunks);
-        let row = q0 + r;
-        // SAFETY: inside the staging tile; the global row is below n_q.
-        unsafe {
-            let v = load_shared_16(staging.chunk_addr(r, ch));
-            if row < seq.q_len {
-                store_global_16(o_dst + row as u64 * o_stride + ch as u64 * 16, v);
-            }
-        }
-        i += consumers;
-    }
+    // SAFETY: the chunks are inside the staging tile; the global rows below q_len are O's.
+    unsafe {
+        store_staged_rows(
+            staging,
+            (br, c.head_dim / 8),
+            (o_dst, o_stride),
+            (q0, seq.q_len),
+            (tid, consumers),
+        )
+    };
     if t == 0 {
         let lse_row = (seq.batch as u64 * s.heads_q as u64 + h as u64) * s.n_q as u64;
         let lse_ptr = p.lse as *mut f32;
