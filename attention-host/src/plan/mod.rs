@@ -793,11 +793,11 @@ mod tests {
         }
     }
 
-    /// The plain `wgmma` backward runs tiles of its own at d = 32 (`BACKWARD_D32`) and 72–96
-    /// (`BACKWARD_D96`, V's head dim too); key lengths, a window, dropout or deterministic dQ
+    /// The plain `wgmma` backward runs tiles of its own at d = 32 (`BACKWARD_D32`), 72–96
+    /// (`BACKWARD_D96`, V's head dim too) and 136–160 (`BACKWARD_D160`); key lengths, a window, dropout or deterministic dQ
     /// keep the padded defaults, and `with_tiles` takes both where the plan gives the own ones.
     #[test]
-    fn plain_backwards_at_d32_and_d96_run_tiles_of_their_own() {
+    fn plain_backwards_at_d32_d96_and_d160_run_tiles_of_their_own() {
         let h = h200();
         let bwd = Direction::Backward;
         let plan = |s: AttentionShape, o: FlashOptions| select_on(&h, s, DType::Bf16, o, bwd);
@@ -806,6 +806,9 @@ mod tests {
             (72, 72, sm90::BACKWARD_D96),
             (96, 80, sm90::BACKWARD_D96),
             (64, 96, sm90::BACKWARD_D96),
+            (160, 160, sm90::BACKWARD_D160),
+            (136, 128, sm90::BACKWARD_D160),
+            (192, 160, sm90::BACKWARD_D192),
         ] {
             let s = shape(d).with_head_dim_v(d_v);
             let p = plan(s, FlashOptions::default()).unwrap();

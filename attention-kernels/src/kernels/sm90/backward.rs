@@ -14,7 +14,8 @@
 //! runs and `dSᵀ` while dV runs. With `CARRY_DQ`, dQ of step `i` is left running into step
 //! `i + 1` (its `dSᵀ` tile is double-buffered) and its reductions are sent while step `i + 1`'s
 //! `dPᵀ` runs; that keeps 8 · DQ more registers live across the step, which d = 128 does not have
-//! (ptxas serializes the products and spills), so there dQ is waited for and sent in its own step. Two barriers
+//! (ptxas serializes the products and spills), so there dQ is waited for and sent in its own step,
+//! with dK issued after it so that the reductions run under dK. Two barriers
 //! per step: one publishes the landed Q/dO stage, one the `dSᵀ` tile; a stage or `dSᵀ` buffer is
 //! overwritten only after every warpgroup has waited for the products that read it.
 //! The `GENERAL` instances take every option, as the forward's do: sequences located from the
@@ -677,10 +678,13 @@ unsafe fn backward<
             // Both groups' queries of `Pᵀ` and `dSᵀ` are in their tiles; dV and dK are issued
             // with dQ's chains below.
             sync_threads();
-        } else {
+        } else if CARRY_DQ {
             // SAFETY: the stage's Q is filled.
             unsafe { accumulate_rs::<T, ND>(&mut dk, &ds_a, q_b, hoist) };
             // dQ reads every warpgroup's dSᵀ rows.
+            sync_threads();
+        } else {
+            // dQ reads every warpgroup's dSᵀ rows; dK is issued after it, below.
             sync_threads();
         }
 
@@ -723,7 +727,10 @@ unsafe fn backward<
                     }
                     wgmma::wait::<1>();
                 } else {
-                    wgmma::wait::<0>();
+                    // dK after dQ, so that dQ's reductions run under it.
+                    // SAFETY: the stage's Q is filled.
+                    unsafe { accumulate_rs::<T, ND>(&mut dk, &ds_a, q_b, hoist) };
+                    wgmma::wait::<1>();
                 }
                 dq_now.pin();
                 if DETERMINISTIC && part == 0 {
@@ -738,11 +745,10 @@ unsafe fn backward<
                 }
                 reduce_dq(&dq_now, (h, q0), col);
             }
-            if SLICED {
-                // dK reads the `dSᵀ` tile, which the next step's barrier hands back to both
-                // groups.
-                wgmma::wait::<0>();
-            }
+            // dK is done before the step ends: sliced, it reads the `dSᵀ` tile, which the next
+            // step's barrier hands back to both groups; left running into the next step, its
+            // accumulators made ptxas serialize every product (C7515).
+            wgmma::wait::<0>();
             if DETERMINISTIC {
                 // Every thread's adds precede the barrier; the release publishes them.
                 sync_threads();
@@ -878,6 +884,8 @@ entry_points! {
     tma flash_wgmma_backward_f16_d32_g2 => F16, WgBackwardConfig { head_dim: 32, warpgroups: 2 }, false, false, false, false;
     tma flash_wgmma_backward_bf16_d96_g2 => Bf16, WgBackwardConfig { head_dim: 96, warpgroups: 2 }, false, false, false, false;
     tma flash_wgmma_backward_f16_d96_g2 => F16, WgBackwardConfig { head_dim: 96, warpgroups: 2 }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d160_g2 => Bf16, WgBackwardConfig { head_dim: 160, warpgroups: 2 }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d160_g2 => F16, WgBackwardConfig { head_dim: 160, warpgroups: 2 }, false, false, false, false;
     tma flash_wgmma_backward_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, false;
     tma flash_wgmma_backward_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, false;
     cp_async flash_wgmma_backward_general_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, false, false, false;

@@ -451,8 +451,15 @@ pub const BACKWARD_D96: WgBackwardConfig = WgBackwardConfig {
     warpgroups: 2,
 };
 
+/// d = 136 to 160, plain calls only ([`backward_plain_config`]): d = 192's sliced tiles (two
+/// 128-column slices, zeros past the head dim) with `Sᵀ` and `dPᵀ` in 10 k-steps instead of 12.
+pub const BACKWARD_D160: WgBackwardConfig = WgBackwardConfig {
+    head_dim: 160,
+    warpgroups: 2,
+};
+
 /// Every backward configuration compiled into the sm_90a PTX: the defaults and the plain-only
-/// [`BACKWARD_D32`] and [`BACKWARD_D96`]. Measured against them on the H200 and dropped
+/// [`BACKWARD_D32`], [`BACKWARD_D96`] and [`BACKWARD_D160`]. Measured against them on the H200 and dropped
 /// (reports/PERF_LOG_BACKWARD.md): dQ split by keys instead of columns, and one warpgroup per
 /// block at d = 64 (two independent blocks per SM).
 pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[
@@ -462,6 +469,7 @@ pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[
     BACKWARD_D256,
     BACKWARD_D32,
     BACKWARD_D96,
+    BACKWARD_D160,
 ];
 
 /// The default backward configuration for a head dimension (padded as [`config`]).
@@ -478,12 +486,15 @@ pub const fn backward_config(head_dim: u32) -> Option<WgBackwardConfig> {
 /// The configuration whose plain instance runs the plain calls (full-length sequences, no
 /// dropout, window, score modifiers or deterministic dQ) of default `c` whose Q/K and V head
 /// dims are at most `widest`: [`BACKWARD_D32`] for [`BACKWARD_D64`]'s at 32, [`BACKWARD_D96`]
-/// for [`BACKWARD_D128`]'s from 72 to 96; otherwise `c`.
+/// for [`BACKWARD_D128`]'s from 72 to 96, [`BACKWARD_D160`] for [`BACKWARD_D192`]'s from 136
+/// to 160; otherwise `c`.
 pub const fn backward_plain_config(c: &WgBackwardConfig, widest: u32) -> WgBackwardConfig {
     if c.head_dim == 64 && widest <= BACKWARD_D32.head_dim {
         BACKWARD_D32
     } else if c.head_dim == 128 && widest <= BACKWARD_D96.head_dim {
         BACKWARD_D96
+    } else if c.head_dim == 192 && widest <= BACKWARD_D160.head_dim {
+        BACKWARD_D160
     } else {
         *c
     }
