@@ -689,8 +689,8 @@ mod tests {
 
     /// Every multiple of 8 from 32 to 256 runs forward and backward on the next compiled head
     /// dim (64, 128, 192, 256; the `wgmma` forward 96 too, its plain calls 32, the plain
-    /// backward 96) of each tensor-core family on the H200 and the A100. Others fall to the
-    /// exact kernels.
+    /// backward 96 and 160) of each tensor-core family on the H200 and the A100. Others fall to
+    /// the exact kernels.
     #[test]
     fn head_dims_pad_to_the_next_compiled_instance() {
         let (h, a) = (h200(), a100());
@@ -700,11 +700,14 @@ mod tests {
                 for (dev, family) in [(&h, Family::Sm90), (&a, Family::Sm80), (&h, Family::Sm80)] {
                     let o = FlashOptions::default().kernel(KernelChoice::Only(family));
                     let p = select_on(dev, shape(d), DType::Bf16, o, direction);
-                    // The `wgmma` forward compiles d = 96 too, its plain calls 32 and 96.
+                    // The `wgmma` forward compiles d = 96 too, its plain calls 32 and 96, the
+                    // plain backward 160 as well.
                     let sm90 = family == Family::Sm90;
+                    let backward = direction == Direction::Backward;
                     let padded = padded.map(|pd| match d {
                         72..=96 if sm90 => 96,
                         32 if sm90 => 32,
+                        136..=160 if sm90 && backward => 160,
                         _ => pd,
                     });
                     match padded {
@@ -841,7 +844,8 @@ mod tests {
     }
 
     /// A V head dim of its own runs on the tensor-core instance of the wider head dim (the
-    /// `wgmma` forward's padded one), forward and backward on both families, and on the exact
+    /// `wgmma` forward's padded one; a plain `wgmma` backward up to 160 wide on `BACKWARD_D160`),
+    /// forward and backward on both families, and on the exact
     /// kernels with tiles sized for both; the decode family refuses it with the reason, and a
     /// V head dim no tensor-core kernel takes falls to the exact kernels.
     #[test]
@@ -859,7 +863,12 @@ mod tests {
                     let o = FlashOptions::default().kernel(KernelChoice::Only(family));
                     let p = select_on(dev, s, DType::Bf16, o, direction)
                         .unwrap_or_else(|e| panic!("({d}, {d_v}) {family}: {e}"));
-                    assert_eq!(p.tiles.compiled_head_dim(), Some(compiled));
+                    let plain_d160 = family == Family::Sm90
+                        && direction == Direction::Backward
+                        && d.max(d_v) <= 160
+                        && compiled == 192;
+                    let expected = if plain_d160 { 160 } else { compiled };
+                    assert_eq!(p.tiles.compiled_head_dim(), Some(expected));
                     if family == Family::Sm90 && direction == Direction::Forward {
                         assert!(p.entry.contains("_padded_"), "{}", p.entry);
                     }
