@@ -2,9 +2,9 @@
 wheel) for the architecture its `.target` line names (sm_80 for the shipped base module, sm_90a for
 the module with the `wgmma` kernels), disassembles it with nvdisasm (the nvidia-cuda-nvdisasm wheel, installed here if
 missing), and counts per kernel the instructions that say which path it is on: HMMA (`mma.sync`
-tensor cores), HGMMA (`wgmma`), LDSM (ldmatrix), LDGSTS (cp.async), BAR, and LDL/STL (local
+tensor cores), HGMMA (`wgmma`), QGMMA (`wgmma` on e4m3), LDSM (ldmatrix), LDGSTS (cp.async), BAR, and LDL/STL (local
 memory: register arrays that spilled). Exits non-zero if a `flash_tc` matrix kernel has no HMMA,
-a `flash_wgmma` kernel no HGMMA, or any of them touches local memory, except the `wgmma` general
+a `flash_wgmma` kernel no HGMMA or QGMMA, or any of them touches local memory, except the `wgmma` general
 instances at d = 128 (length masks and dropout), which spill 80–104 bytes (reports/PERF_LOG*.md).
 
 usage: python3 scripts/sass_check.py [PTX] > table.md
@@ -16,7 +16,7 @@ scheduling; the instruction classes do not.
 import collections, os, re, subprocess, sys, tempfile
 
 NVDISASM_WHEEL = "nvidia-cuda-nvdisasm==13.5.37"
-CLASSES = ("HMMA", "HGMMA", "LDSM", "LDGSTS", "BAR", "LDL", "STL")
+CLASSES = ("HMMA", "HGMMA", "QGMMA", "LDSM", "LDGSTS", "BAR", "LDL", "STL")
 
 
 def tool(module, name):
@@ -66,13 +66,15 @@ def main():
     bad = []
     for k, c in counts.items():
         print(f"| {k} | " + " | ".join(str(c[cls]) for cls in CLASSES) + " |")
-        # The backward's preprocess and dQ conversion kernels are elementwise: no products.
-        products = not any(w in k for w in ("preprocess", "convert"))
+        # The backward's preprocess, dQ conversion, NaN-row and sink-gradient kernels are
+        # elementwise: no products.
+        products = not any(w in k for w in ("preprocess", "convert", "nan_rows", "d_sink"))
         local = c["LDL"] or c["STL"]
         if k.startswith("flash_tc") and ((products and c["HMMA"] == 0) or local):
             bad.append(k)
         spills_allowed = "_general_" in k and "_d128_" in k
-        if k.startswith("flash_wgmma") and (c["HGMMA"] == 0 or (local and not spills_allowed)):
+        wgmma = c["HGMMA"] + c["QGMMA"]
+        if k.startswith("flash_wgmma") and (wgmma == 0 or (local and not spills_allowed)):
             bad.append(k)
     if bad:
         sys.exit("tensor-core kernels without HMMA/HGMMA or with local memory: " + ", ".join(bad))
