@@ -674,19 +674,15 @@ unsafe fn backward<
         store_operand(dst, &ds_a);
         wgmma::fence_proxy_async();
         let q_b = qt.mn_major(0, col0);
-        if SLICED {
-            // Both groups' queries of `Pᵀ` and `dSᵀ` are in their tiles; dV and dK are issued
-            // with dQ's chains below.
-            sync_threads();
-        } else if CARRY_DQ {
+        if CARRY_DQ {
+            // dK runs under the barrier's wait; the other instances issue it (and, SLICED, dV)
+            // after dQ below.
             // SAFETY: the stage's Q is filled.
             unsafe { accumulate_rs::<T, ND>(&mut dk, &ds_a, q_b, hoist) };
-            // dQ reads every warpgroup's dSᵀ rows.
-            sync_threads();
-        } else {
-            // dQ reads every warpgroup's dSᵀ rows; dK is issued after it, below.
-            sync_threads();
         }
+        // dQ reads every warpgroup's `dSᵀ` rows (SLICED: dV and dK read every group's queries of
+        // the `Pᵀ` and `dSᵀ` tiles).
+        sync_threads();
 
         let issue_dq = |dq: &mut [FragC; DQ], dq_col0: u32| {
             wgmma::fence();
