@@ -24,6 +24,20 @@ fn hopper(gpu: &flash_attn::Gpu) -> bool {
     gpu.compute_capability() == (9, 0) && gpu.has_wgmma()
 }
 
+/// The device for a test that needs the FP8 kernel; `None` (after a visible SKIP) where no
+/// device answers or it is not a compute capability 9.0 one with the sm_90a module.
+fn hopper_or_skip(test: &str) -> Option<flash_attn::Gpu> {
+    let gpu = gpu_or_skip(test)?;
+    if !hopper(&gpu) {
+        skip(
+            test,
+            "not a compute capability 9.0 device with the sm_90a module",
+        );
+        return None;
+    }
+    Some(gpu)
+}
+
 /// Random values in ±`range`, quantized per head.
 fn quantized(rng: &mut StdRng, n: usize, heads: u32, range: f32) -> (Vec<u8>, Vec<f32>) {
     let x: Vec<f32> = (0..n).map(|_| rng.gen_range(-range..range)).collect();
@@ -53,16 +67,9 @@ fn beside_reference(
 
 #[test]
 fn fp8_forward_matches_the_dequantized_reference() {
-    let Some(gpu) = gpu_or_skip("fp8_forward_matches_the_dequantized_reference") else {
+    let Some(gpu) = hopper_or_skip("fp8_forward_matches_the_dequantized_reference") else {
         return;
     };
-    if !hopper(&gpu) {
-        skip(
-            "fp8_forward_matches_the_dequantized_reference",
-            "not a compute capability 9.0 device with the sm_90a module",
-        );
-        return;
-    }
     let mut rng = StdRng::seed_from_u64(fresh_seed("fp8_forward"));
     // (batch, n_q, n_k, heads_q, heads_kv, causal): tails in both dims, GQA, n_q ≠ n_k both ways.
     let cases = [
@@ -121,16 +128,9 @@ fn fp8_forward_matches_the_dequantized_reference() {
 /// would otherwise reach the rows above the key).
 #[test]
 fn fp8_forward_keeps_masked_nans_out() {
-    let Some(gpu) = gpu_or_skip("fp8_forward_keeps_masked_nans_out") else {
+    let Some(gpu) = hopper_or_skip("fp8_forward_keeps_masked_nans_out") else {
         return;
     };
-    if !hopper(&gpu) {
-        skip(
-            "fp8_forward_keeps_masked_nans_out",
-            "not a compute capability 9.0 device with the sm_90a module",
-        );
-        return;
-    }
     let mut rng = StdRng::seed_from_u64(fresh_seed("fp8_nan"));
     // (n_q, n_k, heads_q, heads_kv): square, more keys than rows (bottom-right aligned), GQA.
     for (n_q, n_k, hq, hkv) in [(300, 300, 2, 1), (200, 456, 2, 2)] {
@@ -209,16 +209,9 @@ fn fp8_forward_is_refused_clearly() {
 /// (medians of 20 after warm-up); prints the ratio (issue 12's target: 1.4× at N ≥ 4096).
 #[test]
 fn fp8_forward_speed_beside_bf16() {
-    let Some(gpu) = gpu_or_skip("fp8_forward_speed_beside_bf16") else {
+    let Some(gpu) = hopper_or_skip("fp8_forward_speed_beside_bf16") else {
         return;
     };
-    if !hopper(&gpu) {
-        skip(
-            "fp8_forward_speed_beside_bf16",
-            "not a compute capability 9.0 device",
-        );
-        return;
-    }
     let mut rng = StdRng::seed_from_u64(1);
     for causal in [false, true] {
         for n in [4096u32, 16384] {
