@@ -14,8 +14,9 @@
 //! runs and `dSᵀ` while dV runs. With `CARRY_DQ`, dQ of step `i` is left running into step
 //! `i + 1` (its `dSᵀ` tile is double-buffered) and its reductions are sent while step `i + 1`'s
 //! `dPᵀ` runs; that keeps 8 · DQ more registers live across the step, which d = 128 does not have
-//! (ptxas serializes the products and spills), so there dQ is waited for and sent in its own step,
-//! with dK issued after it so that the reductions run under dK. Two barriers
+//! (ptxas serializes the products and spills) and which d = 32 gives to a second block per SM, so
+//! there dQ is waited for and sent in its own step, with dK issued after it so that the
+//! reductions run under dK. Two barriers
 //! per step: one publishes the landed Q/dO stage, one the `dSᵀ` tile; a stage or `dSᵀ` buffer is
 //! overwritten only after every warpgroup has waited for the products that read it.
 //! The `GENERAL` instances take every option, as the forward's do: sequences located from the
@@ -69,7 +70,7 @@ use crate::attn::sequence::Sequence;
 use crate::kernels::BACKWARD_SLICE_COLS;
 use crate::kernels::sm90::WgBackwardConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
-use crate::tile::mem::{load_shared_16, stage_fragments_at, store_global_16, store_shared_u32};
+use crate::tile::mem::{stage_fragments_at, store_shared_u32, store_staged_rows};
 use crate::tile::mem_backward::{
     load_shared_f32x2, load_shared_u32, red_add_f32x4, release_store, wait_equal_acquire,
 };
@@ -783,21 +784,17 @@ unsafe fn backward<
         (k_out, p.dk, &ts.dk, real_chunks),
         (v_out, p.dv, &ts.dv, v_chunks()),
     ] {
-        let (dst, stride) = (kv_at(dst, strides), 2 * strides.seq);
-        let mut n = tid;
-        while n < bc * chunks {
-            let (r, c) = (n / chunks, n % chunks);
-            let key = k0 + r;
-            // SAFETY: the shared chunk is inside the tile (chunks ≤ its chunks); the global row
-            // is below n_k.
-            unsafe {
-                let v = load_shared_16(tile.chunk_addr(r, c));
-                if key < seq.k_rows {
-                    store_global_16(dst + key as u64 * stride + c as u64 * 16, v);
-                }
-            }
-            n += threads;
-        }
+        // SAFETY: the chunks are inside the tile (chunks ≤ its chunks); the global rows below
+        // the sequence's key rows are its dK or dV rows.
+        unsafe {
+            store_staged_rows(
+                tile,
+                (bc, chunks),
+                (kv_at(dst, strides), 2 * strides.seq),
+                (k0, seq.k_rows),
+                (tid, threads),
+            )
+        };
     }
 }
 

@@ -16,6 +16,9 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("flash_wgmma_forward_f16_d64_g2_k64", 256, 2),
     ("flash_wgmma_forward_padded_bf16_d64_g2_k64", 256, 2),
     ("flash_wgmma_forward_padded_f16_d64_g2_k64", 256, 2),
+    // The plain d = 32 backward (`sm90::BACKWARD_D32`): two blocks per SM, dQ not carried.
+    ("flash_wgmma_backward_bf16_d32_g2", 256, 2),
+    ("flash_wgmma_backward_f16_d32_g2", 256, 2),
     // The warp-specialized instances (`sm90::warp_specialized`): 512 or 384 threads, so that
     // ptxas compiles for the registers that leaves before `setmaxnreg` redistributes them.
     ("flash_wgmma_forward_bf16_d64_g3_k128", 512, 1),

@@ -381,9 +381,9 @@ impl WgBackwardConfig {
         }
     }
     /// Whether dQ of one step is carried into the next (see the kernel): only where registers
-    /// allow, d = 64.
+    /// allow, d = 64 (d = 32 gives those registers to a second block per SM instead).
     pub const fn carry_dq(&self) -> bool {
-        self.head_dim <= 64
+        self.head_dim == 64
     }
     /// dQ columns of one `wgmma` chain: each warpgroup's share, or (sliced) 64 at a time of
     /// its slice, so that they fit beside the slice's dK and dV. A chain's columns lie in one
@@ -401,9 +401,14 @@ impl WgBackwardConfig {
     }
     /// Shared stages of Q, dO and their rows' statistics: three where dQ is carried into the
     /// next step (its `dSᵀ` and the stage it was issued with are still read), two otherwise
-    /// (every product of a step is waited for within it), which d = 256 needs to fit.
+    /// (every product of a step is waited for within it) where d = 256 needs them to fit and
+    /// d = 32 to run two blocks per SM.
     pub const fn stages(&self) -> u32 {
-        if self.sliced() { 2 } else { 3 }
+        if self.sliced() || self.head_dim == 32 {
+            2
+        } else {
+            3
+        }
     }
     /// K and V; the stages of Q and dO; two `dSᵀ` buffers; the stages of the rows'
     /// `LSE · log2 e` and `D`.
