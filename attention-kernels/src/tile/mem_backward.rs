@@ -44,18 +44,17 @@ pub unsafe fn red_add_f32(addr: u64, v: f32) {
     }
 }
 
-/// `addr[0..4] += v`, each element atomically, in one vector reduction (PTX 8.1, sm_90).
+/// `addr[0..2] += v`, each element atomically, in one vector reduction (PTX 8.1, sm_90).
 ///
 /// # Safety
-/// `addr` must be a 16-byte aligned, writable global address.
+/// `addr` must be an 8-byte aligned, writable global address.
 #[cfg(flash_attn_sm90a)]
 #[inline(always)]
-pub unsafe fn red_add_f32x4(addr: u64, v: [f32; 4]) {
+pub unsafe fn red_add_f32x2(addr: u64, v: [f32; 2]) {
     // SAFETY: the caller guarantees the address.
     unsafe {
-        asm!("red.global.add.v4.f32 [{a}], {{{0}, {1}, {2}, {3}}};",
-             in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], a = in(reg64) addr,
-             options(nostack));
+        asm!("red.global.add.v2.f32 [{a}], {{{0}, {1}}};",
+             in(reg32) v[0], in(reg32) v[1], a = in(reg64) addr, options(nostack));
     }
 }
 

@@ -55,7 +55,7 @@ use crate::abi::layout::TensorStrides;
 use crate::abi::params::{TensorCoreBackwardParams, TmaBackwardParams};
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
-use crate::arch::{block_x, exp2, opaque, shared_window, shfl_xor, sync_threads, thread_x};
+use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, thread_x};
 use crate::attn::backward::{
     dq_adds_before, dq_semaphore, first_q_block, needs_mask, window_needs_mask, window_q_blocks,
 };
@@ -72,7 +72,7 @@ use crate::kernels::sm90::WgBackwardConfig;
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
 use crate::tile::mem::{stage_fragments_at, store_shared_u32, store_staged_rows};
 use crate::tile::mem_backward::{
-    load_shared_f32x2, load_shared_u32, red_add_f32x4, release_store, wait_equal_acquire,
+    load_shared_f32x2, load_shared_u32, red_add_f32x2, release_store, wait_equal_acquire,
 };
 use crate::tile::mma::{FragA, FragC, each_fragment};
 use crate::tile::tma;
@@ -428,28 +428,35 @@ unsafe fn backward<
     let mut dq = [FragC::default(); DQ];
     let mut dq_at = (0u32, 0u32);
     let reduce_dq = |dq: &[FragC; DQ], (h, q0): (u32, u32), dq_col0: u32| {
-        // Lanes t and t ^ 1 trade halves so that each holds four consecutive columns of one row
-        // (even t: row g, columns 2t ..; odd t: row g + 8, columns 2t − 2 ..): one 16-byte vector
-        // reduction per fragment instead of four scalar ones.
-        let odd = t % 2 == 1;
-        let row = q0 + 16 * warp + g + if odd { 8 } else { 0 };
-        let col = dq_col0 + 2 * t - if odd { 2 } else { 0 };
+        // Each lane holds two consecutive columns of rows g and g + 8 per fragment: one 8-byte
+        // vector reduction each, with no lane exchange.
+        let row = q0 + 16 * warp + g;
+        let col = (dq_col0 + 2 * t) as u64;
         // The accumulator is contiguous, in Q's shape.
-        let at = p.dq_accum + (seq.q_offset(&s, row, h) as u64 + col as u64) * 4;
+        let lo = p.dq_accum + (seq.q_offset(&s, row, h) as u64 + col) * 4;
+        let hi = p.dq_accum + (seq.q_offset(&s, row + 8, h) as u64 + col) * 4;
+        // Columns past the real head dim are padding (dQ there is 0), not in the accumulator,
+        // nor are rows past n_q. A block inside both (the common case, one test for the whole
+        // block) sends every fragment with no test of its own.
+        let inside = q0 + br <= n_q && dq_col0 + 8 * DQ as u32 <= dr;
         for (j, f) in dq.iter().enumerate() {
             let [lo0, lo1, hi0, hi1] = f.0;
-            let (send0, send1) = if odd { (lo0, lo1) } else { (hi0, hi1) };
-            let (r0, r1) = (shfl_xor(send0, 1), shfl_xor(send1, 1));
-            let v = if odd {
-                [r0, r1, hi0, hi1]
-            } else {
-                [lo0, lo1, r0, r1]
-            };
-            // Columns past the real head dim are padding (dQ there is 0), not in the accumulator.
-            if row < n_q && dq_col0 + 8 * (j as u32) < dr {
-                // SAFETY: row < n_q and columns col + 8j .. + 4 < dr are inside the accumulator,
-                // 16-byte aligned (col is a multiple of 4, rows are whole 16-byte chunks).
-                unsafe { red_add_f32x4(at + 32 * j as u64, v) };
+            let real = dq_col0 + 8 * (j as u32) < dr;
+            let (at_lo, at_hi) = (lo + 32 * j as u64, hi + 32 * j as u64);
+            // SAFETY: the row is below n_q and columns col + 8j .. + 2 < dr are inside the
+            // accumulator, 8-byte aligned (col is even, rows are whole 16-byte chunks).
+            unsafe {
+                if inside {
+                    red_add_f32x2(at_lo, [lo0, lo1]);
+                    red_add_f32x2(at_hi, [hi0, hi1]);
+                } else {
+                    if real && row < n_q {
+                        red_add_f32x2(at_lo, [lo0, lo1]);
+                    }
+                    if real && row + 8 < n_q {
+                        red_add_f32x2(at_hi, [hi0, hi1]);
+                    }
+                }
             }
         }
     };
