@@ -92,8 +92,8 @@ pub unsafe fn stage_fragments_at<T: MmaElem, const N: usize>(
 
 /// Copies rows `0 .. rows` of `tile`, 16-byte chunks `0 .. chunks` of each, to the global rows
 /// `dst + (row0 + r) · stride`, skipping rows at or past `row_end`; `threads` threads share the
-/// copy, this one starting at `first`. The epilogues send their staged O rows out this way, as
-/// whole coalesced chunks.
+/// copy, this one starting at `first`. The forwards' epilogues send their staged O rows out
+/// this way, and the backward its dK and dV rows, as whole coalesced chunks.
 ///
 /// # Safety
 /// The rows and chunks must lie inside the tile, and every global row below `row_end` must be

@@ -400,9 +400,10 @@ impl WgBackwardConfig {
         }
     }
     /// Shared stages of Q, dO and their rows' statistics: three where dQ is carried into the
-    /// next step (its `dSᵀ` and the stage it was issued with are still read), two otherwise
-    /// (every product of a step is waited for within it) where d = 256 needs them to fit and
-    /// d = 32 to run two blocks per SM.
+    /// next step (its `dSᵀ` and the stage it was issued with are still read). Where every
+    /// product of a step is waited for within it two suffice: the sliced tiles (d = 256 needs
+    /// them to fit) and d = 32 (two blocks per SM) take two; d = 96 and 128, one block per SM
+    /// either way, keep three (two were not measured there).
     pub const fn stages(&self) -> u32 {
         if self.sliced() || self.head_dim == 32 {
             2
