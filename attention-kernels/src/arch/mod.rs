@@ -86,6 +86,21 @@ pub fn shfl_xor(x: f32, mask: u32) -> f32 {
     r
 }
 
+/// `x` of the warp's lane 0, which ptxas then knows to be the same on every lane: a value that is
+/// uniform by construction (a warpgroup's index) but computed from the thread index goes to the
+/// uniform datapath after this, so the `wgmma` descriptors built from it are uniform registers
+/// instead of per-thread ones moved over (`R2UR`) before each product.
+#[inline(always)]
+pub fn warp_uniform(x: u32) -> u32 {
+    let r: u32;
+    // SAFETY: all 32 lanes of the warp execute this with the full member mask.
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {x}, 0, 0x1f, 0xffffffff;",
+             r = out(reg32) r, x = in(reg32) x, options(nomem, nostack));
+    }
+    r
+}
+
 /// Barrier over the thread block that also returns whether `pred` held on any thread; every
 /// thread of the block must reach it. Orders shared-memory accesses like `sync_threads`.
 #[inline(always)]

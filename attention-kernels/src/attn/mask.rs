@@ -93,6 +93,17 @@ impl Exponent for crate::abi::storage::F16 {
     }
 }
 
+/// Bit 15 of each half of the result is set where that 16-bit element of `word` is non-finite:
+/// its exponent field plus the one that completes it to bit 15 carries there only when the field
+/// is all ones, and never into the other half. ORed over several words and tested against
+/// `0x8000_8000`, a chunk's elements are tested in two instructions a word.
+#[inline(always)]
+pub fn non_finite_bits<T: Exponent>(word: u32) -> u32 {
+    let fields = T::EXPONENT | T::EXPONENT << 16;
+    let carry = 0x8000 - T::EXPONENT;
+    (word & fields) + (carry | carry << 16)
+}
+
 /// `word` (two 16-bit elements) with each non-finite element replaced by 0, and whether it had one.
 #[inline(always)]
 pub fn sanitize_pair<T: Exponent>(word: u32) -> (u32, bool) {
@@ -211,7 +222,7 @@ pub use device::*;
 
 #[cfg(target_arch = "nvptx64")]
 mod device {
-    use super::{Exponent, Poison, sanitize_pair};
+    use super::{Exponent, Poison, non_finite_bits, sanitize_pair};
     use crate::arch::opaque;
     use crate::tile::cp_async::ChunkedTile;
     use crate::tile::mem::{load_shared_16, store_shared_u32};
@@ -242,16 +253,12 @@ mod device {
             // SAFETY: the thread's own chunk of the tile (caller).
             unsafe {
                 let w = load_shared_16(at);
-                let mut bad = false;
-                let mut out = [0u32; 4];
-                for k in 0..4 {
-                    let (x, b) = sanitize_pair::<T>(w[k]);
-                    out[k] = x;
-                    bad |= b;
-                }
+                let bits = w.iter().fold(0, |acc, &x| acc | non_finite_bits::<T>(x));
+                let bad = bits & 0x8000_8000 != 0;
+                // Rare: only a chunk that holds a non-finite element is rewritten.
                 if bad {
-                    for (k, &x) in out.iter().enumerate() {
-                        store_shared_u32(at + 4 * k as u32, x);
+                    for (k, &x) in w.iter().enumerate() {
+                        store_shared_u32(at + 4 * k as u32, sanitize_pair::<T>(x).0);
                     }
                 }
                 any |= bad;
@@ -456,6 +463,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `non_finite_bits` flags exactly the elements whose widened value is not finite, in either
+    /// half and beside any other element, for every 16-bit pattern of both types.
+    #[test]
+    fn non_finite_bits_flags_exactly_the_non_finite_elements() {
+        fn check<T: Exponent>() {
+            let mut flagged = 0;
+            for h in 0..=0xffffu32 {
+                let bad = !T::widen(h).is_finite();
+                flagged += bad as u32;
+                for other in [0, 0x3c00, 0x7bff, 0xffff, h] {
+                    let (lo, hi) = (
+                        non_finite_bits::<T>(h | other << 16),
+                        non_finite_bits::<T>(other | h << 16),
+                    );
+                    assert_eq!(lo & 0x8000 != 0, bad, "{h:#06x} low beside {other:#06x}");
+                    assert_eq!(
+                        hi & 0x8000_0000 != 0,
+                        bad,
+                        "{h:#06x} high beside {other:#06x}"
+                    );
+                }
+            }
+            // ±∞ and the NaNs: 2 · 2^mantissa bits of each exponent-all-ones sign.
+            assert_eq!(flagged, if T::EXPONENT == 0x7f80 { 256 } else { 2048 });
+        }
+        check::<Bf16>();
+        check::<F16>();
     }
 
     #[test]

@@ -55,7 +55,7 @@ use crate::abi::layout::TensorStrides;
 use crate::abi::params::{TensorCoreBackwardParams, TmaBackwardParams};
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::sync_threads_or;
-use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, thread_x};
+use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, thread_x, warp_uniform};
 use crate::attn::backward::{
     dq_adds_before, dq_semaphore, first_q_block, needs_mask, window_needs_mask, window_q_blocks,
 };
@@ -197,7 +197,16 @@ unsafe fn backward<
     let threads = cfg.threads();
     let s = p.shape;
     let tid = thread_x();
-    let (group, warp, lane) = (tid / 128, (tid / 32) % 4, tid % 32);
+    // The warpgroup's index made uniform for ptxas (`arch::warp_uniform`), so that the operand
+    // descriptors that depend on it are built on the uniform datapath; not where it cost
+    // registers the instance lacks: the general and modifier instances spill already, and
+    // d = 32's 128 (two blocks per SM) spilled twice as much with it.
+    let group = if GENERAL || MODS || KD == 2 {
+        tid / 128
+    } else {
+        warp_uniform(tid / 128)
+    };
+    let (warp, lane) = ((tid / 32) % 4, tid % 32);
     // Descriptors built once per product and advanced per k-step (`stepped`).
     let hoist = !GENERAL && !MODS;
     let (g, t) = (lane / 4, lane % 4);
