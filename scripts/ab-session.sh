@@ -3,14 +3,17 @@
 # it as .device-pack/flash-attn-a.xz (`xz -c` of a stripped `flash-attn` built from the commit
 # before the change): one device call that times a kernel change against that build and against
 # the PyTorch SDPA peers.
-#   1. both CLIs load their PTX once, beside each other (each pays the driver's sm_90a JIT, ~100 s)
+#   1. every CLI loads its PTX once, beside the others (each pays the driver's sm_90a JIT, ~100 s)
 #   2. TESTS (none by default): these test binaries of the new build
 #   3. scripts/ab-bench.sh, ROUNDS alternated rounds, for each SHAPES set (`flash-attn bench
 #      --shapes` values, each optionally followed by bench options after a colon, e.g.
-#      "fixture headdims:--pass=backward")
+#      "fixture headdims:--pass=backward"); with STACK="c …" (CLIs packed as
+#      .device-pack/flash-attn-c.xz, …, each built from a stack of changes between A and the new
+#      build), each build against the one before it: A → c → … → B
+#      (ab-<shapes>-<older>-<newer>.md)
 #   4. PEERS=1 (default): `bench-h200.sh headdims` with the new build; FP8=1: gpu_fp8's speed test
 # $OUT gets summary.txt, the A/B and head-dim tables, and logs.tgz (every bundle and log).
-# usage: [ROUNDS=2] [SHAPES="fixture headdims"] [TESTS=...] [PEERS=1] [FP8=0] ab-session.sh
+# usage: [ROUNDS=2] [SHAPES="fixture headdims"] [TESTS=...] [STACK=...] [PEERS=1] [FP8=0] ab-session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dest=${OUT:-reports/device}
@@ -20,14 +23,17 @@ summary=$logs/summary.txt
 note() { echo "$*" | tee -a "$summary"; }
 export CUDA_CACHE_MAXSIZE=4294967296
 [ .device-run/.unpacked -nt .device-pack/run.txz ] || scripts/device-unpack.sh > "$logs/unpack.log" 2>&1
-a=$logs/flash-attn-a b=.device-run/flash-attn
-xz -dc .device-pack/flash-attn-a.xz > "$a" && chmod +x "$a"
+names=(a ${STACK:-} b) bins=()
+for side in a ${STACK:-}; do
+  xz -dc ".device-pack/flash-attn-$side.xz" > "$logs/flash-attn-$side" && chmod +x "$logs/flash-attn-$side"
+  bins+=("$logs/flash-attn-$side")
+done
+bins+=(.device-run/flash-attn)
 note "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); B built from $(cat .device-run/COMMIT)"
 
-for side in a b; do
-  bin=$a; [ $side = b ] && bin=$b
-  timeout 250 "$bin" bench --shapes fixture --pass forward --samples 20 --out "$logs/warm-$side" \
-    > "$logs/warm-$side.log" 2>&1 &
+for i in "${!bins[@]}"; do
+  timeout 250 "${bins[$i]}" bench --shapes fixture --pass forward --samples 20 \
+    --out "$logs/warm-${names[$i]}" > "$logs/warm-${names[$i]}.log" 2>&1 &
 done
 wait
 note "warm-up: $(date -u +%T)"
@@ -39,11 +45,14 @@ done
 for set in ${SHAPES:-fixture headdims}; do
   shapes=${set%%:*} opts=""
   [ "$set" != "$shapes" ] && opts=${set#*:}
-  mkdir -p "$logs/ab-$shapes"
-  OUT=$logs/ab-$shapes timeout 300 scripts/ab-bench.sh "$a" "$b" "${ROUNDS:-2}" --shapes "$shapes" ${opts//=/ } \
-    > "$logs/ab-$shapes.log" 2>&1
-  note "ab $shapes ($opts): exit $?"
-  cp "$logs/ab-$shapes/ab-table.md" "$dest/ab-$shapes.md" 2> /dev/null && cat "$dest/ab-$shapes.md" >> "$summary"
+  for i in $(seq 1 $((${#bins[@]} - 1))); do
+    pair=$shapes; [ ${#bins[@]} -gt 2 ] && pair=$shapes-${names[$((i - 1))]}-${names[$i]}
+    mkdir -p "$logs/ab-$pair"
+    OUT=$logs/ab-$pair timeout 300 scripts/ab-bench.sh "${bins[$((i - 1))]}" "${bins[$i]}" "${ROUNDS:-2}" \
+      --shapes "$shapes" ${opts//=/ } > "$logs/ab-$pair.log" 2>&1
+    note "ab $pair ($opts): exit $?"
+    cp "$logs/ab-$pair/ab-table.md" "$dest/ab-$pair.md" 2> /dev/null && cat "$dest/ab-$pair.md" >> "$summary"
+  done
 done
 if [ "${PEERS:-1}" = 1 ]; then
   OUT=$logs/bench-headdims timeout 280 scripts/bench-h200.sh headdims > "$logs/bench-headdims.log" 2>&1
@@ -55,4 +64,4 @@ if [ "${FP8:-0}" = 1 ]; then
   note "gpu_fp8 speed: exit $?"
   grep -a -i "ms\|speed" "$logs/fp8-speed.log" | tail -8 >> "$summary"
 fi
-cp "$summary" "$dest/" && tar czf "$dest/logs.tgz" -C "$logs" --exclude flash-attn-a .
+cp "$summary" "$dest/" && tar czf "$dest/logs.tgz" -C "$logs" --exclude 'flash-attn-*' .
