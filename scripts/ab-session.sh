@@ -12,14 +12,16 @@
 #      build), each build against the one before it: A → c → … → B
 #      (ab-<shapes>-<older>-<newer>.md)
 #   4. PEERS=1 (default): `bench-h200.sh headdims` with the new build; FP8=1: gpu_fp8's speed test
-# $OUT gets summary.txt, the A/B and head-dim tables, and logs.tgz (every bundle and log).
+# $OUT gets summary.txt, the A/B and head-dim tables, and logs.tgz (every bundle and log). The
+# summary and tables are written there as they are made, so a call cut off by its time limit
+# still returns what it finished; a failed test's log tail goes into the summary.
 # usage: [ROUNDS=2] [SHAPES="fixture headdims"] [TESTS=...] [STACK=...] [PEERS=1] [FP8=0] ab-session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dest=${OUT:-reports/device}
 mkdir -p "$dest"
 logs=$(mktemp -d)
-summary=$logs/summary.txt
+summary=$dest/summary.txt
 note() { echo "$*" | tee -a "$summary"; }
 export CUDA_CACHE_MAXSIZE=4294967296
 [ .device-run/.unpacked -nt .device-pack/run.txz ] || scripts/device-unpack.sh > "$logs/unpack.log" 2>&1
@@ -39,7 +41,9 @@ wait
 note "warm-up: $(date -u +%T)"
 for t in ${TESTS:-}; do
   timeout 200 ".device-run/tests/$t" --test-threads=1 > "$logs/test-$t.log" 2>&1
-  note "test $t: exit $?, $(grep -a 'test result' "$logs/test-$t.log" | tail -1)"
+  rc=$?
+  note "test $t: exit $rc, $(grep -a 'test result' "$logs/test-$t.log" | tail -1)"
+  [ $rc = 0 ] || tail -30 "$logs/test-$t.log" >> "$summary"
 done
 
 for set in ${SHAPES:-fixture headdims}; do
@@ -64,4 +68,4 @@ if [ "${FP8:-0}" = 1 ]; then
   note "gpu_fp8 speed: exit $?"
   grep -a -i "ms\|speed" "$logs/fp8-speed.log" | tail -8 >> "$summary"
 fi
-cp "$summary" "$dest/" && tar czf "$dest/logs.tgz" -C "$logs" --exclude 'flash-attn-*' .
+tar czf "$dest/logs.tgz" -C "$logs" --exclude 'flash-attn-*' .
