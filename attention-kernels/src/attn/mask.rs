@@ -104,6 +104,16 @@ pub fn non_finite_bits<T: Exponent>(word: u32) -> u32 {
     (word & fields) + (carry | carry << 16)
 }
 
+/// Whether a 16-byte chunk (four words of two 16-bit elements) holds a non-finite element.
+#[inline(always)]
+pub fn chunk_non_finite<T: Exponent>(chunk: [u32; 4]) -> bool {
+    chunk
+        .iter()
+        .fold(0, |acc, &x| acc | non_finite_bits::<T>(x))
+        & 0x8000_8000
+        != 0
+}
+
 /// `word` (two 16-bit elements) with each non-finite element replaced by 0, and whether it had one.
 #[inline(always)]
 pub fn sanitize_pair<T: Exponent>(word: u32) -> (u32, bool) {
@@ -222,10 +232,31 @@ pub use device::*;
 
 #[cfg(target_arch = "nvptx64")]
 mod device {
-    use super::{Exponent, Poison, non_finite_bits, sanitize_pair};
+    use super::{Exponent, Poison, chunk_non_finite, sanitize_pair};
     use crate::arch::opaque;
     use crate::tile::cp_async::ChunkedTile;
     use crate::tile::mem::{load_shared_16, store_shared_u32};
+
+    /// The 16-byte shared chunk at `at` with its non-finite elements replaced by 0; returns
+    /// whether it held one. Rare: only such a chunk is rewritten.
+    ///
+    /// # Safety
+    /// `at` is a 16-byte chunk inside the shared window that no other thread accesses until the
+    /// caller's next barrier.
+    #[inline(always)]
+    unsafe fn sanitize_chunk<T: Exponent>(at: u32) -> bool {
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            let w = load_shared_16(at);
+            let bad = chunk_non_finite::<T>(w);
+            if bad {
+                for (k, &x) in w.iter().enumerate() {
+                    store_shared_u32(at + 4 * k as u32, sanitize_pair::<T>(x).0);
+                }
+            }
+            bad
+        }
+    }
 
     /// The 16-byte chunks this thread itself copied into `tile` with
     /// `fill_async(_, _, rows, tid, threads)` (the same mapping): non-finite elements become 0;
@@ -249,20 +280,8 @@ mod device {
         let mut any = false;
         let mut i = tid;
         while i < rows * chunks {
-            let at = tile.chunk_addr(i / chunks, i % chunks);
             // SAFETY: the thread's own chunk of the tile (caller).
-            unsafe {
-                let w = load_shared_16(at);
-                let bits = w.iter().fold(0, |acc, &x| acc | non_finite_bits::<T>(x));
-                let bad = bits & 0x8000_8000 != 0;
-                // Rare: only a chunk that holds a non-finite element is rewritten.
-                if bad {
-                    for (k, &x) in w.iter().enumerate() {
-                        store_shared_u32(at + 4 * k as u32, sanitize_pair::<T>(x).0);
-                    }
-                }
-                any |= bad;
-            }
+            any |= unsafe { sanitize_chunk::<T>(tile.chunk_addr(i / chunks, i % chunks)) };
             i += threads;
         }
         any
@@ -284,24 +303,8 @@ mod device {
         let mut any = false;
         let mut c = t;
         while c < chunks {
-            let at = addr(c);
             // SAFETY: forwarded to the caller.
-            unsafe {
-                let w = load_shared_16(at);
-                let mut bad = false;
-                let mut out = [0u32; 4];
-                for i in 0..4 {
-                    let (x, b) = sanitize_pair::<T>(w[i]);
-                    out[i] = x;
-                    bad |= b;
-                }
-                if bad {
-                    for (i, &x) in out.iter().enumerate() {
-                        store_shared_u32(at + 4 * i as u32, x);
-                    }
-                }
-                any |= bad;
-            }
+            any |= unsafe { sanitize_chunk::<T>(addr(c)) };
             c += 4;
         }
         any
@@ -492,6 +495,27 @@ mod tests {
         }
         check::<Bf16>();
         check::<F16>();
+    }
+
+    /// A chunk is flagged exactly when one of its eight elements is non-finite, wherever it sits.
+    #[test]
+    fn chunk_non_finite_finds_one_element_anywhere() {
+        fn check<T: Exponent>(inf: u32, nan: u32) {
+            let finite = [0x3c00_bc00, 0x7b7f_0001, 0x8000_0000, 0x7b00_3f80];
+            assert!(!chunk_non_finite::<T>(finite));
+            for word in 0..4 {
+                for (shift, bad) in [(0, inf), (16, nan), (0, nan | 0x8000), (16, inf | 0x8000)] {
+                    let mut chunk = finite;
+                    chunk[word] = chunk[word] & !(0xffff << shift) | bad << shift;
+                    assert!(
+                        chunk_non_finite::<T>(chunk),
+                        "word {word} shift {shift} {bad:#06x}"
+                    );
+                }
+            }
+        }
+        check::<Bf16>(0x7f80, 0x7fc1);
+        check::<F16>(0x7c00, 0x7e01);
     }
 
     #[test]

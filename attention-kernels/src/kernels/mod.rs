@@ -20,8 +20,8 @@ pub const MAX_TENSOR_CORE_HEAD_DIM: u32 = 256;
 /// `d / 2` registers per thread each in both families (16 keys per `mma.sync` warp, 64 per
 /// warpgroup), so past d = 128 (192 and 256 registers alone, of 255) each slice of at most 128
 /// columns has its own warps (`sm80`) or warpgroup (`sm90`) over the block's keys, which all
-/// recompute `Sᵀ` and `dPᵀ` over the whole head dim: d = 192 is a slice of 128 and one of 64
-/// (`sm90` computes the second 128 wide, over zero columns), d = 256 two of 128.
+/// recompute `Sᵀ` and `dPᵀ` over the whole head dim: in `sm80` d = 192 is a slice of 128 and one
+/// of 64, in `sm90` two of 96 (`WgBackwardConfig::slice_cols`), d = 256 two of 128 in both.
 pub const BACKWARD_SLICE_COLS: u32 = 128;
 
 /// The compiled head dim that runs a tensor-core call of head dim `head_dim`: the next multiple

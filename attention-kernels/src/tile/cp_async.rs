@@ -3,7 +3,7 @@
 
 use core::arch::asm;
 
-use super::{PanelTile, SwizzledTile};
+use super::{GappedTile, PanelTile, SwizzledTile};
 
 /// Starts copying 16 bytes from `src` (global, 16-byte aligned) to shared address `dst`. With
 /// `valid == false` nothing is read and the 16 bytes become zeros (source size 0): tails of a tile
@@ -114,6 +114,17 @@ impl ChunkedTile for SwizzledTile {
     #[inline(always)]
     fn chunk_addr(&self, row: u32, chunk: u32) -> u32 {
         SwizzledTile::chunk_addr(self, row, chunk)
+    }
+}
+
+impl ChunkedTile for GappedTile {
+    #[inline(always)]
+    fn chunks(&self) -> u32 {
+        GappedTile::chunks(self)
+    }
+    #[inline(always)]
+    fn chunk_addr(&self, row: u32, chunk: u32) -> u32 {
+        GappedTile::chunk_addr(self, row, chunk)
     }
 }
 

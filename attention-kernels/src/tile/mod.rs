@@ -30,7 +30,7 @@ pub mod wgmma;
 #[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
 pub mod wgmma_fp8;
 
-pub use panel::PanelTile;
+pub use panel::{GappedTile, PanelTile};
 pub use swizzle::SwizzledTile;
 
 /// Four accumulator or weight values of one lane in an `m16n8` fragment (elements 0, 1: row g;

@@ -101,6 +101,111 @@ impl PanelTile {
     }
 }
 
+/// A [`PanelTile`] read as runs of `run` logical chunks, `stride` chunks apart: the tile itself
+/// (`run == stride`), or two runs, the second from the middle of the tile. The sliced `wgmma`
+/// backward stores each warpgroup's head-dim slice from a 128-column boundary this way, so that
+/// a slice narrower than 128 columns (d = 160 and 192 in halves) is one MN-major operand that
+/// starts a panel. Every method takes logical coordinates; the chunks past each run are never
+/// read or written through them.
+#[derive(Clone, Copy, Debug)]
+pub struct GappedTile {
+    tile: PanelTile,
+    run: u32,
+    stride: u32,
+}
+
+impl GappedTile {
+    /// Runs of `run` chunks, `stride` apart (see the type). A gap must keep k-steps (16 columns)
+    /// whole and may not hold a panel's start.
+    #[inline(always)]
+    pub const fn new(tile: PanelTile, run: u32, stride: u32) -> Self {
+        assert!(
+            run == stride
+                || (2 * stride == tile.chunks
+                    && run < stride
+                    && run.is_multiple_of(2)
+                    && stride - run < 8),
+            "two runs, each from a panel, k-steps whole"
+        );
+        GappedTile { tile, run, stride }
+    }
+
+    /// The tile's physical chunk of logical chunk `chunk`.
+    #[inline(always)]
+    pub const fn physical(&self, chunk: u32) -> u32 {
+        if chunk >= self.run {
+            chunk + self.stride - self.run
+        } else {
+            chunk
+        }
+    }
+
+    /// Logical 16-byte chunks per row.
+    #[inline(always)]
+    pub const fn chunks(&self) -> u32 {
+        if self.run == self.stride {
+            self.tile.chunks
+        } else {
+            2 * self.run
+        }
+    }
+
+    /// Shared-space address of logical chunk `chunk` of row `row`.
+    #[inline(always)]
+    pub const fn chunk_addr(&self, row: u32, chunk: u32) -> u32 {
+        self.tile.chunk_addr(row, self.physical(chunk))
+    }
+
+    /// The logical column that physical panel `panel` starts with; a copy of 64 columns from
+    /// there fills the panel's part of a run (what else it writes is never read).
+    #[inline(always)]
+    pub const fn panel_origin(&self, panel: u32) -> u32 {
+        let first = 8 * panel;
+        8 * if first >= self.stride {
+            first - (self.stride - self.run)
+        } else {
+            first
+        }
+    }
+
+    /// The tile's k-step of logical k-step `kk` (16 columns: two chunks). Like [`physical`],
+    /// written so that a tile without a gap folds to `kk` itself.
+    ///
+    /// [`physical`]: GappedTile::physical
+    #[inline(always)]
+    const fn physical_step(&self, kk: u32) -> u32 {
+        if 2 * kk >= self.run {
+            kk + (self.stride - self.run) / 2
+        } else {
+            kk
+        }
+    }
+
+    /// As [`PanelTile::k_major`], logical k-step `kk`.
+    #[inline(always)]
+    pub const fn k_major(&self, row0: u32, kk: u32) -> (u32, u32, u32) {
+        self.tile.k_major(row0, self.physical_step(kk))
+    }
+
+    /// As [`PanelTile::k_step_offset`], logical k-step `kk`.
+    #[inline(always)]
+    pub const fn k_step_offset(&self, kk: u32) -> u32 {
+        self.tile.k_step_offset(self.physical_step(kk))
+    }
+
+    /// As [`PanelTile::mn_major`], from logical column `col0` (a multiple of 8) on, within one
+    /// run.
+    #[inline(always)]
+    pub const fn mn_major(&self, k0: u32, col0: u32) -> (u32, u32, u32) {
+        let col = if col0 >= 8 * self.run {
+            col0 + 8 * (self.stride - self.run)
+        } else {
+            col0
+        };
+        self.tile.mn_major(k0, col)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -174,5 +279,48 @@ mod tests {
                 assert_eq!(groups.len(), 8);
             }
         }
+    }
+
+    #[test]
+    fn gapped_tile_skips_its_gap() {
+        let tile = PanelTile::new(1024, 64, 256);
+        // d = 192 in two slices of 96 columns, each from a 128-column boundary.
+        let gapped = GappedTile::new(tile, 12, 16);
+        assert_eq!(gapped.chunks(), 24);
+        assert_eq!(gapped.chunk_addr(5, 11), tile.chunk_addr(5, 11));
+        assert_eq!(gapped.chunk_addr(5, 12), tile.chunk_addr(5, 16));
+        assert_eq!(gapped.chunk_addr(63, 23), tile.chunk_addr(63, 27));
+        assert_eq!(
+            (0..4)
+                .map(|p| gapped.panel_origin(p))
+                .collect::<std::vec::Vec<_>>(),
+            [0, 64, 96, 160]
+        );
+        assert_eq!(gapped.k_step_offset(5), tile.k_step_offset(5));
+        assert_eq!(gapped.k_step_offset(6), tile.k_step_offset(8));
+        assert_eq!(gapped.k_major(0, 11), tile.k_major(0, 13));
+        assert_eq!(gapped.mn_major(16, 96), tile.mn_major(16, 128));
+        assert_eq!(gapped.mn_major(16, 0), tile.mn_major(16, 0));
+        // d = 160: slices of 80.
+        let gapped = GappedTile::new(tile, 10, 16);
+        assert_eq!(
+            (0..4)
+                .map(|p| gapped.panel_origin(p))
+                .collect::<std::vec::Vec<_>>(),
+            [0, 64, 80, 144]
+        );
+        assert_eq!(gapped.k_step_offset(4), tile.k_step_offset(4));
+        assert_eq!(gapped.k_step_offset(5), tile.k_step_offset(8));
+        assert_eq!(gapped.mn_major(0, 80), tile.mn_major(0, 128));
+        // Every logical chunk lands on a distinct physical one, none in the gap.
+        let physical: HashSet<u32> = (0..gapped.chunks()).map(|c| gapped.physical(c)).collect();
+        assert_eq!(physical.len(), 20);
+        assert!(physical.iter().all(|&c| !(10..16).contains(&c) && c < 26));
+        // Without a gap, the tile itself.
+        let plain = GappedTile::new(tile, 32, 32);
+        for c in 0..32 {
+            assert_eq!(plain.chunk_addr(9, c), tile.chunk_addr(9, c));
+        }
+        assert_eq!(plain.panel_origin(3), 192);
     }
 }

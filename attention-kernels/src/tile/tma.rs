@@ -125,3 +125,21 @@ pub unsafe fn load_4d(dst: u32, map: u64, bar: u32, c: [i32; 4]) {
         )
     }
 }
+
+/// Copies `bytes` (a multiple of 16) from global address `src` to shared address `dst`, both
+/// 16-byte aligned, completing them on `bar`.
+///
+/// # Safety
+/// `src .. src + bytes` is readable global memory; `dst .. dst + bytes` is shared memory that
+/// nothing else reads or writes until `bar`'s phase completes.
+#[inline(always)]
+pub unsafe fn load_bulk(dst: u32, src: u64, bytes: u32, bar: u32) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        asm!(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{s}], {n}, [{b}];",
+            d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, b = in(reg32) bar,
+            options(nostack)
+        )
+    }
+}

@@ -184,6 +184,7 @@ macro_rules! accumulator {
 accumulator!(16, 2, [0 1]);
 accumulator!(32, 4, [0 1 2 3]);
 accumulator!(64, 8, [0 1 2 3 4 5 6 7]);
+accumulator!(80, 10, [0 1 2 3 4 5 6 7 8 9]);
 accumulator!(96, 12, [0 1 2 3 4 5 6 7 8 9 10 11]);
 accumulator!(128, 16, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]);
 accumulator!(192, 24, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23]);

@@ -37,24 +37,27 @@
 //! own the block's 64 keys; each computes `Sᵀ`, `Pᵀ`, `dPᵀ` and `dSᵀ` for its half of the Q
 //! block's rows (`m64n32`, `WgBackwardConfig::score_queries`) and writes `Pᵀ` (times Z) and
 //! `dSᵀ` to the two `dSᵀ` buffers, which it does not need for dQ (not carried); after a barrier
-//! each accumulates dK, dV and dQ of its own slice of 128 columns only (`BACKWARD_SLICE_COLS`)
-//! over all 64 rows, A from those tiles, so the accumulators fit in registers. dQ's two 64-column
-//! chains are issued before dV and before dK, so that each chain's reductions run under the
-//! product after it. The tiles are 256 columns wide at d = 192 too, the last 64 zeros that only the second
-//! slice's products read: a 64-column product there would sit in a branch on the warpgroup,
-//! which ptxas cannot tell uniform, and it serializes every `wgmma` of such a kernel (C7520).
+//! each accumulates dK, dV and dQ of its own half of the head dim only
+//! (`WgBackwardConfig::slice_cols`) over all 64 rows, A from those tiles, so the accumulators
+//! fit in registers. A half of up to 96 columns takes one dQ chain, issued before dV and dK so
+//! that its reductions run under them; d = 256's halves take two 64-column chains, issued
+//! before dV and before dK. The tiles hold each half from a 128-column boundary
+//! (`tile::GappedTile`): 256 columns at d = 160 and 192 too, so that each group's operands of
+//! dV, dK and dQ start a panel, and both groups issue the same products (products of different
+//! shapes would sit in a branch on the warpgroup, which ptxas cannot tell uniform, and that
+//! serializes every `wgmma` of the kernel, C7520).
 //! The instances without sequences of their own or dropout (plain, window, deterministic) load
 //! each step's Q and dO tiles with the tensor memory accelerator (`sm90::tma_loads_backward`):
 //! thread 0 issues their boxes on the stage's `mbarrier`, which every thread waits on beside its
 //! own `cp.async` copies of the statistics.
-//! Generic over `KD = d / 16`, `ND` (fragments of dK, dV: `d / 8`, or a slice's 16), `WG` and
+//! Generic over `KD = d / 16`, `ND` (fragments of dK, dV: `d / 8`, or a slice's), `WG` and
 //! `DQ` (fragments of one dQ chain, [`WgBackwardConfig::dq_cols`]), so every register array has
 //! a compile-time size.
 
 use crate::abi::layout::TensorStrides;
 use crate::abi::params::{TensorCoreBackwardParams, TmaBackwardParams};
 use crate::abi::storage::{Bf16, F16};
-use crate::arch::sync_threads_or;
+use crate::arch::{ballot, sync_threads_or};
 use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, thread_x, warp_uniform};
 use crate::attn::backward::{
     dq_adds_before, dq_semaphore, first_q_block, needs_mask, window_needs_mask, window_q_blocks,
@@ -77,7 +80,7 @@ use crate::tile::mem_backward::{
 use crate::tile::mma::{FragA, FragC, each_fragment};
 use crate::tile::tma;
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
-use crate::tile::{PanelTile, SwizzledTile};
+use crate::tile::{GappedTile, PanelTile, SwizzledTile};
 
 /// Query columns of `Sᵀ` per Q block: 8 fragments of 8.
 const NQ: usize = 8;
@@ -174,10 +177,10 @@ unsafe fn backward<
     const {
         assert!(KD >= 2 && WG > 0);
         assert!(if SLICED {
-            16 * KD <= 128 * WG
-                && ND == 16
-                && DQ == 8
-                && WG == KD.div_ceil(8)
+            16 * KD == 8 * ND * WG
+                && ND <= 16
+                && (DQ == ND || 2 * DQ == ND)
+                && WG == 2
                 && !CARRY_DQ
                 && NS * WG == NQ
         } else {
@@ -247,12 +250,21 @@ unsafe fn backward<
     // across the loop (which spilled at d = 128).
     let smem = shared_window();
     let (kv_bytes, q_bytes) = (bc * d * 2, br * d * 2);
-    let k_tile = |base: u32| PanelTile::new(base, bc, d);
-    let v_tile = |base: u32| PanelTile::new(base + kv_bytes, bc, d);
+    // K, V, Q and dO hold the head dim in logical columns; SLICED, each group's slice from a
+    // 128-column boundary.
+    let gapped = |tile: PanelTile| {
+        if SLICED {
+            GappedTile::new(tile, cfg.slice_cols() / 8, BACKWARD_SLICE_COLS / 8)
+        } else {
+            GappedTile::new(tile, d / 8, d / 8)
+        }
+    };
+    let k_tile = |base: u32| gapped(PanelTile::new(base, bc, d));
+    let v_tile = |base: u32| gapped(PanelTile::new(base + kv_bytes, bc, d));
     let stages = cfg.stages();
     let stage = |base: u32, st: u32| base + 2 * kv_bytes + st * 2 * q_bytes;
-    let q_tile = |base: u32, st: u32| PanelTile::new(stage(base, st), br, d);
-    let do_tile = |base: u32, st: u32| PanelTile::new(stage(base, st) + q_bytes, br, d);
+    let q_tile = |base: u32, st: u32| gapped(PanelTile::new(stage(base, st), br, d));
+    let do_tile = |base: u32, st: u32| gapped(PanelTile::new(stage(base, st) + q_bytes, br, d));
     let ds_base = |base: u32| base + 2 * kv_bytes + stages * 2 * q_bytes;
     // dSᵀ, per stage: one key per row, one query per column.
     let ds_tile = |base: u32, st: u32| PanelTile::new(ds_base(base) + st * bc * br * 2, bc, br);
@@ -283,24 +295,29 @@ unsafe fn backward<
     let map_bytes = core::mem::size_of::<crate::abi::params::TensorMap>() as u64;
     let fill = |i: u32, st: u32| {
         let (h, q0) = (head_of(i), row0_of(i));
+        let row = stats_row(h) + q0 as u64;
         if TMA && tid == 0 {
             let at = [h as i32, q0 as i32, seq.batch as i32];
             // SAFETY: the barrier is initialized; the stage is free (every warpgroup passed the
-            // barrier after its last read); each panel is 1024-byte aligned.
+            // barrier after its last read); each panel is 1024-byte aligned; the statistics are
+            // padded to whole Q blocks, each 256-byte aligned (the sequence starts at row 0).
             unsafe {
-                tma::arrive_expect_tx(barrier(st), 2 * q_bytes);
+                tma::arrive_expect_tx(barrier(st), 2 * q_bytes + 2 * br * 4);
+                tma::load_bulk(stats(smem, st), p.lse_log2 + row * 4, br * 4, barrier(st));
+                tma::load_bulk(
+                    stats(smem, st) + br * 4,
+                    p.d_sum + row * 4,
+                    br * 4,
+                    barrier(st),
+                );
                 for (tile, map) in [
                     (q_tile(smem, st), maps),
                     (do_tile(smem, st), maps + map_bytes),
                 ] {
                     for panel in 0..d / 64 {
-                        let dst = tile.chunk_addr(0, 8 * panel);
-                        tma::load_4d(
-                            dst,
-                            map,
-                            barrier(st),
-                            [64 * panel as i32, at[0], at[1], at[2]],
-                        );
+                        let col = tile.panel_origin(panel);
+                        let dst = tile.chunk_addr(0, col / 8);
+                        tma::load_4d(dst, map, barrier(st), [col as i32, at[0], at[1], at[2]]);
                     }
                 }
             }
@@ -328,7 +345,6 @@ unsafe fn backward<
                     threads,
                 );
             }
-            let row = stats_row(h) + q0 as u64;
             if GENERAL {
                 if tid < 2 * br {
                     let (which, r) = (tid / br, tid % br);
@@ -341,7 +357,7 @@ unsafe fn backward<
                     };
                     copy4(stats(smem, st) + which * br * 4 + r * 4, src, valid);
                 }
-            } else {
+            } else if !TMA {
                 let chunks = br / 4;
                 if tid < 2 * chunks {
                     let (which, c) = (tid / chunks, tid % chunks);
@@ -390,7 +406,7 @@ unsafe fn backward<
     let (key_lo, key_hi) = (k0 + key_row + g, k0 + key_row + g + 8);
     // The group's columns of dK and dV: all of them, or (SLICED) its slice.
     let (col0, cols) = if SLICED {
-        (BACKWARD_SLICE_COLS * group, BACKWARD_SLICE_COLS)
+        (cfg.slice_cols() * group, cfg.slice_cols())
     } else {
         (0, d)
     };
@@ -493,9 +509,21 @@ unsafe fn backward<
         // D = 0; `nan_rows` writes a NaN row's gradients): zeroing its non-finite elements
         // changes no gradient. Each thread sanitizes the chunks it copied, before the barrier
         // that publishes them to the tensor cores.
-        // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`, or the
-        // stage's barrier).
-        unsafe { sanitize_own_chunks::<T, _>(&q_tile(smem, st), br, tid, threads) };
+        // The `TMA` instances (plain scores: no softcap or sink, which can leave such a row a
+        // finite LSE) scan only a block with a row whose LSE is not finite: their statistics
+        // land on the stage's barrier too, so every warp sees the block's 64 rows (two a lane).
+        let scan = if TMA {
+            // SAFETY: the stage's statistics have landed (its barrier).
+            let lse = unsafe { load_shared_f32x2(stats(smem, st) + 8 * lane) };
+            ballot(!(lse[0].is_finite() && lse[1].is_finite())) != 0
+        } else {
+            true
+        };
+        if scan {
+            // SAFETY: the thread's own copies of the stage's Q have landed (`wait_all`, or the
+            // stage's barrier).
+            unsafe { sanitize_own_chunks::<T, _>(&q_tile(smem, st), br, tid, threads) };
+        }
         wgmma::fence_proxy_async();
         sync_threads();
         if i + 1 < iters {
@@ -719,26 +747,32 @@ unsafe fn backward<
             let semaphore = |h: u32| {
                 p.dq_semaphores + 4 * dq_semaphore(seq.batch * s.heads_q + h, q0 / br, p.n_q_pad)
             };
-            // One chain of `DQ` fragments at a time: all of the group's columns, or (SLICED) 64
-            // of its slice.
+            // One chain of `DQ` fragments at a time: all of the group's columns, or (SLICED)
+            // its slice in one or two chains.
             let dq_cols = 8 * DQ as u32;
-            for part in 0..if SLICED { cols / dq_cols } else { 1 } {
+            let parts = if SLICED { ND / DQ } else { 1 } as u32;
+            for part in 0..parts {
                 let col = dq_col0 + part * dq_cols;
                 let mut dq_now = [FragC::default(); DQ];
                 issue_dq(&mut dq_now, col);
                 if SLICED {
-                    // dV after the first chain, dK after the second: each chain's reduction
-                    // runs while the product issued after it does.
+                    // dV after the first chain, dK after the last: each chain's reductions run
+                    // while the products issued after it do.
                     // SAFETY: both groups' queries of the `Pᵀ` and `dSᵀ` tiles are written
                     // (the barrier above); the stage's dO and Q are filled.
                     unsafe {
                         if part == 0 {
                             accumulate_ss::<T, ND>(&mut dv, pt_tile, do_b, hoist);
-                        } else {
+                        }
+                        if part + 1 == parts {
                             accumulate_ss::<T, ND>(&mut dk, dst, q_b, hoist);
                         }
                     }
-                    wgmma::wait::<1>();
+                    if parts == 1 {
+                        wgmma::wait::<2>();
+                    } else {
+                        wgmma::wait::<1>();
+                    }
                 } else {
                     // dK after dQ, so that dQ's reductions run under it.
                     // SAFETY: the stage's Q is filled.

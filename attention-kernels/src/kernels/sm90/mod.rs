@@ -324,11 +324,12 @@ pub const fn backward_shared_bytes(c: &WgBackwardConfig, tma: bool) -> u32 {
 /// Tiles of the backward's main kernel: `warpgroups` groups of 4 warps, each owning 64 keys of the
 /// K/V block for `Sᵀ`, `dPᵀ`, dK and dV; Q blocks of 64 rows, whose dQ the groups split by
 /// columns (each reads every group's `dSᵀ` rows). Past d = 128 the block is [`sliced`]: both
-/// groups own the same 64 keys, group `w` the head-dim slice `w` of their dK, dV and dQ
-/// ([`BACKWARD_SLICE_COLS`]), each computing `Sᵀ` and `dPᵀ` for half the Q block's rows
-/// ([`score_queries`]).
+/// groups own the same 64 keys, group `w` the head-dim slice `w` of their dK, dV and dQ (an
+/// equal share, [`slice_cols`], stored from column `w` · [`BACKWARD_SLICE_COLS`] of the tiles),
+/// each computing `Sᵀ` and `dPᵀ` for half the Q block's rows ([`score_queries`]).
 ///
 /// [`sliced`]: WgBackwardConfig::sliced
+/// [`slice_cols`]: WgBackwardConfig::slice_cols
 /// [`score_queries`]: WgBackwardConfig::score_queries
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgBackwardConfig {
@@ -355,7 +356,7 @@ impl WgBackwardConfig {
         128 * self.warpgroups
     }
     /// Columns of the shared tiles: whole 64-column panels (128-byte swizzle rows), or (sliced)
-    /// whole slices, zeros past the head dim (see the kernel).
+    /// 128 per slice, zeros past the head dim (see the kernel).
     pub const fn tile_cols(&self) -> u32 {
         if self.sliced() {
             self.warpgroups * BACKWARD_SLICE_COLS
@@ -363,10 +364,11 @@ impl WgBackwardConfig {
             self.head_dim.next_multiple_of(64)
         }
     }
-    /// Columns of dK and dV each warpgroup accumulates: all, or (sliced) a slice's.
+    /// Columns of dK and dV each warpgroup accumulates: all, or (sliced) its equal share, which
+    /// keeps k-steps whole (d = 160, 192 and 256: 80, 96 and 128).
     pub const fn slice_cols(&self) -> u32 {
         if self.sliced() {
-            BACKWARD_SLICE_COLS
+            self.head_dim / self.warpgroups
         } else {
             self.head_dim
         }
@@ -385,14 +387,15 @@ impl WgBackwardConfig {
     pub const fn carry_dq(&self) -> bool {
         self.head_dim == 64
     }
-    /// dQ columns of one `wgmma` chain: each warpgroup's share, or (sliced) 64 at a time of
-    /// its slice, so that they fit beside the slice's dK and dV. A chain's columns lie in one
-    /// 64-column panel or cover whole ones (an MN-major operand cannot start inside a panel and
-    /// cross into the next), so d = 96 shares the tiles' 128 columns, zeros past 96.
+    /// dQ columns of one `wgmma` chain: each warpgroup's share, or (sliced) its slice in one
+    /// chain up to 96 columns and 64 at a time past that, so that they fit beside the slice's
+    /// dK and dV. A chain's columns lie in one 64-column panel or start one (an MN-major
+    /// operand cannot start inside a panel and cross into the next), so d = 96 shares the
+    /// tiles' 128 columns, zeros past 96.
     pub const fn dq_cols(&self) -> u32 {
         let share = self.head_dim / self.warpgroups;
         if self.sliced() {
-            64
+            if share <= 96 { share } else { 64 }
         } else if 64u32.is_multiple_of(share) || share.is_multiple_of(64) {
             share
         } else {
@@ -433,8 +436,9 @@ pub const BACKWARD_D128: WgBackwardConfig = WgBackwardConfig {
     head_dim: 128,
     warpgroups: 2,
 };
-/// d = 192 and 256: 64 keys × 64 query rows, one warpgroup per 128-column head-dim slice (tiles
-/// of 256 columns at both): 209 KiB of shared memory (two stages), one block per SM.
+/// d = 192 and 256: 64 keys × 64 query rows, one warpgroup per half of the head dim (tiles of
+/// 256 columns at both, a half from each 128-column boundary): 209 KiB of shared memory (two
+/// stages), one block per SM.
 pub const BACKWARD_D192: WgBackwardConfig = WgBackwardConfig {
     head_dim: 192,
     warpgroups: 2,
@@ -457,8 +461,8 @@ pub const BACKWARD_D96: WgBackwardConfig = WgBackwardConfig {
     warpgroups: 2,
 };
 
-/// d = 136 to 160, plain calls only ([`backward_plain_config`]): d = 192's sliced tiles (two
-/// 128-column slices, zeros past the head dim) with `Sᵀ` and `dPᵀ` in 10 k-steps instead of 12.
+/// d = 136 to 160, plain calls only ([`backward_plain_config`]): d = 192's sliced tiles in
+/// halves of 80 columns, zeros past the head dim, `Sᵀ` and `dPᵀ` in 10 k-steps instead of 12.
 pub const BACKWARD_D160: WgBackwardConfig = WgBackwardConfig {
     head_dim: 160,
     warpgroups: 2,
@@ -503,5 +507,56 @@ pub const fn backward_plain_config(c: &WgBackwardConfig, widest: u32) -> WgBackw
         BACKWARD_D160
     } else {
         *c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tile::{GappedTile, PanelTile};
+
+    /// Where each warpgroup's dK/dV operand and dQ chains start in the tiles' physical columns,
+    /// for every compiled backward: an MN-major operand must start a 64-column panel or end
+    /// inside the one it starts in, and a sliced group's half must keep `Sᵀ`'s k-steps whole.
+    #[test]
+    fn backward_operands_start_panels() {
+        for c in BACKWARD_VARIANTS {
+            let (d, groups) = (c.head_dim, c.warpgroups);
+            let fits = |start: u32, cols: u32| start.is_multiple_of(64) || start % 64 + cols <= 64;
+            if c.sliced() {
+                let half = c.slice_cols();
+                assert_eq!(half * groups, d, "{c:?}");
+                assert!(
+                    half.is_multiple_of(16) && half <= BACKWARD_SLICE_COLS,
+                    "{c:?}"
+                );
+                assert_eq!(c.tile_cols(), groups * BACKWARD_SLICE_COLS, "{c:?}");
+                let tile = PanelTile::new(0, c.block_rows(), c.tile_cols());
+                let gapped = GappedTile::new(tile, half / 8, BACKWARD_SLICE_COLS / 8);
+                let parts = half / c.dq_cols();
+                assert!(
+                    (parts == 1 || parts == 2) && parts * c.dq_cols() == half,
+                    "{c:?}"
+                );
+                for w in 0..groups {
+                    let col0 = half * w;
+                    assert_eq!(gapped.mn_major(0, col0), tile.mn_major(0, 128 * w), "{c:?}");
+                    for part in 0..parts {
+                        let start = 8 * gapped.physical((col0 + part * c.dq_cols()) / 8);
+                        assert!(fits(start, c.dq_cols()), "{c:?} group {w} part {part}");
+                    }
+                }
+                // `Sᵀ`'s k-steps land on whole 16-column steps of the runs, none in the gap.
+                for kk in 0..d / 16 {
+                    let physical = gapped.physical(2 * kk);
+                    assert!(physical % 16 < half / 8, "{c:?} k-step {kk}");
+                }
+            } else {
+                assert_eq!(c.slice_cols(), d, "{c:?}");
+                for w in 0..groups {
+                    assert!(fits(w * c.dq_cols(), c.dq_cols()), "{c:?} group {w}");
+                }
+            }
+        }
     }
 }

@@ -35,7 +35,7 @@ use crate::attn::backward::{
 use crate::attn::dropout::{drop_operand, transposed_keep_bits};
 use crate::attn::grid::{head_and_sequence, head_here};
 use crate::attn::mask::hidden;
-use crate::attn::mask::{Exponent, MASKED, sanitize_own_chunks, sanitize_pair};
+use crate::attn::mask::{Exponent, MASKED, chunk_non_finite, sanitize_own_chunks, sanitize_pair};
 use crate::attn::score_mod::{ScoreMod, Window, key_range};
 use crate::attn::sequence::Sequence;
 use crate::kernels::sm80::backward::TcBackwardConfig;
@@ -246,10 +246,7 @@ unsafe fn backward<
         let mut at = 16 * tid;
         while at < kv_bytes {
             // SAFETY: inside the K tile.
-            let w = unsafe { load_shared_16(smem + at) };
-            for x in w {
-                bad |= sanitize_pair::<T>(x).1;
-            }
+            bad |= chunk_non_finite::<T>(unsafe { load_shared_16(smem + at) });
             at += 16 * threads;
         }
         sync_threads_or(bad)
