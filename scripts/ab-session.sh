@@ -10,11 +10,12 @@
 #      "fixture headdims:--pass=backward"); with STACK="c …" (CLIs packed as
 #      .device-pack/flash-attn-c.xz, …, each built from a stack of changes between A and the new
 #      build), each build against the one before it: A → c → … → B
-#      (ab-<shapes>-<older>-<newer>.md)
+#      (ab-<shapes>-<older>-<newer>)
 #   4. PEERS=1 (default): `bench-h200.sh headdims` with the new build; FP8=1: gpu_fp8's speed test
-# $OUT gets summary.txt, the A/B and head-dim tables, and logs.tgz (every bundle and log). The
-# summary and tables are written there as they are made, so a call cut off by its time limit
-# still returns what it finished; a failed test's log tail goes into the summary.
+# $OUT gets summary.txt (with every A/B table), the head-dim table and logs.tgz (every bundle and
+# log, each A/B table as ab-<pair>/ab-table.md): three files, since the device tool returns eight.
+# The summary is written there as it is made, so a call cut off by its time limit still returns
+# what it finished; a failed test's log tail goes into it.
 # usage: [ROUNDS=2] [SHAPES="fixture headdims"] [TESTS=...] [STACK=...] [PEERS=1] [FP8=0] ab-session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +56,7 @@ for set in ${SHAPES:-fixture headdims}; do
     OUT=$logs/ab-$pair timeout 300 scripts/ab-bench.sh "${bins[$((i - 1))]}" "${bins[$i]}" "${ROUNDS:-2}" \
       --shapes "$shapes" ${opts//=/ } > "$logs/ab-$pair.log" 2>&1
     note "ab $pair ($opts): exit $?"
-    cp "$logs/ab-$pair/ab-table.md" "$dest/ab-$pair.md" 2> /dev/null && cat "$dest/ab-$pair.md" >> "$summary"
+    cat "$logs/ab-$pair/ab-table.md" >> "$summary" 2> /dev/null
   done
 done
 if [ "${PEERS:-1}" = 1 ]; then
