@@ -48,8 +48,9 @@
 //! serializes every `wgmma` of the kernel, C7520).
 //! The instances without sequences of their own or dropout (plain, window, deterministic) load
 //! each step's Q and dO tiles with the tensor memory accelerator (`sm90::tma_loads_backward`):
-//! thread 0 issues their boxes on the stage's `mbarrier`, which every thread waits on beside its
-//! own `cp.async` copies of the statistics.
+//! thread 0 issues their boxes and two bulk copies of the rows' statistics on the stage's
+//! `mbarrier`, which every thread waits on (the general instances copy the statistics with
+//! `cp.async`).
 //! Generic over `KD = d / 16`, `ND` (fragments of dK, dV: `d / 8`, or a slice's), `WG` and
 //! `DQ` (fragments of one dQ chain, [`WgBackwardConfig::dq_cols`]), so every register array has
 //! a compile-time size.
