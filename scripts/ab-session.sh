@@ -23,6 +23,7 @@ dest=${OUT:-reports/device}
 mkdir -p "$dest"
 logs=$(mktemp -d)
 summary=$dest/summary.txt
+: > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
 export CUDA_CACHE_MAXSIZE=4294967296
 [ .device-run/.unpacked -nt .device-pack/run.txz ] || scripts/device-unpack.sh > "$logs/unpack.log" 2>&1

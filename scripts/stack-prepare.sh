@@ -10,7 +10,9 @@
 # `regen-ptx.sh` and `device-prepare.sh` (about 4 + 3 + 8 minutes on two cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { echo "usage: $0 PATCH [PATCH ...]" >&2; exit 2; }
+letters=(c d e f g h)
+[ $# -ge 1 ] && [ $# -le $((${#letters[@]} + 1)) ] \
+  || { echo "usage: $0 PATCH [PATCH ...] (1 to $((${#letters[@]} + 1)) patches)" >&2; exit 2; }
 git diff --quiet HEAD -- . || { echo "stack-prepare: the tree has uncommitted changes" >&2; exit 1; }
 for p in "$@"; do [ -f "$p" ] || { echo "stack-prepare: no patch $p" >&2; exit 1; }; done
 # The patches are read before the tree changes (a patch under docs/pending stays as committed).
@@ -33,7 +35,6 @@ pack() {
   xz -T2 -1 -c "$packed/flash-attn" > "$packed/flash-attn-$1.xz"
 }
 pack a
-letters=(c d e f g h)
 stack=""
 for i in $(seq 1 $#); do
   git apply "$patches/$i.patch"
