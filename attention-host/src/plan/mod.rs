@@ -800,7 +800,7 @@ mod tests {
     /// (`BACKWARD_D96`, V's head dim too) and 136–160 (`BACKWARD_D160`); key lengths, a window, dropout or deterministic dQ
     /// keep the padded defaults, and `with_tiles` takes both where the plan gives the own ones.
     #[test]
-    fn plain_backwards_at_d32_d96_and_d160_run_tiles_of_their_own() {
+    fn plain_backwards_at_d32_d96_d160_and_d192_run_tiles_of_their_own() {
         let h = h200();
         let bwd = Direction::Backward;
         let plan = |s: AttentionShape, o: FlashOptions| select_on(&h, s, DType::Bf16, o, bwd);
@@ -811,13 +811,16 @@ mod tests {
             (64, 96, sm90::BACKWARD_D96),
             (160, 160, sm90::BACKWARD_D160),
             (136, 128, sm90::BACKWARD_D160),
-            (192, 160, sm90::BACKWARD_D192),
+            (192, 160, sm90::BACKWARD_D192_TRANSPOSED),
+            (168, 168, sm90::BACKWARD_D192_TRANSPOSED),
+            (128, 192, sm90::BACKWARD_D192_TRANSPOSED),
         ] {
             let s = shape(d).with_head_dim_v(d_v);
             let p = plan(s, FlashOptions::default()).unwrap();
             assert_eq!(p.tiles, Tiles::Sm90Backward(own), "({d}, {d_v})");
             assert!(
-                p.entry.ends_with(&format!("_d{}_g2", own.head_dim)),
+                p.entry
+                    .ends_with(&format!("_d{}_g{}", own.head_dim, own.warpgroups)),
                 "{}",
                 p.entry
             );

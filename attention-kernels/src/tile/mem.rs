@@ -16,6 +16,19 @@ pub unsafe fn store_shared_u32(addr: u32, v: u32) {
     }
 }
 
+/// The low 16 bits of `v`.
+///
+/// # Safety
+/// `addr` must be a 2-byte aligned address inside the shared window.
+#[inline(always)]
+pub unsafe fn store_shared_u16(addr: u32, v: u32) {
+    let h = v as u16;
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("st.shared.b16 [{a}], {h};", a = in(reg32) addr, h = in(reg16) h, options(nostack))
+    }
+}
+
 /// # Safety
 /// `addr` must be a 16-byte aligned address inside the shared window.
 #[inline(always)]

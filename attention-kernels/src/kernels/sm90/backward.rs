@@ -33,7 +33,8 @@
 //! order: a semaphore per (batch, head, Q block) counts the K/V blocks that have added theirs
 //! (`attn::backward::dq_adds_before`); one thread waits for its count, the block adds, and one
 //! thread releases the count + 1. Their barriers sit on compile-time paths only.
-//! The `SLICED` instances (d = 192, 256) split the head dim instead of the keys: both warpgroups
+//! The `SLICED` instances (d = 192 and 256; d = 192's plain calls run `backward_transposed`
+//! instead) split the head dim instead of the keys: both warpgroups
 //! own the block's 64 keys; each computes `Sᵀ`, `Pᵀ`, `dPᵀ` and `dSᵀ` for its half of the Q
 //! block's rows (`m64n32`, `WgBackwardConfig::score_queries`) and writes `Pᵀ` (times Z) and
 //! `dSᵀ` to the two `dSᵀ` buffers, which it does not need for dQ (not carried); after a barrier

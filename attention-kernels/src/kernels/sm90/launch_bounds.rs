@@ -30,6 +30,9 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("flash_wgmma_forward_bf16_d192_g2_k64", 384, 1),
     ("flash_wgmma_forward_f16_d192_g2_k64", 384, 1),
     ("flash_wgmma_forward_e4m3_d128_g2_k128", 384, 1),
+    // The transposed d = 192 backward (`sm90::BACKWARD_D192_TRANSPOSED`): three warpgroups.
+    ("flash_wgmma_backward_bf16_d192_g3", 384, 1),
+    ("flash_wgmma_backward_f16_d192_g3", 384, 1),
 ];
 
 /// The bounds of the warp-specialized tuning candidates (the `tuning` feature), for the same

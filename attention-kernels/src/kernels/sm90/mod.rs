@@ -10,6 +10,8 @@
 #[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
 mod backward;
 #[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
+mod backward_transposed;
+#[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
 mod forward;
 #[cfg(all(target_arch = "nvptx64", flash_attn_sm90a))]
 mod forward_fp8;
@@ -340,10 +342,18 @@ pub struct WgBackwardConfig {
 impl WgBackwardConfig {
     /// Whether the warpgroups split the head dim (one slice each) instead of the keys.
     pub const fn sliced(&self) -> bool {
-        self.head_dim > BACKWARD_SLICE_COLS
+        self.head_dim > BACKWARD_SLICE_COLS && !self.transposed()
+    }
+    /// Whether the block runs the transposed schedule (`backward_transposed`): three warpgroups
+    /// split 96 keys for `S` and `dP` (32 each) and the head dim for dQ and the transposed dK
+    /// and dV (64 columns each). d = 192's plain instance only.
+    pub const fn transposed(&self) -> bool {
+        self.head_dim > BACKWARD_SLICE_COLS && self.warpgroups == 3
     }
     pub const fn block_keys(&self) -> u32 {
-        if self.sliced() {
+        if self.transposed() {
+            32 * self.warpgroups
+        } else if self.sliced() {
             64
         } else {
             64 * self.warpgroups
@@ -408,13 +418,22 @@ impl WgBackwardConfig {
     /// them to fit) and d = 32 (two blocks per SM) take two; d = 96 and 128, one block per SM
     /// either way, keep three (two were not measured there).
     pub const fn stages(&self) -> u32 {
-        if self.sliced() || self.head_dim == 32 {
+        if self.sliced() || self.transposed() || self.head_dim == 32 {
             2
         } else {
             3
         }
     }
-    /// K and V; the stages of Q and dO; two `dSᵀ` buffers; the stages of the rows'
+    /// Columns of each score buffer (`dSᵀ`, or transposed `P` and `dS`): one per query, or
+    /// (transposed) one per key in whole 64-column panels.
+    pub const fn score_tile_cols(&self) -> u32 {
+        if self.transposed() {
+            self.block_keys().next_multiple_of(64)
+        } else {
+            self.block_rows()
+        }
+    }
+    /// K and V; the stages of Q and dO; two score buffers; the stages of the rows'
     /// `LSE · log2 e` and `D`.
     pub const fn shared_bytes(&self) -> u32 {
         let (bc, br, d, st) = (
@@ -423,7 +442,11 @@ impl WgBackwardConfig {
             self.tile_cols(),
             self.stages(),
         );
-        2 * bc * d * 2 + st * 2 * br * d * 2 + 2 * bc * br * 2 + st * 2 * br * 4
+        let score_rows = if self.transposed() { br } else { bc };
+        2 * bc * d * 2
+            + st * 2 * br * d * 2
+            + 2 * score_rows * self.score_tile_cols() * 2
+            + st * 2 * br * 4
     }
 }
 
@@ -438,7 +461,7 @@ pub const BACKWARD_D128: WgBackwardConfig = WgBackwardConfig {
 };
 /// d = 192 and 256: 64 keys × 64 query rows, one warpgroup per half of the head dim (tiles of
 /// 256 columns at both, a half from each 128-column boundary): 209 KiB of shared memory (two
-/// stages), one block per SM.
+/// stages), one block per SM. d = 192's plain calls run [`BACKWARD_D192_TRANSPOSED`].
 pub const BACKWARD_D192: WgBackwardConfig = WgBackwardConfig {
     head_dim: 192,
     warpgroups: 2,
@@ -468,8 +491,16 @@ pub const BACKWARD_D160: WgBackwardConfig = WgBackwardConfig {
     warpgroups: 2,
 };
 
+/// d = 168 to 192, plain calls only ([`backward_plain_config`]): the transposed schedule
+/// ([`WgBackwardConfig::transposed`]), 96 keys × 64 query rows, tiles of 192 columns; 201 KiB of
+/// shared memory (two stages), one block of 384 threads per SM.
+pub const BACKWARD_D192_TRANSPOSED: WgBackwardConfig = WgBackwardConfig {
+    head_dim: 192,
+    warpgroups: 3,
+};
+
 /// Every backward configuration compiled into the sm_90a PTX: the defaults and the plain-only
-/// [`BACKWARD_D32`], [`BACKWARD_D96`] and [`BACKWARD_D160`]. Measured against them on the H200 and dropped
+/// [`BACKWARD_D32`], [`BACKWARD_D96`], [`BACKWARD_D160`] and [`BACKWARD_D192_TRANSPOSED`]. Measured against them on the H200 and dropped
 /// (reports/PERF_LOG_BACKWARD.md): dQ split by keys instead of columns, and one warpgroup per
 /// block at d = 64 (two independent blocks per SM).
 pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[
@@ -480,6 +511,7 @@ pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[
     BACKWARD_D32,
     BACKWARD_D96,
     BACKWARD_D160,
+    BACKWARD_D192_TRANSPOSED,
 ];
 
 /// The default backward configuration for a head dimension (padded as [`config`]).
@@ -497,7 +529,7 @@ pub const fn backward_config(head_dim: u32) -> Option<WgBackwardConfig> {
 /// dropout, window, score modifiers or deterministic dQ) of default `c` whose Q/K and V head
 /// dims are at most `widest`: [`BACKWARD_D32`] for [`BACKWARD_D64`]'s at 32, [`BACKWARD_D96`]
 /// for [`BACKWARD_D128`]'s from 72 to 96, [`BACKWARD_D160`] for [`BACKWARD_D192`]'s from 136
-/// to 160; otherwise `c`.
+/// to 160 and [`BACKWARD_D192_TRANSPOSED`] above that; otherwise `c`.
 pub const fn backward_plain_config(c: &WgBackwardConfig, widest: u32) -> WgBackwardConfig {
     if c.head_dim == 64 && widest <= BACKWARD_D32.head_dim {
         BACKWARD_D32
@@ -505,6 +537,8 @@ pub const fn backward_plain_config(c: &WgBackwardConfig, widest: u32) -> WgBackw
         BACKWARD_D96
     } else if c.head_dim == 192 && widest <= BACKWARD_D160.head_dim {
         BACKWARD_D160
+    } else if c.head_dim == 192 {
+        BACKWARD_D192_TRANSPOSED
     } else {
         *c
     }
@@ -556,6 +590,17 @@ mod tests {
                 for w in 0..groups {
                     assert!(fits(w * c.dq_cols(), c.dq_cols()), "{c:?} group {w}");
                 }
+            }
+            if c.transposed() {
+                // Each group's head-dim rows of dKᵀ/dVᵀ and columns of dQ are one whole panel,
+                // its keys of `S` whole 8-row groups, and the keys whole k-steps of dQ.
+                assert_eq!(
+                    (c.dq_cols(), c.dq_cols() * groups, d),
+                    (64, d, c.tile_cols()),
+                    "{c:?}"
+                );
+                assert_eq!(c.block_keys(), 32 * groups, "{c:?}");
+                assert!(c.block_keys().is_multiple_of(16), "{c:?}");
             }
         }
     }
