@@ -219,7 +219,12 @@ fn non_finite_inputs_and_masked_keys_follow_the_reference_on_every_family() {
     let families = families();
     let (mut failures, mut passed) = (vec![], 0);
     let mut not_run = vec![0usize; families.len()];
-    for (dt, d) in [(DType::Bf16, 128), (DType::Bf16, 64), (DType::F16, 128)] {
+    for (dt, d) in [
+        (DType::Bf16, 128),
+        (DType::Bf16, 64),
+        (DType::F16, 128),
+        (DType::Bf16, 192),
+    ] {
         for c in scenarios(&mut rng, dt, d) {
             let want = forward_f32(&c.shape, &c.q, &c.k, &c.v, &c.options).unwrap();
             let want_g = backward_f32(&c.shape, &c.q, &c.k, &c.v, &c.d_o, &c.options).unwrap();
