@@ -13,7 +13,8 @@
 # with a window, beside the same rows at 2048 and 1024 keys; ours only, forward and backward).
 # `tuning`: the compiled tile variants of each family side by side (examples/tc_bench built with
 # `--features tuning`, which `TUNING=1 scripts/device-prepare.sh` packs), ours only, per-launch
-# events; its table in $out/tuning-table.md.
+# events; its table in $out/tuning-table.md, after gpu_variants (same feature) has checked every
+# candidate against the f64 reference (log in $out/tuning-variants.log).
 # usage: bench-h200.sh [all|speed|memory|decode|headdims|window|tuning] [flash-attn bench options, e.g. --pass forward]
 set -uo pipefail
 what=${1:-all}; shift || true
@@ -34,8 +35,12 @@ if [ "$what" = headdims ]; then
   exit
 fi
 if [ "$what" = tuning ]; then
+  .device-run/tuning/gpu_variants --test-threads=1 --nocapture > "$out/tuning-variants.log" 2>&1
+  tested=$?
+  tail -n 3 "$out/tuning-variants.log"
   .device-run/tuning/tc_bench | tee "$out/tuning-table.md"
-  exit "${PIPESTATUS[0]}"
+  timed=${PIPESTATUS[0]}
+  exit $((tested || timed))
 fi
 if [ "$what" = window ]; then
   $fa bench --kernel auto --shapes window --out "$out" "$@" | tee "$out/window-table.txt"

@@ -2,8 +2,9 @@
 # Builds, on this machine, everything a GPU run needs and copies it to .device-run/ (git-ignored):
 # the release `flash-attn` binary and every test binary of the workspace under stable names. With
 # TUNING=1 also the timing examples that compare the tuning candidates, tc_bench and
-# tc_backward_bench, built with `--features tuning` (its own PTX, compiled from the kernel
-# sources: several minutes) into .device-run/tuning/ (`bench-h200.sh tuning`).
+# tc_backward_bench, and the test that checks every candidate against the f64 reference,
+# gpu_variants, built with `--features tuning` (its own PTX, compiled from the kernel sources:
+# several minutes) into .device-run/tuning/ (`bench-h200.sh tuning`).
 # The GPU machine has no Rust. The binaries (two PTX modules each) outgrow what the device tool
 # carries, so they also go packed into .device-pack/run.txz (git-ignored; xz with a dictionary
 # larger than a binary, so the PTX every binary embeds is stored once): pass `.device-pack` in
@@ -40,6 +41,9 @@ if [[ ${TUNING:-0} == 1 ]]; then
   mkdir -p .device-run/tuning
   cargo build --release --features tuning --example tc_bench --example tc_backward_bench --quiet
   cp target/release/examples/tc_bench target/release/examples/tc_backward_bench .device-run/tuning/
+  # The candidates against the f64 reference before they are timed.
+  cargo test --release --features tuning --test gpu_variants --no-run --message-format=json 2>/dev/null \
+    | copy_tests .device-run/tuning
 fi
 # The candle op when CANDLE=1 (feature `candle-cuda`, candle with its CUDA backend): its GPU test
 # as .device-run/candle/gpu_candle, run there through candle-run.sh (`h200-check.sh candle`), and

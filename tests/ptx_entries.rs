@@ -209,7 +209,13 @@ fn warp_specialized_forward_entries_are_compiled_for_the_threads_the_host_launch
             }
         }
     }
-    assert_eq!(specialized, 8, "d = 64, 96, 128 and 192, bf16 and f16");
+    // With the `tuning` feature, the three warp-specialized plain candidates too.
+    let candidates = if cfg!(feature = "tuning") { 3 } else { 0 };
+    assert_eq!(
+        specialized,
+        2 * (4 + candidates),
+        "d = 64, 96, 128 and 192 (and the candidates), bf16 and f16"
+    );
 }
 
 /// As above for the `wgmma` backward's main kernels (`sm90::tma_loads_backward`,

@@ -803,4 +803,6 @@ entry_points! {
     ws flash_wgmma_forward_f16_d64_g3_k64 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 64 }, false, false, false, false;
     tma flash_wgmma_forward_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false, true;
     tma flash_wgmma_forward_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, false, false, false, true;
+    ws flash_wgmma_forward_bf16_d128_g3_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 3, block_keys: 64 }, false, false, false, false;
+    ws flash_wgmma_forward_f16_d128_g3_k64 => F16, WgConfig { head_dim: 128, warpgroups: 3, block_keys: 64 }, false, false, false, false;
 }

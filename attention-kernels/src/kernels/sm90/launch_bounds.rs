@@ -42,4 +42,6 @@ pub const TUNING_LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     ("flash_wgmma_forward_f16_d64_g2_k128", 384, 1),
     ("flash_wgmma_forward_bf16_d64_g3_k64", 512, 1),
     ("flash_wgmma_forward_f16_d64_g3_k64", 512, 1),
+    ("flash_wgmma_forward_bf16_d128_g3_k64", 512, 1),
+    ("flash_wgmma_forward_f16_d128_g3_k64", 512, 1),
 ];

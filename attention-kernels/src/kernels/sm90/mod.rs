@@ -130,15 +130,18 @@ pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
         },
         PLAIN_CANDIDATES[0],
         PLAIN_CANDIDATES[1],
+        PLAIN_CANDIDATES[2],
     ]
 } else {
     &[D32, D64, D64_WS, D96, D128, D192, D256]
 };
 
 /// The tuning candidates compiled as warp-specialized plain instances only (their head dim,
-/// full-length sequences, no dropout), measured against [`D64_WS`]: two consumer warpgroups
-/// with 128-key blocks, and three with 64-key blocks.
-const PLAIN_CANDIDATES: [WgConfig; 2] = [
+/// full-length sequences, no dropout): against [`D64_WS`], two consumer warpgroups with 128-key
+/// blocks and three with 64-key blocks; against [`D128`], three consumer warpgroups with 64-key
+/// blocks (each consumer's score block half as long, so a third one's softmax fits beside two,
+/// in the 160 registers three consumers can have).
+const PLAIN_CANDIDATES: [WgConfig; 3] = [
     WgConfig {
         head_dim: 64,
         warpgroups: 2,
@@ -146,6 +149,11 @@ const PLAIN_CANDIDATES: [WgConfig; 2] = [
     },
     WgConfig {
         head_dim: 64,
+        warpgroups: 3,
+        block_keys: 64,
+    },
+    WgConfig {
+        head_dim: 128,
         warpgroups: 3,
         block_keys: 64,
     },

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use flash_attn::materialized::{MaterializedWorkspace, materialized_forward};
+use flash_attn::options::alibi_slopes;
 use flash_attn::timing::{time_calls, time_pipelined};
 use flash_attn::{
     AttentionOptions, AttentionShape, BackwardInputs, DType, DeviceTensor, Family, FlashOptions,
@@ -95,8 +96,9 @@ struct Case {
 }
 
 impl Case {
-    fn options(&self) -> AttentionOptions {
-        let a = AttentionOptions::new().causal(self.causal);
+    /// The case's mask and the options every case of the run takes.
+    fn options(&self, extra: &ExtraOptions) -> AttentionOptions {
+        let a = extra.apply(AttentionOptions::new().causal(self.causal), &self.shape);
         match self.window {
             Some((left, right)) => a.window(left, right),
             None => a,
@@ -106,16 +108,76 @@ impl Case {
     /// FLOPs as the anchors count them, or over the pairs the window allows.
     fn forward_flops(&self) -> f64 {
         match self.window {
-            Some(_) => windowed_forward_flops(&self.shape, &self.options()),
+            Some(_) => windowed_forward_flops(&self.shape, &self.mask()),
             None => forward_flops(&self.shape, self.causal),
         }
     }
 
     fn backward_flops(&self) -> f64 {
         match self.window {
-            Some(_) => 2.5 * windowed_forward_flops(&self.shape, &self.options()),
+            Some(_) => 2.5 * windowed_forward_flops(&self.shape, &self.mask()),
             None => backward_flops(&self.shape, self.causal),
         }
+    }
+
+    /// The mask alone (what the FLOPs are counted over).
+    fn mask(&self) -> AttentionOptions {
+        self.options(&ExtraOptions::default())
+    }
+}
+
+/// Options every case of a run takes besides its mask, to time the instances that carry them:
+/// the tensor-core families run a call with any of these on their general or modifier
+/// instances, not the plain ones. FLOPs are counted as without them.
+#[derive(Args, Debug, Default)]
+struct ExtraOptions {
+    /// Every sequence's key length given explicitly, each the shape's own (the same work, on
+    /// the instances that take lengths).
+    #[arg(long)]
+    key_lengths: bool,
+    /// Dropout of P with this probability (a fixed seed).
+    #[arg(long)]
+    dropout: Option<f32>,
+    /// The tanh logit softcap with this cap.
+    #[arg(long)]
+    softcap: Option<f32>,
+    /// ALiBi with the standard slopes of the query heads.
+    #[arg(long)]
+    alibi: bool,
+    /// A sink logit per query head (0.5 each).
+    #[arg(long)]
+    sinks: bool,
+}
+
+impl ExtraOptions {
+    fn apply(&self, mut a: AttentionOptions, shape: &AttentionShape) -> AttentionOptions {
+        if self.key_lengths {
+            a = a.key_lengths(vec![shape.n_k; shape.batch as usize]);
+        }
+        if let Some(p) = self.dropout {
+            a = a.dropout(p, 0x5eed, 0);
+        }
+        if let Some(cap) = self.softcap {
+            a = a.softcap(cap);
+        }
+        if self.alibi {
+            a = a.alibi_slopes(alibi_slopes(shape.heads_q));
+        }
+        if self.sinks {
+            a = a.sinks(vec![0.5; shape.heads_q as usize]);
+        }
+        a
+    }
+
+    /// The options taken, as the bundle records them.
+    fn to_json(&self) -> serde_json::Value {
+        json!({
+            "key_lengths": self.key_lengths,
+            "dropout": self.dropout,
+            "softcap": self.softcap,
+            "alibi": self.alibi,
+            "sinks": self.sinks,
+        })
     }
 }
 
@@ -157,6 +219,8 @@ pub struct BenchArgs {
     /// Calls per pipelined sample; 0 picks enough for about 2 ms per sample (at most 200).
     #[arg(long, default_value_t = 0)]
     calls: usize,
+    #[command(flatten)]
+    extra: ExtraOptions,
     /// Directory for the evidence bundle (`bench-<kernel>-<unix time>.json`).
     #[arg(long, default_value = "reports/bench")]
     out: PathBuf,
@@ -195,9 +259,14 @@ pub fn run(args: &BenchArgs) -> CliResult {
         )
         .into());
     }
+    // Bad options are refused here, before a device is looked for.
+    for c in &cases {
+        c.options(&args.extra).validate(&c.shape)?;
+    }
     let gpu = flash_attn::gpu()?;
     let env = environment(&gpu);
     println!("{}", serde_json::to_string(&env)?);
+    println!("options besides the masks: {}", args.extra.to_json());
     println!(
         "{:<10} {:<8} {:>3} {:>3} {:>6} {:>4} {:>6} {:>11} {:>10} {:>9} {:>10}",
         "kernel", "pass", "B", "H", "N", "d", "causal", "window", "median ms", "TFLOP/s", "rel err"
@@ -248,7 +317,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
     let path = args.out.join(name);
     std::fs::write(
         &path,
-        serde_json::to_string_pretty(&json!({"environment": env, "cases": records}))?,
+        serde_json::to_string_pretty(
+            &json!({"environment": env, "options": args.extra.to_json(), "cases": records}),
+        )?,
     )?;
     println!("evidence bundle: {}", path.display());
     Ok(())
@@ -323,7 +394,7 @@ fn bench_materialized<'a>(
     case: &Case,
     args: &BenchArgs,
 ) -> flash_attn::Result<CaseRecord<'a>> {
-    let (shape, options) = (&case.shape, case.options());
+    let (shape, options) = (&case.shape, case.options(&args.extra));
     let (host, dev) = inputs(shape, args.dtype)?;
     memory::reset_peak();
     let workspace = MaterializedWorkspace::new(shape, args.dtype)?;
@@ -371,7 +442,7 @@ fn bench_forward<'a>(
     args: &BenchArgs,
 ) -> flash_attn::Result<CaseRecord<'a>> {
     let shape = &case.shape;
-    let options = FlashOptions::new(case.options()).kernel(choice);
+    let options = FlashOptions::new(case.options(&args.extra)).kernel(choice);
     let (host, dev) = inputs(shape, args.dtype)?;
     memory::reset_peak();
     // The call a user makes: validation, plan, outputs from the pool, launch.
@@ -411,7 +482,7 @@ fn bench_backward<'a>(
     args: &BenchArgs,
 ) -> flash_attn::Result<CaseRecord<'a>> {
     let shape = &case.shape;
-    let options = FlashOptions::new(case.options())
+    let options = FlashOptions::new(case.options(&args.extra))
         .kernel(choice)
         .deterministic(args.deterministic);
     let (_, dev) = inputs(shape, args.dtype)?;
