@@ -6,8 +6,9 @@
 #   1. every CLI loads its PTX once, beside the others (each pays the driver's sm_90a JIT, ~100 s)
 #   2. TESTS (none by default): these test binaries of the new build
 #   3. scripts/ab-bench.sh, ROUNDS alternated rounds, for each SHAPES set (`flash-attn bench
-#      --shapes` values, each optionally followed by bench options after a colon, e.g.
-#      "fixture headdims:--pass=backward"); with STACK="c …" (CLIs packed as
+#      --shapes` values, each optionally followed by bench options after a colon, `=` for the
+#      space within one and `+` between them, e.g. "fixture headdims:--pass=backward
+#      fixture:--pass=forward+--key-lengths"); with STACK="c …" (CLIs packed as
 #      .device-pack/flash-attn-c.xz, …, each built from a stack of changes between A and the new
 #      build), each build against the one before it: A → c → … → B
 #      (ab-<shapes>-<older>-<newer>)
@@ -55,7 +56,7 @@ for set in ${SHAPES:-fixture headdims}; do
     pair=$shapes; [ ${#bins[@]} -gt 2 ] && pair=$shapes-${names[$((i - 1))]}-${names[$i]}
     mkdir -p "$logs/ab-$pair"
     OUT=$logs/ab-$pair timeout 300 scripts/ab-bench.sh "${bins[$((i - 1))]}" "${bins[$i]}" "${ROUNDS:-2}" \
-      --shapes "$shapes" ${opts//=/ } > "$logs/ab-$pair.log" 2>&1
+      --shapes "$shapes" $(echo "$opts" | tr '=+' '  ') > "$logs/ab-$pair.log" 2>&1
     note "ab $pair ($opts): exit $?"
     cat "$logs/ab-$pair/ab-table.md" >> "$summary" 2> /dev/null
   done
