@@ -19,6 +19,10 @@ fn bad_options_are_refused_before_a_device_is_looked_for() {
             &["--shapes", "headdims", "--head-dim", "100"][..],
             "no Headdims case",
         ),
+        (
+            &["--kernel", "materialized", "--alibi"][..],
+            "materialized baseline",
+        ),
     ] {
         let out = bench(args);
         assert!(!out.status.success(), "{args:?} ran");

@@ -169,6 +169,15 @@ impl ExtraOptions {
         a
     }
 
+    /// Whether any option is taken.
+    fn any(&self) -> bool {
+        self.key_lengths
+            || self.dropout.is_some()
+            || self.softcap.is_some()
+            || self.alibi
+            || self.sinks
+    }
+
     /// The options taken, as the bundle records them.
     fn to_json(&self) -> serde_json::Value {
         json!({
@@ -260,6 +269,9 @@ pub fn run(args: &BenchArgs) -> CliResult {
         .into());
     }
     // Bad options are refused here, before a device is looked for.
+    if args.kernel == Kernel::Materialized && args.extra.any() {
+        return Err("the materialized baseline takes the scale and the causal mask only".into());
+    }
     for c in &cases {
         c.options(&args.extra).validate(&c.shape)?;
     }
