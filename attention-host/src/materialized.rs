@@ -42,6 +42,17 @@ impl MaterializedWorkspace {
     }
 }
 
+/// Refuses the options the materialized baseline does not take: it supports scale and the
+/// causal mask only (no device needed, so a caller can refuse a call before looking for one).
+pub fn check_options(options: &AttentionOptions) -> Result<()> {
+    if options.dropout.is_some() || options.lengths != Lengths::Full || options.has_score_mods() {
+        return Err(invalid!(
+            "the materialized baseline supports scale and causal only"
+        ));
+    }
+    Ok(())
+}
+
 /// The materialized forward into `o` (`[batch, n_q, heads_q, head_dim_v]`, q's dtype): three
 /// launches that write `S`, read it and write `P`, read `P` and write `O`. Supports scale and the
 /// causal mask; dropout and length masks are the fused kernels' job. Queues the work on the GPU's
@@ -59,11 +70,7 @@ pub fn materialized_forward(
     let shape = &workspace.shape;
     check_qkv(shape, q, k, v)?;
     options.validate(shape)?;
-    if options.dropout.is_some() || options.lengths != Lengths::Full || options.has_score_mods() {
-        return Err(invalid!(
-            "the materialized baseline supports scale and causal only"
-        ));
-    }
+    check_options(options)?;
     let dtype = q.dtype();
     if o.len() != shape.o_elems() || o.dtype() != dtype || workspace.s.dtype() != dtype {
         return Err(invalid!(
