@@ -11,7 +11,7 @@
 #      fixture:--pass=forward+--key-lengths"); with STACK="c …" (CLIs packed as
 #      .device-pack/flash-attn-c.xz, …, each built from a stack of changes between A and the new
 #      build), each build against the one before it: A → c → … → B
-#      (ab-<shapes>-<older>-<newer>)
+#      (ab-<shapes>[-<set number>]-<older>-<newer>)
 #   4. PEERS=1 (default): `bench-h200.sh headdims` with the new build; FP8=1: gpu_fp8's speed test
 # $OUT gets summary.txt (with every A/B table), the head-dim table and logs.tgz (every bundle and
 # log, each A/B table as ab-<pair>/ab-table.md): three files, since the device tool returns eight.
@@ -49,11 +49,16 @@ for t in ${TESTS:-}; do
   [ $rc = 0 ] || tail -30 "$logs/test-$t.log" >> "$summary"
 done
 
+k=0
 for set in ${SHAPES:-fixture headdims}; do
   shapes=${set%%:*} opts=""
   [ "$set" != "$shapes" ] && opts=${set#*:}
+  # Sets after the first carry their number, so that two sets of one `--shapes` value (other
+  # options) keep their bundles apart: ab-bench.sh's table reads every bundle of its folder.
+  k=$((k + 1)) tag=$shapes
+  [ $k -gt 1 ] && tag=$shapes-$k
   for i in $(seq 1 $((${#bins[@]} - 1))); do
-    pair=$shapes; [ ${#bins[@]} -gt 2 ] && pair=$shapes-${names[$((i - 1))]}-${names[$i]}
+    pair=$tag; [ ${#bins[@]} -gt 2 ] && pair=$tag-${names[$((i - 1))]}-${names[$i]}
     mkdir -p "$logs/ab-$pair"
     OUT=$logs/ab-$pair timeout 300 scripts/ab-bench.sh "${bins[$((i - 1))]}" "${bins[$i]}" "${ROUNDS:-2}" \
       --shapes "$shapes" $(echo "$opts" | tr '=+' '  ') > "$logs/ab-$pair.log" 2>&1
