@@ -14,7 +14,8 @@ fn bench(args: &[&str]) -> std::process::Output {
 fn bad_options_are_refused_before_a_device_is_looked_for() {
     for (args, why) in [
         (&["--dropout", "1.5"][..], "dropout"),
-        (&["--softcap=-2"][..], "softcap"),
+        (&["--softcap", "-2"][..], "softcap"),
+        (&["--dropout", "-0.1"][..], "dropout"),
         (
             &["--shapes", "headdims", "--head-dim", "100"][..],
             "no Headdims case",

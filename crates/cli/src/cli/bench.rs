@@ -136,10 +136,10 @@ struct ExtraOptions {
     #[arg(long)]
     key_lengths: bool,
     /// Dropout of P with this probability (a fixed seed).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     dropout: Option<f32>,
     /// The tanh logit softcap with this cap.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     softcap: Option<f32>,
     /// ALiBi with the standard slopes of the query heads.
     #[arg(long)]

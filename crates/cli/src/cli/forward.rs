@@ -12,7 +12,7 @@ use flash_attn::{
 #[derive(clap::Args, Debug)]
 pub struct CallArgs {
     /// Score scale τ (default 1/√head_dim).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub scale: Option<f32>,
     /// Causal mask, bottom-right aligned per sequence.
     #[arg(long)]
@@ -27,7 +27,7 @@ pub struct CallArgs {
     #[arg(long, value_delimiter = ',', requires = "cu_seqlens_q")]
     pub cu_seqlens_k: Option<Vec<u32>>,
     /// Dropout probability on the normalised probabilities.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub dropout: Option<f32>,
     /// Seed of the dropout RNG (Philox).
     #[arg(long, default_value_t = 0)]
@@ -62,14 +62,20 @@ pub struct ScoreModArgs {
     #[arg(long, value_name = "LEFT,RIGHT", value_parser = parse_window)]
     pub window: Option<Window>,
     /// Logit softcap C: each scaled score s becomes C·tanh(s / C).
-    #[arg(long, value_name = "C")]
+    #[arg(long, value_name = "C", allow_negative_numbers = true)]
     pub softcap: Option<f32>,
     /// ALiBi with the standard geometric slopes of heads_q heads (2^(−8k/n), …): bias
     /// −slope_h · |i + n_k − n_q − j|.
     #[arg(long)]
     pub alibi: bool,
     /// Sink logits: one value for every query head, or one per head, comma separated.
-    #[arg(long, value_name = "SINK[,SINK...]", value_delimiter = ',')]
+    // A list such as `-1.5,0.25` is not one number, which `allow_negative_numbers` needs.
+    #[arg(
+        long,
+        value_name = "SINK[,SINK...]",
+        value_delimiter = ',',
+        allow_hyphen_values = true
+    )]
     pub sinks: Option<Vec<f32>>,
 }
 
