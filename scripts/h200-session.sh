@@ -11,7 +11,8 @@
 #      and sequences up to 333; a failing test's FAIL lines and input seeds go to the summary
 #   3. BENCHES (default "speed headdims") through scripts/bench-h200.sh, one at a time
 # $OUT gets summary.txt, logs.tgz (every log, and each bench's raw JSON and table under
-# bench-<name>/) and the benches' tables: five files or fewer.
+# bench-<name>/) and the benches' tables: five files or fewer. The summary is written there as
+# it is made, so a call cut off by the device tool's limit still returns what it finished.
 # With the defaults it took about 550 s of the ten minutes (run e607c8d, the same steps inline).
 # SANITIZE replaces step 2's sanitizer runs: groups of TOOL:SECONDS:TEST[:NAME_FILTER] joined by
 # commas (one after another), the groups separated by spaces (beside each other).
@@ -21,7 +22,8 @@ cd "$(dirname "$0")/.."
 dest=${OUT:-reports/device}
 mkdir -p "$dest"
 logs=$(mktemp -d)
-summary=$logs/summary.txt
+summary=$dest/summary.txt
+: > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
 [ .device-run/.unpacked -nt .device-pack/run.txz ] || scripts/device-unpack.sh > "$logs/unpack.log" 2>&1
 note "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); built from $(cat .device-run/COMMIT)"
@@ -72,5 +74,5 @@ if [ $passed = 1 ]; then
 else
   note "benches skipped: a test or a sanitizer run did not pass"
 fi
-cp "$summary" "$dest/" && tar czf "$dest/logs.tgz" -C "$logs" .
+tar czf "$dest/logs.tgz" -C "$logs" .
 [ $passed = 1 ]
