@@ -11,9 +11,12 @@ pub enum Family {
     Decode,
     /// Hopper warpgroup tensor cores (`wgmma`, `sm_90a` module), bf16/f16, head dims every
     /// multiple of 8 from 32 to 256 forward and backward (compiled for 64, 128, 192 and 256, the
-    /// forward for 96 too, zero-padded in between).
+    /// forward for 96 too, zero-padded in between; calls without options also run tiles of their
+    /// own at some head dims: the plan names the instance), every option of `AttentionOptions`.
     Sm90,
-    /// Warp tensor cores (`mma.sync`, sm_80+), bf16/f16, head dims as `Sm90`, scale and causal.
+    /// Warp tensor cores (`mma.sync`, sm_80+), bf16/f16, head dims as `Sm90` (compiled for 64,
+    /// 128, 192 and 256), every option of `AttentionOptions`: key lengths, packed sequences,
+    /// dropout, the window and the score modifiers.
     Sm80,
     /// The exact SIMT kernels: f32 tiles, every dtype, option and head dim up to 256.
     Exact,

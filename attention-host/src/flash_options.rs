@@ -46,8 +46,9 @@ pub struct FlashOptions {
     /// Gradients bitwise identical run to run. The exact backward writes dQ in a separate
     /// row-owned pass instead of atomics (whose order of addition varies); the tensor-core
     /// backwards keep their atomics but order them: each K/V block adds its part of a Q block's
-    /// dQ after the K/V blocks before it (a semaphore per Q block). The `wgmma` (sm90) instances
-    /// that do this take scale and causal only (not key lengths, packed sequences or dropout).
+    /// dQ after the K/V blocks before it (a semaphore per Q block). The tensor-core instances
+    /// that do this (sm90 and sm80) take scale and causal only: a call with key lengths, packed
+    /// sequences, dropout, a window or score modifiers runs it on the exact kernels.
     pub deterministic: bool,
     /// How the decode family combines its splits: the last split merges them in the kernel (the
     /// default), or a combine launch follows, the parallel combine or the generic strided merge
