@@ -6,6 +6,7 @@
 //! extents. A panic anywhere in `Problem::new` or `plan::select` fails the test with the call.
 //! `FLASH_ATTN_TEST_SEED` replays a run.
 
+use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use flash_attn::plan::select;
@@ -167,16 +168,45 @@ fn random_call(rng: &mut StdRng) -> (AttentionShape, DType, FlashOptions) {
     (shape, dtype, o)
 }
 
+/// The entry points of the shipped modules (the base one, and the `sm_90a` one where the build
+/// has it).
+struct Entries {
+    base: HashSet<String>,
+    sm90a: HashSet<String>,
+}
+
+impl Entries {
+    fn of(ptx: &str) -> HashSet<String> {
+        ptx.split(".entry ")
+            .skip(1)
+            .filter_map(|rest| {
+                rest.split_once('(')
+                    .map(|(name, _)| name.trim().to_string())
+            })
+            .collect()
+    }
+
+    fn shipped() -> Entries {
+        Entries {
+            base: Entries::of(flash_attn::PTX),
+            sm90a: flash_attn::PTX_SM90A.map(Entries::of).unwrap_or_default(),
+        }
+    }
+}
+
 /// Why `plan` could not be launched on `device` as planned, if it could not.
-fn unlaunchable(device: &DeviceCaps, choice: KernelChoice, plan: &Plan) -> Option<String> {
+fn unlaunchable(
+    device: &DeviceCaps,
+    choice: KernelChoice,
+    plan: &Plan,
+    entries: &Entries,
+) -> Option<String> {
     let module = match plan.family {
-        Family::Sm90 => match (device.wgmma, flash_attn::PTX_SM90A) {
-            (true, Some(ptx)) => ptx,
-            _ => return Some("the sm90 family without the sm_90a module".into()),
-        },
-        _ => flash_attn::PTX,
+        Family::Sm90 if device.wgmma => &entries.sm90a,
+        Family::Sm90 => return Some("the sm90 family without the sm_90a module".into()),
+        _ => &entries.base,
     };
-    if !module.contains(&format!(".entry {}(", plan.entry)) {
+    if !module.contains(plan.entry.as_str()) {
         return Some(format!("no entry point {}", plan.entry));
     }
     if matches!(plan.family, Family::Sm80 | Family::Decode) && device.compute_capability.0 < 8 {
@@ -205,7 +235,9 @@ fn random_calls_are_planned_on_launchable_kernels_or_refused() {
     let seed = fresh_seed("random_calls_are_planned_on_launchable_kernels_or_refused");
     let mut rng = StdRng::seed_from_u64(seed);
     let devices = devices();
-    let mut planned = std::collections::HashMap::<Family, usize>::new();
+    let mut planned = HashMap::<Family, usize>::new();
+    let entries = Entries::shipped();
+    assert!(entries.base.len() > 100, "{} entries", entries.base.len());
     let mut refused = 0;
     for _ in 0..CALLS {
         let (shape, dtype, options) = random_call(&mut rng);
@@ -222,7 +254,7 @@ fn random_calls_are_planned_on_launchable_kernels_or_refused() {
         .unwrap_or_else(|_| panic!("planning panicked: {call}"));
         match planned_call {
             Ok(plan) => {
-                if let Some(why) = unlaunchable(&device, options.kernel, &plan) {
+                if let Some(why) = unlaunchable(&device, options.kernel, &plan, &entries) {
                     panic!("{why}: {call}\n{plan}");
                 }
                 *planned.entry(plan.family).or_default() += 1;
