@@ -23,8 +23,8 @@ fn param_bytes(ptx: &str, name: &str) -> usize {
 
 /// The `wgmma` forward entries the host names for `c`: `(entry, general, padded)` as
 /// `sm90::tma_loads` and `sm90::warp_specialized` take them (the window and mods instances
-/// take smaller head dims too); the defaults have all five kinds, the tuning candidates the
-/// plain one.
+/// take smaller head dims too); the defaults have all five kinds (the mods one on
+/// `sm90::mods_config`'s tiles), the tuning candidates the plain one.
 fn sm90_forward_entries(dtype: flash_attn::DType, c: &sm90::WgConfig) -> Vec<(String, bool, bool)> {
     use flash_attn::instances::{
         sm90_forward, sm90_forward_mods, sm90_forward_padded, sm90_forward_window,
@@ -34,7 +34,7 @@ fn sm90_forward_entries(dtype: flash_attn::DType, c: &sm90::WgConfig) -> Vec<(St
         entries.push((sm90_forward_padded(dtype, c), false, true));
         entries.push((sm90_forward_window(dtype, c), false, true));
         entries.push((sm90_forward(dtype, c, true), true, true));
-        entries.push((sm90_forward_mods(dtype, c), true, true));
+        entries.push((sm90_forward_mods(dtype, &sm90::mods_config(c)), true, true));
     }
     entries
 }
@@ -152,8 +152,8 @@ fn sm90_forward_entries_take_the_parameters_the_host_passes() {
     let mut checked = 0;
     for c in sm90::VARIANTS {
         for dtype in [DType::F16, DType::Bf16] {
-            for (name, general, _) in sm90_forward_entries(dtype, c) {
-                let want = if sm90::tma_loads(c, general) {
+            for (name, general, padded) in sm90_forward_entries(dtype, c) {
+                let want = if sm90::tma_loads(c, general, padded) {
                     tma
                 } else {
                     plain
@@ -213,8 +213,8 @@ fn warp_specialized_forward_entries_are_compiled_for_the_threads_the_host_launch
     let candidates = if cfg!(feature = "tuning") { 3 } else { 0 };
     assert_eq!(
         specialized,
-        2 * (4 + candidates),
-        "d = 64, 96, 128 and 192 (and the candidates), bf16 and f16"
+        2 * (7 + candidates),
+        "d = 64, 80, 96, 128, 160, 192 and 256 (and the candidates), bf16 and f16"
     );
 }
 
@@ -246,7 +246,10 @@ fn sm90_backward_entries_take_the_parameters_the_host_passes() {
                 (sm90_backward(dtype, c, false, true), false),
                 (sm90_backward_window(dtype, c), false),
                 (sm90_backward(dtype, c, true, false), true),
-                (sm90_backward_mods(dtype, c), true),
+                (
+                    sm90_backward_mods(dtype, &sm90::backward_mods_config(c)),
+                    true,
+                ),
             ];
             for (name, general) in entries.into_iter().take(kinds) {
                 let want = if sm90::tma_loads_backward(c, general) {

@@ -76,7 +76,7 @@ pub fn sm90_forward_padded(dtype: DType, cfg: &WgConfig) -> String {
 }
 
 /// The `wgmma` forward `cfg` that takes the window and score modifiers besides every option of
-/// the general one (compiled for the defaults only).
+/// the general one (compiled for the defaults' `sm90::mods_config` only).
 pub fn sm90_forward_mods(dtype: DType, cfg: &WgConfig) -> String {
     sm90_forward(dtype, cfg, true).replacen("_general_", "_mods_", 1)
 }
@@ -123,7 +123,8 @@ pub fn sm80_backward_mods(dtype: DType, cfg: &TcBackwardConfig, general: bool) -
 }
 
 /// The `wgmma` backward main kernel `cfg`; `general` as for [`sm90_forward`]; `deterministic`
-/// adds dQ in key order (scale and causal only: never with `general`).
+/// adds dQ in key order (scale and causal only: never with `general`); `_sliced` where `cfg`
+/// splits a head dim of at most 128 (`sm90::backward_mods_config`).
 pub fn sm90_backward(
     dtype: DType,
     cfg: &WgBackwardConfig,
@@ -136,8 +137,10 @@ pub fn sm90_backward(
         (false, false) => "",
     };
     format!(
-        "flash_wgmma_backward_{kind}{dtype}_d{}_g{}",
-        cfg.head_dim, cfg.warpgroups
+        "flash_wgmma_backward_{kind}{dtype}_d{}_g{}{}",
+        cfg.head_dim,
+        cfg.warpgroups,
+        if cfg.split_head_dim { "_sliced" } else { "" }
     )
 }
 
@@ -260,7 +263,10 @@ pub fn entry_points() -> Vec<Entry> {
             if sm90::config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm90, sm90_forward_padded(dtype, &cfg));
                 push(Family::Sm90, sm90_forward(dtype, &cfg, true));
-                push(Family::Sm90, sm90_forward_mods(dtype, &cfg));
+                push(
+                    Family::Sm90,
+                    sm90_forward_mods(dtype, &sm90::mods_config(&cfg)),
+                );
                 push(Family::Sm90, sm90_forward_window(dtype, &cfg));
             }
         }
@@ -269,7 +275,8 @@ pub fn entry_points() -> Vec<Entry> {
             if sm90::backward_config(cfg.head_dim) == Some(cfg) {
                 push(Family::Sm90, sm90_backward(dtype, &cfg, true, false));
                 push(Family::Sm90, sm90_backward(dtype, &cfg, false, true));
-                push(Family::Sm90, sm90_backward_mods(dtype, &cfg));
+                let mods = sm90::backward_mods_config(&cfg);
+                push(Family::Sm90, sm90_backward_mods(dtype, &mods));
                 push(Family::Sm90, sm90_backward_window(dtype, &cfg));
             }
         }

@@ -113,6 +113,13 @@ impl Problem {
         self.needs_lengths_or_dropout() || self.options.attention.has_score_mods()
     }
 
+    /// Whether the window is the call's only option besides the scale and the causal mask: what
+    /// the `wgmma` family runs on its `window` instances, on the default tiles.
+    pub fn window_only(&self) -> bool {
+        let a = &self.options.attention;
+        a.window.is_some() && !a.modifies_scores() && !self.needs_lengths_or_dropout()
+    }
+
     /// Whether the call masks by lengths or drops out: what the `mma.sync` family runs on its
     /// general instances (`general_mods` with the window or score modifiers too).
     pub fn needs_lengths_or_dropout(&self) -> bool {

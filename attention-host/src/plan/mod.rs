@@ -108,12 +108,16 @@ fn plan_family(
 }
 
 /// The `wgmma` forward's configuration for a call whose widest head dim is `d`: the default
-/// one, or for a plain call (full-length sequences, no dropout, window or score modifiers) the
-/// tiles of its own that `sm90::plain_config` gives.
+/// one, for a plain call (full-length sequences, no dropout, window or score modifiers) the tiles
+/// of its own that `sm90::plain_config` gives, and for a call on the modifier instance the tiles
+/// of `sm90::mods_config`.
 fn sm90_forward_tiles(problem: &Problem, d: u32) -> Option<sm90::WgConfig> {
     let (s, causal) = (&problem.shape, problem.options.attention.causal);
+    let mods = problem.options.attention.has_score_mods() && !problem.window_only();
     sm90::config(d).map(|c| {
-        if problem.needs_general() {
+        if mods {
+            sm90::mods_config(&c)
+        } else if problem.needs_general() {
             c
         } else {
             sm90::plain_config(&c, causal, problem.max_q_len, (s.head_dim, s.head_dim_v))
@@ -122,13 +126,17 @@ fn sm90_forward_tiles(problem: &Problem, d: u32) -> Option<sm90::WgConfig> {
 }
 
 /// The `wgmma` backward's configuration for a call whose widest head dim is `d`: the default
-/// one, or for a plain call (full-length sequences, no dropout, window, score modifiers or
-/// deterministic dQ) the tiles of its own that `sm90::backward_plain_config` gives.
+/// one, for a plain call (full-length sequences, no dropout, window, score modifiers or
+/// deterministic dQ) the tiles of its own that `sm90::backward_plain_config` gives, and for a
+/// call on the modifier instance `sm90::backward_mods_config`'s.
 fn sm90_backward_tiles(problem: &Problem, d: u32) -> Option<sm90::WgBackwardConfig> {
     let plain = !problem.needs_general() && !problem.options.deterministic;
+    let mods = problem.options.attention.has_score_mods() && !problem.window_only();
     sm90::backward_config(d).map(|c| {
         if plain {
             sm90::backward_plain_config(&c, d)
+        } else if mods {
+            sm90::backward_mods_config(&c)
         } else {
             c
         }
@@ -188,18 +196,19 @@ pub fn with_tiles(
     if forward_tiles != (direction == Direction::Forward) {
         return Err(invalid!("{tiles:?} is not a {direction:?} configuration"));
     }
-    // A plain call may also run the tiles of its own that the plan gives it.
-    let plain_tiles = match tiles {
+    // The tiles the plan itself gives the call: a plain call's own (`sm90::plain_config`), the
+    // `wgmma` forward's modifier instance's (`sm90::mods_config`).
+    let own_tiles = match tiles {
         Tiles::Sm90Forward(c) => sm90_forward_tiles(problem, d) == Some(c),
         Tiles::Sm90Backward(c) => sm90_backward_tiles(problem, d) == Some(c),
-        _ => false,
+        _ => candidate.default,
     };
-    if !candidate.compiled || (candidate.pads_to != Some(candidate.head_dim) && !plain_tiles) {
+    if !own_tiles && (!candidate.compiled || candidate.pads_to != Some(candidate.head_dim)) {
         return Err(invalid!("no compiled instance {tiles:?} for head_dim {d}"));
     }
-    if problem.needs_general() && !candidate.default {
+    if problem.needs_general() && !own_tiles {
         return Err(invalid!(
-            "length masks, dropout and score modifiers run on the default tiles only, not {tiles:?}"
+            "length masks, dropout and score modifiers run on the tiles the plan gives the call only, not {tiles:?}"
         ));
     }
     if let Tiles::Sm90Forward(c) = tiles {
@@ -298,7 +307,7 @@ fn plan_tiles(
     let mods = problem.options.attention.has_score_mods();
     // A window alone over full-length sequences without dropout: the `wgmma` family's `window`
     // instances, which carry neither the modifiers' nor the general options' registers.
-    let window_only = !lengths_or_dropout && !problem.options.attention.modifies_scores();
+    let window_only = problem.window_only();
     let mut tensor_maps = false;
     let mut producer_warpgroup = false;
     let (entry, block_rows, block_keys, threads, shared_bytes) = match tiles {
@@ -320,7 +329,7 @@ fn plan_tiles(
             } else {
                 instances::sm90_forward_mods(dtype, &c)
             };
-            tensor_maps = sm90::tma_loads(&c, !window_only);
+            tensor_maps = sm90::tma_loads(&c, !window_only, true);
             producer_warpgroup = sm90::warp_specialized(&c, !window_only, true);
             (
                 entry,
@@ -339,7 +348,7 @@ fn plan_tiles(
             } else {
                 instances::sm90_forward(dtype, &c, general)
             };
-            tensor_maps = sm90::tma_loads(&c, general);
+            tensor_maps = sm90::tma_loads(&c, general, padded);
             producer_warpgroup = sm90::warp_specialized(&c, general, padded);
             (
                 entry,
@@ -688,9 +697,9 @@ mod tests {
     }
 
     /// Every multiple of 8 from 32 to 256 runs forward and backward on the next compiled head
-    /// dim (64, 128, 192, 256; the `wgmma` forward 96 too, its plain calls 32, the plain
-    /// backward 96 and 160) of each tensor-core family on the H200 and the A100. Others fall to
-    /// the exact kernels.
+    /// dim (64, 128, 192, 256; the `wgmma` forward 96 too, its plain calls 32, 80 and 160, the
+    /// plain backward 32, 80, 96 and 160) of each tensor-core family on the H200 and the A100.
+    /// Others fall to the exact kernels.
     #[test]
     fn head_dims_pad_to_the_next_compiled_instance() {
         let (h, a) = (h200(), a100());
@@ -700,11 +709,13 @@ mod tests {
                 for (dev, family) in [(&h, Family::Sm90), (&a, Family::Sm80), (&h, Family::Sm80)] {
                     let o = FlashOptions::default().kernel(KernelChoice::Only(family));
                     let p = select_on(dev, shape(d), DType::Bf16, o, direction);
-                    // The `wgmma` forward compiles d = 96 too, its plain calls 32 and 96, the
-                    // plain backward 160 as well.
+                    // The `wgmma` forward compiles d = 96 too, its plain calls 32, 80 and 160,
+                    // the plain backward 80, 96 and 160 as well.
                     let sm90 = family == Family::Sm90;
                     let backward = direction == Direction::Backward;
                     let padded = padded.map(|pd| match d {
+                        32 | 80 | 160 if sm90 && !backward => d,
+                        72..=80 if sm90 && backward => 80,
                         72..=96 if sm90 => 96,
                         32 if sm90 => 32,
                         136..=160 if sm90 && backward => 160,
@@ -745,6 +756,68 @@ mod tests {
         assert_eq!(tensor_core_head_dim(200), Some(256));
         assert_eq!(tensor_core_head_dim(24), None);
         assert_eq!(tensor_core_head_dim(36), None);
+    }
+
+    /// The plain `wgmma` forward at exactly d = 80 and 160 runs `sm90::D80` and `sm90::D160`
+    /// (warp-specialized, 384 threads, causal or not); 72, 88, 152, 168, a V head dim of its
+    /// own, key lengths and a window keep `D96`'s and `D192`'s instances; `with_tiles` takes
+    /// the own tiles only where the plan gives them.
+    #[test]
+    fn plain_forwards_at_d80_and_d160_run_tiles_of_their_own() {
+        let h = h200();
+        let fwd = Direction::Forward;
+        let plan = |s: AttentionShape, o: FlashOptions| select_on(&h, s, DType::Bf16, o, fwd);
+        for (d, own, default, entry) in [
+            (
+                80,
+                sm90::D80,
+                sm90::D96,
+                "flash_wgmma_forward_bf16_d80_g2_k128",
+            ),
+            (
+                160,
+                sm90::D160,
+                sm90::D192,
+                "flash_wgmma_forward_bf16_d160_g2_k64",
+            ),
+        ] {
+            for causal in [false, true] {
+                let o = FlashOptions::new(AttentionOptions::new().causal(causal));
+                let p = plan(shape(d), o.clone()).unwrap();
+                assert_eq!(p.tiles, Tiles::Sm90Forward(own), "d={d} causal={causal}");
+                assert_eq!((p.entry.as_str(), p.threads), (entry, 384));
+                let problem = Problem::new(&shape(d), DType::Bf16, &o).unwrap();
+                for c in [own, default] {
+                    let p = with_tiles(&h, &problem, fwd, Tiles::Sm90Forward(c)).unwrap();
+                    assert_eq!(p.tiles, Tiles::Sm90Forward(c));
+                }
+            }
+            for (s, o) in [
+                (shape(d - 8), FlashOptions::default()),
+                (shape(d + 8), FlashOptions::default()),
+                (shape(d).with_head_dim_v(d - 16), FlashOptions::default()),
+                (
+                    shape(d),
+                    FlashOptions::new(AttentionOptions::new().key_lengths(vec![50, 70])),
+                ),
+                (
+                    shape(d),
+                    FlashOptions::new(AttentionOptions::new().window(16, 0)),
+                ),
+            ] {
+                let p = plan(s, o.clone()).unwrap();
+                assert_ne!(p.tiles, Tiles::Sm90Forward(own), "{s:?} {o:?}");
+                let Tiles::Sm90Forward(c) = p.tiles else {
+                    panic!("{s:?}: {:?}", p.tiles)
+                };
+                assert_eq!(
+                    c.head_dim,
+                    sm90::config(s.head_dim.max(s.head_dim_v)).unwrap().head_dim
+                );
+                let problem = Problem::new(&s, DType::Bf16, &o).unwrap();
+                assert!(with_tiles(&h, &problem, fwd, Tiles::Sm90Forward(own)).is_err());
+            }
+        }
     }
 
     /// The plain `wgmma` forward at d = 32 runs `sm90::D32` (short or long, causal or not);
@@ -796,17 +869,20 @@ mod tests {
         }
     }
 
-    /// The plain `wgmma` backward runs tiles of its own at d = 32 (`BACKWARD_D32`), 72–96
-    /// (`BACKWARD_D96`, V's head dim too) and 136–160 (`BACKWARD_D160`); key lengths, a window, dropout or deterministic dQ
-    /// keep the padded defaults, and `with_tiles` takes both where the plan gives the own ones.
+    /// The plain `wgmma` backward runs tiles of its own at d = 32 (`BACKWARD_D32`), 72–80
+    /// (`BACKWARD_D80`), 88–96 (`BACKWARD_D96`; V's head dim too) and 136–160 (`BACKWARD_D160`); a window or
+    /// deterministic dQ keep the padded defaults, as key lengths do, and `with_tiles` takes both
+    /// where the plan gives the own ones.
     #[test]
-    fn plain_backwards_at_d32_d96_d160_and_d192_run_tiles_of_their_own() {
+    fn plain_backwards_at_d32_d80_d96_d160_and_d192_run_tiles_of_their_own() {
         let h = h200();
         let bwd = Direction::Backward;
         let plan = |s: AttentionShape, o: FlashOptions| select_on(&h, s, DType::Bf16, o, bwd);
         for (d, d_v, own) in [
             (32, 32, sm90::BACKWARD_D32),
-            (72, 72, sm90::BACKWARD_D96),
+            (72, 72, sm90::BACKWARD_D80),
+            (80, 80, sm90::BACKWARD_D80),
+            (80, 64, sm90::BACKWARD_D80),
             (96, 80, sm90::BACKWARD_D96),
             (64, 96, sm90::BACKWARD_D96),
             (160, 160, sm90::BACKWARD_D160),
@@ -915,7 +991,7 @@ mod tests {
     /// `with_tiles` plans a compiled configuration for the head dims it pads, and refuses one
     /// the call's head dim does not pad to (d = 96 runs the `wgmma` forward's d = 96 tiles,
     /// not d = 128's, whose backward it still runs) and a configuration of the other direction;
-    /// length masks run on the default tiles.
+    /// length masks run on the default tiles, the softcap on the modifier instance's only.
     #[test]
     fn explicit_tiles_are_planned_for_the_head_dims_they_pad() {
         let h = h200();
@@ -946,6 +1022,23 @@ mod tests {
         let masked = FlashOptions::new(AttentionOptions::new().key_lengths(vec![50, 70]));
         let p = with_tiles(&h, &problem(96, masked), fwd, Tiles::Sm90Forward(sm90::D96));
         assert!(p.unwrap().entry.contains("_general_"));
+        // The softcap runs on the modifier instance's tiles, d = 96's 64-key blocks, and on no
+        // other: D96's 128-key tiles are refused for it.
+        let capped = FlashOptions::new(AttentionOptions::new().softcap(30.0));
+        let mods = sm90::mods_config(&sm90::D96);
+        assert_eq!(mods.block_keys, 64);
+        let p = with_tiles(
+            &h,
+            &problem(96, capped.clone()),
+            fwd,
+            Tiles::Sm90Forward(mods),
+        );
+        assert_eq!(p.unwrap().entry, "flash_wgmma_forward_mods_bf16_d96_g2_k64");
+        let e = refused(96, capped, fwd, Tiles::Sm90Forward(sm90::D96));
+        assert!(
+            e.contains("run on the tiles the plan gives the call only"),
+            "{e}"
+        );
     }
 
     /// d = 64's plain forward without the causal mask runs warp-specialized on tiles of its
@@ -1067,7 +1160,8 @@ mod tests {
 
     /// Windows and score modifiers run on the tensor-core families' `mods` instances (both
     /// directions), with length masks too (`mma.sync`: its `general_mods` ones); a window alone
-    /// over full-length sequences on the `wgmma` family's `window` ones.
+    /// over full-length sequences on the `wgmma` family's `window` ones, on the default tiles
+    /// (the `wgmma` forward's `mods` on shorter key blocks, `sm90::mods_config`).
     #[test]
     fn score_modifiers_route_to_the_mods_instances() {
         let (h, a) = (h200(), a100());
@@ -1086,7 +1180,15 @@ mod tests {
                 window.clone().dropout(0.1, 7, 0),
             ] {
                 let p = select_on(&h, shape(128), DType::Bf16, o(other), direction);
-                assert_eq!(p.unwrap().entry, want.replace("_window_", "_mods_"));
+                // The forward's mods instance runs `sm90::mods_config`'s 64-key blocks, the
+                // backward's `sm90::backward_mods_config`'s sliced tiles.
+                let mods = match direction {
+                    Direction::Forward => {
+                        want.replace("_window_", "_mods_").replace("_k128", "_k64")
+                    }
+                    Direction::Backward => want.replace("_window_", "_mods_") + "_sliced",
+                };
+                assert_eq!(p.unwrap().entry, mods);
             }
         }
         let mods = [
@@ -1126,6 +1228,95 @@ mod tests {
                     direction,
                 );
                 assert_eq!(p.unwrap().entry, want.replace("_mods_", "_general_mods_"));
+            }
+        }
+    }
+
+    /// The `wgmma` forward's modifier instance runs `sm90::mods_config`'s tiles at every head
+    /// dim: 64-key blocks where the defaults take 128 (d = 72 to 128), the defaults' elsewhere;
+    /// the general and window instances keep the defaults' tiles.
+    #[test]
+    fn the_modifier_forward_runs_64_key_blocks() {
+        let h = h200();
+        let fwd = Direction::Forward;
+        let plan = |d: u32, a: AttentionOptions| {
+            select_on(&h, shape(d), DType::Bf16, FlashOptions::new(a), fwd).unwrap()
+        };
+        for d in (32..=256).step_by(8) {
+            let default = sm90::config(d).unwrap();
+            let mods = [
+                AttentionOptions::new().softcap(30.0),
+                AttentionOptions::new().alibi_slopes(vec![0.5; 4]),
+                AttentionOptions::new().sinks(vec![0.0; 4]),
+                AttentionOptions::new()
+                    .window(64, 0)
+                    .key_lengths(vec![5, 70]),
+            ];
+            for a in mods {
+                let p = plan(d, a);
+                let keys = if (72..=128).contains(&d) {
+                    64
+                } else {
+                    default.block_keys
+                };
+                let c = sm90::WgConfig {
+                    block_keys: keys,
+                    ..default
+                };
+                assert_eq!(p.tiles, Tiles::Sm90Forward(c), "d={d}");
+                assert!(p.entry.contains("_mods_") && p.entry.ends_with(&format!("_k{keys}")));
+                assert_eq!(p.block_keys, keys);
+            }
+            let others = [
+                AttentionOptions::new().window(64, 0),
+                AttentionOptions::new().key_lengths(vec![5, 70]),
+                AttentionOptions::new().dropout(0.1, 7, 0),
+            ];
+            for a in others {
+                assert_eq!(plan(d, a).tiles, Tiles::Sm90Forward(default), "d={d}");
+            }
+        }
+    }
+
+    /// The `wgmma` backward's modifier instance runs `sm90::backward_mods_config`'s tiles: sliced
+    /// where the default is d = 128's unsliced one (head dims 72 to 128: 64 keys a block, both
+    /// warpgroups on them, a 64-column half of the head dim each), the default elsewhere; the
+    /// general, window and deterministic instances keep the default.
+    #[test]
+    fn the_modifier_backward_runs_sliced_at_d128() {
+        let h = h200();
+        let bwd = Direction::Backward;
+        let plan = |d: u32, o: FlashOptions| select_on(&h, shape(d), DType::Bf16, o, bwd).unwrap();
+        for d in (32..=256).step_by(8) {
+            let default = sm90::backward_config(d).unwrap();
+            let split = default == sm90::BACKWARD_D128;
+            let want = sm90::WgBackwardConfig {
+                split_head_dim: split,
+                ..default
+            };
+            for a in [
+                AttentionOptions::new().softcap(30.0),
+                AttentionOptions::new().alibi_slopes(vec![0.5; 4]),
+                AttentionOptions::new().window(64, 0).dropout(0.1, 7, 0),
+            ] {
+                let p = plan(d, FlashOptions::new(a));
+                assert!(p.entry.contains("_mods_"), "{}", p.entry);
+                assert_eq!(p.tiles, Tiles::Sm90Backward(want), "d={d}");
+                assert_eq!(p.entry.ends_with("_sliced"), split, "{}", p.entry);
+                if split {
+                    assert!(want.sliced() && want.block_keys() == 64 && want.tile_cols() == 128);
+                    assert_eq!(p.block_keys, 64);
+                }
+            }
+            for o in [
+                FlashOptions::new(AttentionOptions::new().key_lengths(vec![5, 70])),
+                FlashOptions::new(AttentionOptions::new().dropout(0.1, 7, 0)),
+                FlashOptions::new(AttentionOptions::new().window(64, 0)),
+                FlashOptions::default().deterministic(true),
+            ] {
+                let p = plan(d, o);
+                assert_eq!(p.tiles, Tiles::Sm90Backward(default), "d={d}");
+                assert!(!p.entry.ends_with("_sliced"), "{}", p.entry);
             }
         }
     }

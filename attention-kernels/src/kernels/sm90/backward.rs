@@ -26,15 +26,16 @@
 //! visits only the Q blocks whose rows' windows reach it (`attn::backward::window_q_blocks`) and masks
 //! only the pairs across a window edge (`window_needs_mask`). The `MODS` instances (general and
 //! windowed too) add softcap (dS times `1 − tanh²`) and ALiBi (`attn::score_mod`). Each is kept
-//! apart so that the others pay no registers for it (the `mods` instance spills hundreds of
-//! bytes at d = 128; a window-only call of full-length sequences runs the `window` one). The
-//! others take the sequence from the kernel parameters.
+//! apart so that the others pay no registers for it (a window-only call of full-length
+//! sequences runs the `window` one); d = 128's `mods` instance, which spilled on the unsliced
+//! tiles, is `SLICED` (`sm90::backward_mods_config`). The others take the
+//! sequence from the kernel parameters.
 //! The `DETERMINISTIC` instances (without `GENERAL` or `CARRY_DQ`) add each Q block's dQ in key
 //! order: a semaphore per (batch, head, Q block) counts the K/V blocks that have added theirs
 //! (`attn::backward::dq_adds_before`); one thread waits for its count, the block adds, and one
 //! thread releases the count + 1. Their barriers sit on compile-time paths only.
-//! The `SLICED` instances (d = 192 and 256; d = 192's plain calls run `backward_transposed`
-//! instead) split the head dim instead of the keys: both warpgroups
+//! The `SLICED` instances (d = 192 and 256, and d = 128's `mods`; d = 192's plain calls run
+//! `backward_transposed` instead) split the head dim instead of the keys: both warpgroups
 //! own the block's 64 keys; each computes `Sᵀ`, `Pᵀ`, `dPᵀ` and `dSᵀ` for its half of the Q
 //! block's rows (`m64n32`, `WgBackwardConfig::score_queries`) and writes `Pᵀ` (times Z) and
 //! `dSᵀ` to the two `dSᵀ` buffers, which it does not need for dQ (not carried); after a barrier
@@ -43,7 +44,8 @@
 //! fit in registers. A half of up to 96 columns takes one dQ chain, issued before dV and dK so
 //! that its reductions run under them; d = 256's halves take two 64-column chains, issued
 //! before dV and before dK. The tiles hold each half from a 128-column boundary
-//! (`tile::GappedTile`): 256 columns at d = 160 and 192 too, so that each group's operands of
+//! (`tile::GappedTile`; d = 128's halves are whole panels and sit side by side,
+//! `WgBackwardConfig::slice_stride`): 256 columns at d = 160 and 192 too, so that each group's operands of
 //! dV, dK and dQ start a panel, and both groups issue the same products (products of different
 //! shapes would sit in a branch on the warpgroup, which ptxas cannot tell uniform, and that
 //! serializes every `wgmma` of the kernel, C7520).
@@ -197,6 +199,7 @@ unsafe fn backward<
     let cfg = WgBackwardConfig {
         head_dim: 16 * KD as u32,
         warpgroups: WG as u32,
+        split_head_dim: SLICED && 16 * KD as u32 <= BACKWARD_SLICE_COLS,
     };
     let (d, bc, br) = (cfg.tile_cols(), cfg.block_keys(), cfg.block_rows());
     let threads = cfg.threads();
@@ -256,7 +259,7 @@ unsafe fn backward<
     // 128-column boundary.
     let gapped = |tile: PanelTile| {
         if SLICED {
-            GappedTile::new(tile, cfg.slice_cols() / 8, BACKWARD_SLICE_COLS / 8)
+            GappedTile::new(tile, cfg.slice_cols() / 8, cfg.slice_stride() / 8)
         } else {
             GappedTile::new(tile, d / 8, d / 8)
         }
@@ -905,50 +908,52 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    tma flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, false;
-    cp_async flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, false, false, false;
-    cp_async flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true, true, false;
-    tma flash_wgmma_backward_window_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, true, false, false;
-    cp_async flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, true, true, true, false;
-    tma flash_wgmma_backward_window_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, true, false, false;
-    cp_async flash_wgmma_backward_mods_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true, true, false;
-    tma flash_wgmma_backward_window_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, true, false, false;
-    cp_async flash_wgmma_backward_mods_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, true, true, true, false;
-    tma flash_wgmma_backward_window_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, true, false, false;
-    tma flash_wgmma_backward_det_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, true;
-    tma flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2 }, false, false, false, true;
-    tma flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, true;
-    tma flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2 }, false, false, false, true;
-    tma flash_wgmma_backward_bf16_d32_g2 => Bf16, WgBackwardConfig { head_dim: 32, warpgroups: 2 }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d32_g2 => F16, WgBackwardConfig { head_dim: 32, warpgroups: 2 }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d96_g2 => Bf16, WgBackwardConfig { head_dim: 96, warpgroups: 2 }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d96_g2 => F16, WgBackwardConfig { head_dim: 96, warpgroups: 2 }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d160_g2 => Bf16, WgBackwardConfig { head_dim: 160, warpgroups: 2 }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d160_g2 => F16, WgBackwardConfig { head_dim: 160, warpgroups: 2 }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, false;
-    cp_async flash_wgmma_backward_general_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, false, false, false;
-    cp_async flash_wgmma_backward_mods_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, true, true, false;
-    cp_async flash_wgmma_backward_mods_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, true, true, true, false;
-    tma flash_wgmma_backward_window_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, true, false, false;
-    tma flash_wgmma_backward_window_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, true, false, false;
-    tma flash_wgmma_backward_det_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, true;
-    tma flash_wgmma_backward_det_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2 }, false, false, false, true;
-    tma flash_wgmma_backward_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, false;
-    cp_async flash_wgmma_backward_general_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, false, false, false;
-    cp_async flash_wgmma_backward_mods_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, true, true, false;
-    cp_async flash_wgmma_backward_mods_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, true, true, true, false;
-    tma flash_wgmma_backward_window_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, true, false, false;
-    tma flash_wgmma_backward_window_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, true, false, false;
-    tma flash_wgmma_backward_det_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, true;
-    tma flash_wgmma_backward_det_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2 }, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, false, true, false, false;
+    cp_async flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, true, true, true, false;
+    tma flash_wgmma_backward_window_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, false, true, false, false;
+    tma flash_wgmma_backward_window_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, false, true, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d128_g2_sliced => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: true }, true, true, true, false;
+    cp_async flash_wgmma_backward_mods_f16_d128_g2_sliced => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: true }, true, true, true, false;
+    tma flash_wgmma_backward_window_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, false, true, false, false;
+    tma flash_wgmma_backward_det_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, false, false, false, true;
+    tma flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d32_g2 => Bf16, WgBackwardConfig { head_dim: 32, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d32_g2 => F16, WgBackwardConfig { head_dim: 32, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d80_g2 => Bf16, WgBackwardConfig { head_dim: 80, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d80_g2 => F16, WgBackwardConfig { head_dim: 80, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d96_g2 => Bf16, WgBackwardConfig { head_dim: 96, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d96_g2 => F16, WgBackwardConfig { head_dim: 96, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d160_g2 => Bf16, WgBackwardConfig { head_dim: 160, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d160_g2 => F16, WgBackwardConfig { head_dim: 160, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, true, true, true, false;
+    cp_async flash_wgmma_backward_mods_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, false, true, false, false;
+    tma flash_wgmma_backward_window_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, false, true, false, false;
+    tma flash_wgmma_backward_det_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, false, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, true, true, true, false;
+    cp_async flash_wgmma_backward_mods_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, false, true, false, false;
+    tma flash_wgmma_backward_window_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, false, true, false, false;
+    tma flash_wgmma_backward_det_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, false, false, false, true;
 }

@@ -55,6 +55,7 @@ unsafe fn backward<T: Wgmma + Exponent, const KD: usize>(p: &TmaBackwardParams, 
     let cfg = WgBackwardConfig {
         head_dim: 16 * KD as u32,
         warpgroups: 3,
+        split_head_dim: false,
     };
     let (d, bc, br) = (cfg.tile_cols(), cfg.block_keys(), cfg.block_rows());
     let threads = cfg.threads();

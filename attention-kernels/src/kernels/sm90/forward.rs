@@ -24,12 +24,13 @@
 //! no registers for it: a window-only call of full-length sequences runs the `window` instance,
 //! whose registers are the plain one's, not the `mods` one's (which spills at d = 128).
 //! The instances without sequences of their own or dropout (plain, padded and window) up to
-//! d = 192 load K and V with the tensor memory accelerator (`sm90::tma_loads`): thread 0 issues each block's copies after the step
+//! d = 192, and d = 256's plain one, load K and V with the tensor memory accelerator
+//! (`sm90::tma_loads`): thread 0 issues each block's copies after the step
 //! barrier, and every thread waits on the stage's `mbarrier` instead of its own `cp.async`
 //! groups, so the warpgroups spend no issue slots on addresses and copies. Q, once per block,
 //! still comes by `cp.async`. The general instances (lengths, packed sequences) keep `cp.async`:
 //! their sequences do not sit at one tensor map's coordinates.
-//! The plain instances of d = 96 to 192, and d = 64's for long sequences without the causal
+//! The plain instances of d = 96 to 256, and d = 64's for long sequences without the causal
 //! mask (`sm90::warp_specialized`), add a producer warpgroup to their two (d = 64: three)
 //! consumer warpgroups: one of its warps issues K's and V's copies, each once every consumer
 //! warpgroup has released the stage's previous block on its `empty` barrier; `setmaxnreg` moves
@@ -738,6 +739,10 @@ macro_rules! entry_points {
 }
 
 entry_points! {
+    ws flash_wgmma_forward_bf16_d80_g2_k128 => Bf16, WgConfig { head_dim: 80, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    ws flash_wgmma_forward_f16_d80_g2_k128 => F16, WgConfig { head_dim: 80, warpgroups: 2, block_keys: 128 }, false, false, false, false;
+    ws flash_wgmma_forward_bf16_d160_g2_k64 => Bf16, WgConfig { head_dim: 160, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    ws flash_wgmma_forward_f16_d160_g2_k64 => F16, WgConfig { head_dim: 160, warpgroups: 2, block_keys: 64 }, false, false, false, false;
     ws flash_wgmma_forward_bf16_d64_g3_k128 => Bf16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, false;
     ws flash_wgmma_forward_f16_d64_g3_k128 => F16, WgConfig { head_dim: 64, warpgroups: 3, block_keys: 128 }, false, false, false, false;
     tma flash_wgmma_forward_bf16_d32_g2_k64 => Bf16, WgConfig { head_dim: 32, warpgroups: 2, block_keys: 64 }, false, false, false, false;
@@ -748,9 +753,9 @@ entry_points! {
     ws flash_wgmma_forward_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, false;
     cp_async flash_wgmma_forward_general_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, false, false, true;
     cp_async flash_wgmma_forward_general_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, false, false, true;
-    cp_async flash_wgmma_forward_mods_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, true, true, true;
+    cp_async flash_wgmma_forward_mods_bf16_d96_g2_k64 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 64 }, true, true, true, true;
     tma flash_wgmma_forward_window_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, true, false, true;
-    cp_async flash_wgmma_forward_mods_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, true, true, true, true;
+    cp_async flash_wgmma_forward_mods_f16_d96_g2_k64 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 64 }, true, true, true, true;
     tma flash_wgmma_forward_window_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, true, false, true;
     tma flash_wgmma_forward_padded_bf16_d96_g2_k128 => Bf16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, true;
     tma flash_wgmma_forward_padded_f16_d96_g2_k128 => F16, WgConfig { head_dim: 96, warpgroups: 2, block_keys: 128 }, false, false, false, true;
@@ -764,9 +769,9 @@ entry_points! {
     tma flash_wgmma_forward_window_bf16_d64_g2_k64 => Bf16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, true, false, true;
     cp_async flash_wgmma_forward_mods_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, true, true, true, true;
     tma flash_wgmma_forward_window_f16_d64_g2_k64 => F16, WgConfig { head_dim: 64, warpgroups: 2, block_keys: 64 }, false, true, false, true;
-    cp_async flash_wgmma_forward_mods_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true, true;
+    cp_async flash_wgmma_forward_mods_bf16_d128_g2_k64 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, true, true, true, true;
     tma flash_wgmma_forward_window_bf16_d128_g2_k128 => Bf16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false, true;
-    cp_async flash_wgmma_forward_mods_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, true, true, true, true;
+    cp_async flash_wgmma_forward_mods_f16_d128_g2_k64 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 64 }, true, true, true, true;
     tma flash_wgmma_forward_window_f16_d128_g2_k128 => F16, WgConfig { head_dim: 128, warpgroups: 2, block_keys: 128 }, false, true, false, true;
     ws flash_wgmma_forward_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, false;
     ws flash_wgmma_forward_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, false, false, false;
@@ -776,8 +781,8 @@ entry_points! {
     tma flash_wgmma_forward_window_bf16_d192_g2_k64 => Bf16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, true, false, true;
     cp_async flash_wgmma_forward_mods_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, true, true, true, true;
     tma flash_wgmma_forward_window_f16_d192_g2_k64 => F16, WgConfig { head_dim: 192, warpgroups: 2, block_keys: 64 }, false, true, false, true;
-    cp_async flash_wgmma_forward_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, false;
-    cp_async flash_wgmma_forward_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    ws flash_wgmma_forward_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, false;
+    ws flash_wgmma_forward_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, false, false, false, false;
     cp_async flash_wgmma_forward_general_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false, false, true;
     cp_async flash_wgmma_forward_general_f16_d256_g2_k64 => F16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, false, false, true;
     cp_async flash_wgmma_forward_mods_bf16_d256_g2_k64 => Bf16, WgConfig { head_dim: 256, warpgroups: 2, block_keys: 64 }, true, true, true, true;

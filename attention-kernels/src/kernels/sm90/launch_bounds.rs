@@ -23,12 +23,18 @@ pub const LAUNCH_BOUNDS: &[(&str, u32, u32)] = &[
     // ptxas compiles for the registers that leaves before `setmaxnreg` redistributes them.
     ("flash_wgmma_forward_bf16_d64_g3_k128", 512, 1),
     ("flash_wgmma_forward_f16_d64_g3_k128", 512, 1),
+    ("flash_wgmma_forward_bf16_d80_g2_k128", 384, 1),
+    ("flash_wgmma_forward_f16_d80_g2_k128", 384, 1),
+    ("flash_wgmma_forward_bf16_d160_g2_k64", 384, 1),
+    ("flash_wgmma_forward_f16_d160_g2_k64", 384, 1),
     ("flash_wgmma_forward_bf16_d96_g2_k128", 384, 1),
     ("flash_wgmma_forward_f16_d96_g2_k128", 384, 1),
     ("flash_wgmma_forward_bf16_d128_g2_k128", 384, 1),
     ("flash_wgmma_forward_f16_d128_g2_k128", 384, 1),
     ("flash_wgmma_forward_bf16_d192_g2_k64", 384, 1),
     ("flash_wgmma_forward_f16_d192_g2_k64", 384, 1),
+    ("flash_wgmma_forward_bf16_d256_g2_k64", 384, 1),
+    ("flash_wgmma_forward_f16_d256_g2_k64", 384, 1),
     ("flash_wgmma_forward_e4m3_d128_g2_k128", 384, 1),
     // The transposed d = 192 backward (`sm90::BACKWARD_D192_TRANSPOSED`): three warpgroups.
     ("flash_wgmma_backward_bf16_d192_g3", 384, 1),

@@ -89,6 +89,15 @@ pub const D96: WgConfig = WgConfig {
     warpgroups: 2,
     block_keys: 128,
 };
+/// d = 80's plain calls ([`plain_config`]; Q/K and V head dims both 80): [`D96`]'s tiles (two
+/// 64-column panels, zeros past 80) with five sixths of its tensor-core work, 5 k-steps of
+/// `Q·Kᵀ` and an 80-column `P·V` (`m64n80k16`), warp-specialized as the defaults' plain instances
+/// are; 72, 88 and mixed head dims run [`D96`]'s padded instance.
+pub const D80: WgConfig = WgConfig {
+    head_dim: 80,
+    warpgroups: 2,
+    block_keys: 128,
+};
 /// d = 128: 160 KiB of shared memory, 175 registers, one block of 8 warps per SM; 13% faster
 /// than 64-key blocks (two blocks per SM) on the H200.
 pub const D128: WgConfig = WgConfig {
@@ -104,8 +113,18 @@ pub const D192: WgConfig = WgConfig {
     warpgroups: 2,
     block_keys: 64,
 };
+/// d = 160's plain calls ([`plain_config`]; both head dims 160): [`D192`]'s tiles (three
+/// panels, zeros past 160) with five sixths of its tensor-core work, 10 k-steps of `Q·Kᵀ` and a
+/// 160-column `P·V` (`m64n160k16`), warp-specialized; 136–152, 168–184 and mixed head dims run
+/// [`D192`]'s padded instance.
+pub const D160: WgConfig = WgConfig {
+    head_dim: 160,
+    warpgroups: 2,
+    block_keys: 64,
+};
 /// d = 256: 128 rows × 64 keys (FlashAttention-3 takes 80 keys): 192 KiB of shared memory, one
-/// block per SM; O 128 registers per thread beside 32 of scores.
+/// block per SM; O 128 registers per thread beside 32 of scores, within the 240 a consumer
+/// thread of the warp-specialized plain instance has.
 pub const D256: WgConfig = WgConfig {
     head_dim: 256,
     warpgroups: 2,
@@ -123,6 +142,8 @@ pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
         D128,
         D192,
         D256,
+        D80,
+        D160,
         WgConfig {
             head_dim: 128,
             warpgroups: 2,
@@ -133,7 +154,7 @@ pub const VARIANTS: &[WgConfig] = if cfg!(feature = "tuning") {
         PLAIN_CANDIDATES[2],
     ]
 } else {
-    &[D32, D64, D64_WS, D96, D128, D192, D256]
+    &[D32, D64, D64_WS, D96, D128, D192, D256, D80, D160]
 };
 
 /// The tuning candidates compiled as warp-specialized plain instances only (their head dim,
@@ -176,7 +197,8 @@ pub const fn config(head_dim: u32) -> Option<WgConfig> {
 /// The configuration whose plain instance runs the calls of default `c` over full-length
 /// sequences without dropout, window or score modifiers, `q_len` query rows each, Q/K and V
 /// head dims `head_dims`: [`D32`] for [`D64`] at 32; [`D64_WS`] for [`D64`] at its compiled
-/// head dim without the causal mask from [`D64_WS_MIN_ROWS`] rows; otherwise `c`.
+/// head dim without the causal mask from [`D64_WS_MIN_ROWS`] rows; [`D80`] and [`D160`] for
+/// [`D96`] and [`D192`] at exactly 80 and 160; otherwise `c`.
 pub const fn plain_config(
     c: &WgConfig,
     causal: bool,
@@ -188,15 +210,29 @@ pub const fn plain_config(
         D32
     } else if same(c, &D64) && compiled && !causal && q_len >= D64_WS_MIN_ROWS {
         D64_WS
+    } else if same(c, &D96) && head_dims.0 == D80.head_dim && head_dims.1 == D80.head_dim {
+        D80
+    } else if same(c, &D192) && head_dims.0 == D160.head_dim && head_dims.1 == D160.head_dim {
+        D160
     } else {
         *c
     }
 }
 
-/// Whether `c` is compiled as a plain instance only, for its head dim and no options:
-/// [`D64_WS`], or a tuning candidate of it.
+/// The tiles of default `c`'s modifier instance (softcap, ALiBi, sinks, or the window with key
+/// lengths, packed sequences or dropout): `c`'s with 64-key blocks where `c` takes 128 (d = 96
+/// and 128), whose scores and P then take half the registers beside O and the modifiers' own (on
+/// `c`'s tiles the instance spilled inside its key loop); `c`'s elsewhere. The general and window
+/// instances keep `c`'s tiles.
+pub const fn mods_config(c: &WgConfig) -> WgConfig {
+    let block_keys = if c.block_keys > 64 { 64 } else { c.block_keys };
+    WgConfig { block_keys, ..*c }
+}
+
+/// Whether `c` is compiled as a warp-specialized plain instance only, for its head dim and no
+/// options: [`D64_WS`], [`D80`], [`D160`], or a tuning candidate.
 pub const fn plain_only(c: &WgConfig) -> bool {
-    if same(c, &D64_WS) {
+    if same(c, &D64_WS) || same(c, &D80) || same(c, &D160) {
         return true;
     }
     let mut i = 0;
@@ -214,18 +250,20 @@ const fn same(a: &WgConfig, b: &WgConfig) -> bool {
 }
 
 /// Whether the forward instance of `c` for full-length sequences without dropout (`general`
-/// false: the plain, padded and window instances) loads K and V with the tensor memory
-/// accelerator, taking `abi::params::TmaForwardParams`; up to d = 192 (at d = 256 the barriers'
-/// registers made the plain instance spill).
-pub const fn tma_loads(c: &WgConfig, general: bool) -> bool {
-    !general && c.head_dim <= 192
+/// false: the plain, padded and window instances; `padded`: the padded and window ones) loads K
+/// and V with the tensor memory accelerator, taking `abi::params::TmaForwardParams`: up to
+/// d = 192, and d = 256's plain instance, which is [`warp_specialized`] (at d = 256 the
+/// barriers' registers made the padded and window instances spill, without a producer's
+/// registers to move to them).
+pub const fn tma_loads(c: &WgConfig, general: bool, padded: bool) -> bool {
+    !general && (c.head_dim <= 192 || !padded)
 }
 
 /// Whether the forward instance of `c` (`general` as [`tma_loads`]; `padded`: an instance that
 /// takes smaller head dims than its tiles', which the window instances are too) is
 /// warp-specialized: a producer warpgroup issues the accelerator's loads of K and V, and the
 /// consumer warpgroups take turns at the tensor cores (round robin), each releasing a stage
-/// once its products have read it. The defaults' plain instances from d = 96 to 192 and the
+/// once its products have read it. The defaults' plain instances from d = 96 to 256 and the
 /// plain-only ones of d = 64 ([`plain_only`]), which run one block per SM, so the producer's
 /// registers come from the consumers' headroom (`setmaxnreg`: 24 for the producer, which only
 /// issues copies, and 240 for each thread of two consumer warpgroups; 32 and 160 with three).
@@ -236,7 +274,7 @@ pub const fn warp_specialized(c: &WgConfig, general: bool, padded: bool) -> bool
         Some(d) => same(&d, c),
         None => false,
     };
-    tma_loads(c, general) && !padded && ((default && c.head_dim >= 96) || plain_only(c))
+    tma_loads(c, general, padded) && !padded && ((default && c.head_dim >= 96) || plain_only(c))
 }
 
 /// Threads per block of a forward instance: the consumer warpgroups, and a producer warpgroup
@@ -345,12 +383,15 @@ pub const fn backward_shared_bytes(c: &WgBackwardConfig, tma: bool) -> u32 {
 pub struct WgBackwardConfig {
     pub head_dim: u32,
     pub warpgroups: u32,
+    /// Sliced although the head dim fits one warpgroup's registers whole: d = 128's modifier
+    /// instance ([`backward_mods_config`]).
+    pub split_head_dim: bool,
 }
 
 impl WgBackwardConfig {
     /// Whether the warpgroups split the head dim (one slice each) instead of the keys.
     pub const fn sliced(&self) -> bool {
-        self.head_dim > BACKWARD_SLICE_COLS && !self.transposed()
+        (self.head_dim > BACKWARD_SLICE_COLS || self.split_head_dim) && !self.transposed()
     }
     /// Whether the block runs the transposed schedule (`backward_transposed`): three warpgroups
     /// split 96 keys for `S` and `dP` (32 each) and the head dim for dQ and the transposed dK
@@ -374,10 +415,10 @@ impl WgBackwardConfig {
         128 * self.warpgroups
     }
     /// Columns of the shared tiles: whole 64-column panels (128-byte swizzle rows), or (sliced)
-    /// 128 per slice, zeros past the head dim (see the kernel).
+    /// [`slice_stride`](Self::slice_stride) per slice, zeros past the head dim (see the kernel).
     pub const fn tile_cols(&self) -> u32 {
         if self.sliced() {
-            self.warpgroups * BACKWARD_SLICE_COLS
+            self.warpgroups * self.slice_stride()
         } else {
             self.head_dim.next_multiple_of(64)
         }
@@ -389,6 +430,15 @@ impl WgBackwardConfig {
             self.head_dim / self.warpgroups
         } else {
             self.head_dim
+        }
+    }
+    /// Tile columns from one slice's start to the next's: the slice itself where it is whole
+    /// 64-column panels (d = 128, 256), else [`BACKWARD_SLICE_COLS`] (a gap after it).
+    pub const fn slice_stride(&self) -> u32 {
+        if self.slice_cols().is_multiple_of(64) {
+            self.slice_cols()
+        } else {
+            BACKWARD_SLICE_COLS
         }
     }
     /// Query columns of `Sᵀ` (and `dPᵀ`, `Pᵀ`, `dSᵀ`) each warpgroup computes: the whole Q
@@ -462,10 +512,12 @@ impl WgBackwardConfig {
 pub const BACKWARD_D64: WgBackwardConfig = WgBackwardConfig {
     head_dim: 64,
     warpgroups: 2,
+    split_head_dim: false,
 };
 pub const BACKWARD_D128: WgBackwardConfig = WgBackwardConfig {
     head_dim: 128,
     warpgroups: 2,
+    split_head_dim: false,
 };
 /// d = 192 and 256: 64 keys × 64 query rows, one warpgroup per half of the head dim (tiles of
 /// 256 columns at both, a half from each 128-column boundary): 209 KiB of shared memory (two
@@ -473,10 +525,12 @@ pub const BACKWARD_D128: WgBackwardConfig = WgBackwardConfig {
 pub const BACKWARD_D192: WgBackwardConfig = WgBackwardConfig {
     head_dim: 192,
     warpgroups: 2,
+    split_head_dim: false,
 };
 pub const BACKWARD_D256: WgBackwardConfig = WgBackwardConfig {
     head_dim: 256,
     warpgroups: 2,
+    split_head_dim: false,
 };
 
 /// d = 32 and 96, plain calls only ([`backward_plain_config`]): d = 64's and d = 128's tiles
@@ -486,10 +540,20 @@ pub const BACKWARD_D256: WgBackwardConfig = WgBackwardConfig {
 pub const BACKWARD_D32: WgBackwardConfig = WgBackwardConfig {
     head_dim: 32,
     warpgroups: 2,
+    split_head_dim: false,
 };
 pub const BACKWARD_D96: WgBackwardConfig = WgBackwardConfig {
     head_dim: 96,
     warpgroups: 2,
+    split_head_dim: false,
+};
+/// d = 72 and 80, plain calls only ([`backward_plain_config`]): d = 128's tiles with five
+/// eighths of their tensor-core work, `Sᵀ` and `dPᵀ` in 5 k-steps, dK and dV 80 columns wide
+/// (`m64n80k16`), dQ d = 128's 64 columns per warpgroup (its zero columns are not added).
+pub const BACKWARD_D80: WgBackwardConfig = WgBackwardConfig {
+    head_dim: 80,
+    warpgroups: 2,
+    split_head_dim: false,
 };
 
 /// d = 136 to 160, plain calls only ([`backward_plain_config`]): d = 192's sliced tiles in
@@ -497,6 +561,7 @@ pub const BACKWARD_D96: WgBackwardConfig = WgBackwardConfig {
 pub const BACKWARD_D160: WgBackwardConfig = WgBackwardConfig {
     head_dim: 160,
     warpgroups: 2,
+    split_head_dim: false,
 };
 
 /// d = 168 to 192, plain calls only ([`backward_plain_config`]): the transposed schedule
@@ -505,10 +570,12 @@ pub const BACKWARD_D160: WgBackwardConfig = WgBackwardConfig {
 pub const BACKWARD_D192_TRANSPOSED: WgBackwardConfig = WgBackwardConfig {
     head_dim: 192,
     warpgroups: 3,
+    split_head_dim: false,
 };
 
 /// Every backward configuration compiled into the sm_90a PTX: the defaults and the plain-only
-/// [`BACKWARD_D32`], [`BACKWARD_D96`], [`BACKWARD_D160`] and [`BACKWARD_D192_TRANSPOSED`]. Measured against them on the H200 and dropped
+/// [`BACKWARD_D32`], [`BACKWARD_D80`], [`BACKWARD_D96`], [`BACKWARD_D160`] and
+/// [`BACKWARD_D192_TRANSPOSED`]. Measured against them on the H200 and dropped
 /// (reports/PERF_LOG_BACKWARD.md): dQ split by keys instead of columns, and one warpgroup per
 /// block at d = 64 (two independent blocks per SM).
 pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[
@@ -517,6 +584,7 @@ pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[
     BACKWARD_D192,
     BACKWARD_D256,
     BACKWARD_D32,
+    BACKWARD_D80,
     BACKWARD_D96,
     BACKWARD_D160,
     BACKWARD_D192_TRANSPOSED,
@@ -533,14 +601,34 @@ pub const fn backward_config(head_dim: u32) -> Option<WgBackwardConfig> {
     }
 }
 
+/// The configuration of default `c`'s modifier instance (softcap, ALiBi, sinks, or the window
+/// with any of those or with key lengths, packed sequences or dropout): at d = 128 sliced
+/// ([`WgBackwardConfig::sliced`]: both warpgroups on the same 64 keys, a 64-column half of the
+/// head dim each), since on `c`'s tiles (dK and dV whole, 128 registers a thread beside the
+/// scores) it reloaded spilled values hundreds of times a step; `c` elsewhere. The general
+/// instance keeps `c`, on which dropout ran faster than sliced (`reports/PERF_LOG_BACKWARD.md`).
+pub const fn backward_mods_config(c: &WgBackwardConfig) -> WgBackwardConfig {
+    if c.head_dim == 128 && !c.sliced() {
+        WgBackwardConfig {
+            split_head_dim: true,
+            ..*c
+        }
+    } else {
+        *c
+    }
+}
+
 /// The configuration whose plain instance runs the plain calls (full-length sequences, no
 /// dropout, window, score modifiers or deterministic dQ) of default `c` whose Q/K and V head
-/// dims are at most `widest`: [`BACKWARD_D32`] for [`BACKWARD_D64`]'s at 32, [`BACKWARD_D96`]
-/// for [`BACKWARD_D128`]'s from 72 to 96, [`BACKWARD_D160`] for [`BACKWARD_D192`]'s from 136
-/// to 160 and [`BACKWARD_D192_TRANSPOSED`] above that; otherwise `c`.
+/// dims are at most `widest`: [`BACKWARD_D32`] for [`BACKWARD_D64`]'s at 32, [`BACKWARD_D80`]
+/// and [`BACKWARD_D96`] for [`BACKWARD_D128`]'s from 72 to 80 and to 96, [`BACKWARD_D160`] for
+/// [`BACKWARD_D192`]'s from 136 to 160 and [`BACKWARD_D192_TRANSPOSED`] above that; otherwise
+/// `c`.
 pub const fn backward_plain_config(c: &WgBackwardConfig, widest: u32) -> WgBackwardConfig {
     if c.head_dim == 64 && widest <= BACKWARD_D32.head_dim {
         BACKWARD_D32
+    } else if c.head_dim == 128 && widest <= BACKWARD_D80.head_dim {
+        BACKWARD_D80
     } else if c.head_dim == 128 && widest <= BACKWARD_D96.head_dim {
         BACKWARD_D96
     } else if c.head_dim == 192 && widest <= BACKWARD_D160.head_dim {
@@ -562,7 +650,9 @@ mod tests {
     /// inside the one it starts in, and a sliced group's half must keep `Sᵀ`'s k-steps whole.
     #[test]
     fn backward_operands_start_panels() {
-        for c in BACKWARD_VARIANTS {
+        let mods = backward_mods_config(&BACKWARD_D128);
+        assert!(mods.sliced());
+        for c in BACKWARD_VARIANTS.iter().chain([&mods]) {
             let (d, groups) = (c.head_dim, c.warpgroups);
             let fits = |start: u32, cols: u32| start.is_multiple_of(64) || start % 64 + cols <= 64;
             if c.sliced() {
@@ -572,9 +662,10 @@ mod tests {
                     half.is_multiple_of(16) && half <= BACKWARD_SLICE_COLS,
                     "{c:?}"
                 );
-                assert_eq!(c.tile_cols(), groups * BACKWARD_SLICE_COLS, "{c:?}");
+                let stride = c.slice_stride();
+                assert_eq!(c.tile_cols(), groups * stride, "{c:?}");
                 let tile = PanelTile::new(0, c.block_rows(), c.tile_cols());
-                let gapped = GappedTile::new(tile, half / 8, BACKWARD_SLICE_COLS / 8);
+                let gapped = GappedTile::new(tile, half / 8, stride / 8);
                 let parts = half / c.dq_cols();
                 assert!(
                     (parts == 1 || parts == 2) && parts * c.dq_cols() == half,
@@ -582,7 +673,11 @@ mod tests {
                 );
                 for w in 0..groups {
                     let col0 = half * w;
-                    assert_eq!(gapped.mn_major(0, col0), tile.mn_major(0, 128 * w), "{c:?}");
+                    assert_eq!(
+                        gapped.mn_major(0, col0),
+                        tile.mn_major(0, stride * w),
+                        "{c:?}"
+                    );
                     for part in 0..parts {
                         let start = 8 * gapped.physical((col0 + part * c.dq_cols()) / 8);
                         assert!(fits(start, c.dq_cols()), "{c:?} group {w} part {part}");
@@ -591,7 +686,7 @@ mod tests {
                 // `Sᵀ`'s k-steps land on whole 16-column steps of the runs, none in the gap.
                 for kk in 0..d / 16 {
                     let physical = gapped.physical(2 * kk);
-                    assert!(physical % 16 < half / 8, "{c:?} k-step {kk}");
+                    assert!(physical % (stride / 8) < half / 8, "{c:?} k-step {kk}");
                 }
             } else {
                 assert_eq!(c.slice_cols(), d, "{c:?}");

@@ -1,7 +1,8 @@
 //! The tensor-core forward, FlashAttention-2 schedule.
 //!
 //! A thread block owns `16 · WARPS` query rows of one (batch, head); each warp owns 16 of them and
-//! keeps their Q fragments in registers for the whole kernel. K/V blocks of `8 · NK` keys stream
+//! keeps their Q fragments in registers for the whole kernel (up to d = 128; past it they are
+//! read from the shared Q tile at every k-step, whose registers O needs). K/V blocks of `8 · NK` keys stream
 //! through two shared stages: `cp.async` fills block `j + 1` while block `j` is computed, with one
 //! barrier per block. `S = Q·Kᵀ` and `O += P·V` both run on `mma.sync`; P never leaves registers
 //! (see `tile::mma`). Generic over `KD = d / 16` (k-steps of QKᵀ), `ND = d / 8` (n-tiles of O),
@@ -68,6 +69,10 @@ unsafe fn forward<
     p: &TensorCoreForwardParams,
 ) {
     const { assert!(ND == 2 * KD && NK == 2 * NP && NP > 0 && KD >= 4 && WARPS > 0) };
+    // Up to d = 128 each warp keeps its Q fragments in registers for the whole kernel; past it
+    // (d/4 registers a thread: 48 at d = 192, 64 at 256, beside O's d/2) it reloads each k-step's
+    // fragment from the Q tile, which holds Q until the loop ends, as the scores need it.
+    let q_in_registers = KD <= 8;
     let (d, bc, br) = (16 * KD as u32, 8 * NK as u32, 16 * WARPS as u32);
     let threads = 32 * WARPS as u32;
     let s = p.shape;
@@ -180,10 +185,13 @@ unsafe fn forward<
     };
     wait_all();
     let mut poisoned = sync_threads_or(sanitize_v(first_block, first_block & 1));
+    // SAFETY (both): the warp's 16 rows are inside the Q tile, which holds Q until the loop ends.
+    let q_fragment = |kk: usize| unsafe { q_tile.load_a(warp_row, kk as u32, lane) };
     let mut q_frag = [FragA::default(); KD];
-    for (kk, f) in q_frag.iter_mut().enumerate() {
-        // SAFETY: the warp's 16 rows are inside the Q tile.
-        *f = unsafe { q_tile.load_a(warp_row, kk as u32, lane) };
+    if q_in_registers {
+        for (kk, f) in q_frag.iter_mut().enumerate() {
+            *f = q_fragment(kk);
+        }
     }
 
     let mut o = [FragC::default(); ND];
@@ -203,7 +211,12 @@ unsafe fn forward<
 
         let k0 = block * bc;
         let mut sc = [FragC::default(); NK];
-        for (kk, qf) in q_frag.iter().enumerate() {
+        for (kk, held) in q_frag.iter().enumerate() {
+            let qf = &if q_in_registers {
+                *held
+            } else {
+                q_fragment(kk)
+            };
             for np in 0..NP {
                 // SAFETY: keys 16 np .. 16 np + 16 are inside the K tile.
                 let [b0, b1] =
