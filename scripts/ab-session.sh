@@ -12,12 +12,13 @@
 #      .device-pack/flash-attn-c.xz, …, each built from a stack of changes between A and the new
 #      build), each build against the one before it: A → c → … → B
 #      (ab-<shapes>[-<set number>]-<older>-<newer>)
-#   4. PEERS=1 (default): `bench-h200.sh headdims` with the new build; FP8=1: gpu_fp8's speed test
+#   4. PEERS=1 (default): `bench-h200.sh headdims` with the new build (PEERS=a: with A's CLI, the
+#      table of the build already on main); FP8=1: gpu_fp8's speed test
 # $OUT gets summary.txt (with every A/B table), the head-dim table and logs.tgz (every bundle and
 # log, each A/B table as ab-<pair>/ab-table.md): three files, since the device tool returns eight.
 # The summary is written there as it is made, so a call cut off by its time limit still returns
 # what it finished; a failed test's log tail goes into it.
-# usage: [ROUNDS=2] [SHAPES="fixture headdims"] [TESTS=...] [STACK=...] [PEERS=1] [FP8=0] ab-session.sh
+# usage: [ROUNDS=2] [SHAPES="fixture headdims"] [TESTS=...] [STACK=...] [PEERS=1|a|0] [FP8=0] ab-session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dest=${OUT:-reports/device}
@@ -66,9 +67,11 @@ for set in ${SHAPES:-fixture headdims}; do
     cat "$logs/ab-$pair/ab-table.md" >> "$summary" 2> /dev/null
   done
 done
-if [ "${PEERS:-1}" = 1 ]; then
-  OUT=$logs/bench-headdims timeout 280 scripts/bench-h200.sh headdims > "$logs/bench-headdims.log" 2>&1
-  note "bench headdims: exit $?"
+if [ "${PEERS:-1}" != 0 ]; then
+  cli=.device-run/flash-attn
+  [ "${PEERS:-1}" = a ] && cli=${bins[0]}
+  OUT=$logs/bench-headdims FLASH_ATTN_CLI=$cli timeout 280 scripts/bench-h200.sh headdims > "$logs/bench-headdims.log" 2>&1
+  note "bench headdims ($cli): exit $?"
   cp "$logs/bench-headdims/headdim-table.md" "$dest/" 2> /dev/null
 fi
 if [ "${FP8:-0}" = 1 ]; then

@@ -20,7 +20,8 @@ set -uo pipefail
 what=${1:-all}; shift || true
 out=${OUT:-reports/bench}
 mkdir -p "$out"
-fa=.device-run/flash-attn
+# FLASH_ATTN_CLI: another build's CLI to time (ab-session.sh's PEERS=a: the older build's).
+fa=${FLASH_ATTN_CLI:-.device-run/flash-attn}
 export PYTHONUNBUFFERED=1
 if [ "$what" = decode ]; then
   .device-run/decode_bench --out "$out" "$@"
