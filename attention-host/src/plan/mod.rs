@@ -145,7 +145,7 @@ fn sm90_backward_tiles(problem: &Problem, d: u32) -> Option<sm90::WgBackwardConf
 
 /// The plan of one of the compiled tensor-core instances other than the default (the tuning
 /// candidates of `sm80::forward::VARIANTS`, `sm90::VARIANTS`, …), for comparing them. Length
-/// masks and dropout run on the defaults only.
+/// masks, dropout and score modifiers run only on the tiles the plan itself gives the call.
 pub fn with_tiles(
     device: &DeviceCaps,
     problem: &Problem,
