@@ -107,15 +107,21 @@ fn plan_family(
     plan_tiles(device, problem, direction, family, tiles)
 }
 
+/// Whether the call runs the `wgmma` family's modifier instances: softcap, ALiBi or sinks, or a
+/// window with key lengths, packed sequences or dropout (a window alone runs the `window` ones),
+/// on the tiles of `sm90::mods_config` and `sm90::backward_mods_config`.
+fn on_sm90_mods_instance(problem: &Problem) -> bool {
+    problem.options.attention.has_score_mods() && !problem.window_only()
+}
+
 /// The `wgmma` forward's configuration for a call whose widest head dim is `d`: the default
 /// one, for a plain call (full-length sequences, no dropout, window or score modifiers) the tiles
 /// of its own that `sm90::plain_config` gives, and for a call on the modifier instance the tiles
 /// of `sm90::mods_config`.
 fn sm90_forward_tiles(problem: &Problem, d: u32) -> Option<sm90::WgConfig> {
     let (s, causal) = (&problem.shape, problem.options.attention.causal);
-    let mods = problem.options.attention.has_score_mods() && !problem.window_only();
     sm90::config(d).map(|c| {
-        if mods {
+        if on_sm90_mods_instance(problem) {
             sm90::mods_config(&c)
         } else if problem.needs_general() {
             c
@@ -131,11 +137,10 @@ fn sm90_forward_tiles(problem: &Problem, d: u32) -> Option<sm90::WgConfig> {
 /// call on the modifier instance `sm90::backward_mods_config`'s.
 fn sm90_backward_tiles(problem: &Problem, d: u32) -> Option<sm90::WgBackwardConfig> {
     let plain = !problem.needs_general() && !problem.options.deterministic;
-    let mods = problem.options.attention.has_score_mods() && !problem.window_only();
     sm90::backward_config(d).map(|c| {
         if plain {
             sm90::backward_plain_config(&c, d)
-        } else if mods {
+        } else if on_sm90_mods_instance(problem) {
             sm90::backward_mods_config(&c)
         } else {
             c
@@ -196,8 +201,9 @@ pub fn with_tiles(
     if forward_tiles != (direction == Direction::Forward) {
         return Err(invalid!("{tiles:?} is not a {direction:?} configuration"));
     }
-    // The tiles the plan itself gives the call: a plain call's own (`sm90::plain_config`), the
-    // `wgmma` forward's modifier instance's (`sm90::mods_config`).
+    // The tiles the plan itself gives the call: a plain call's own (`sm90::plain_config`,
+    // `sm90::backward_plain_config`), the `wgmma` modifier instances' (`sm90::mods_config`,
+    // `sm90::backward_mods_config`).
     let own_tiles = match tiles {
         Tiles::Sm90Forward(c) => sm90_forward_tiles(problem, d) == Some(c),
         Tiles::Sm90Backward(c) => sm90_backward_tiles(problem, d) == Some(c),
