@@ -13,12 +13,14 @@
 #      build), each build against the one before it: A → c → … → B
 #      (ab-<shapes>[-<set number>]-<older>-<newer>)
 #   4. PEERS=1 (default): `bench-h200.sh headdims` with the new build (PEERS=a: with A's CLI, the
-#      table of the build already on main); FP8=1: gpu_fp8's speed test
+#      table of the build already on main)
+#   5. FP8=1 (the default when TESTS has gpu_fp8): gpu_fp8's speed test of B, alternated ROUNDS
+#      times with A's where .device-pack/gpu_fp8-a.xz holds A's `gpu_fp8` test binary
 # $OUT gets summary.txt (with every A/B table), the head-dim table and logs.tgz (every bundle and
 # log, each A/B table as ab-<pair>/ab-table.md): three files, since the device tool returns eight.
 # The summary is written there as it is made, so a call cut off by its time limit still returns
 # what it finished; a failed test's log tail goes into it.
-# usage: [ROUNDS=2] [SHAPES="fixture headdims"] [TESTS=...] [STACK=...] [PEERS=1|a|0] [FP8=0] ab-session.sh
+# usage: [ROUNDS=2] [SHAPES="fixture headdims"] [TESTS=...] [STACK=...] [PEERS=1|a|0] [FP8=0|1] ab-session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dest=${OUT:-reports/device}
@@ -74,9 +76,21 @@ if [ "${PEERS:-1}" != 0 ]; then
   note "bench headdims ($cli): exit $?"
   cp "$logs/bench-headdims/headdim-table.md" "$dest/" 2> /dev/null
 fi
-if [ "${FP8:-0}" = 1 ]; then
-  timeout 150 .device-run/tests/gpu_fp8 fp8_forward_speed --test-threads=1 --nocapture > "$logs/fp8-speed.log" 2>&1
-  note "gpu_fp8 speed: exit $?"
-  grep -a -i "ms\|speed" "$logs/fp8-speed.log" | tail -8 >> "$summary"
+fp8=0
+[[ " ${TESTS:-} " == *" gpu_fp8 "* ]] && fp8=1
+if [ "${FP8:-$fp8}" = 1 ]; then
+  sides=(b) fp8_bins=(.device-run/tests/gpu_fp8)
+  if [ -e .device-pack/gpu_fp8-a.xz ]; then
+    xz -dc .device-pack/gpu_fp8-a.xz > "$logs/gpu_fp8-a" && chmod +x "$logs/gpu_fp8-a"
+    sides=(a b) fp8_bins=("$logs/gpu_fp8-a" .device-run/tests/gpu_fp8)
+  fi
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for i in "${!sides[@]}"; do
+      log=$logs/fp8-speed-${sides[$i]}-$r.log
+      timeout 150 "${fp8_bins[$i]}" fp8_forward_speed --test-threads=1 --nocapture > "$log" 2>&1
+      note "gpu_fp8 speed, ${sides[$i]} round $r: exit $?"
+      grep -a "N = " "$log" >> "$summary"
+    done
+  done
 fi
-tar czf "$dest/logs.tgz" -C "$logs" --exclude 'flash-attn-*' .
+tar czf "$dest/logs.tgz" -C "$logs" --exclude 'flash-attn-*' --exclude 'gpu_fp8-a' .
