@@ -29,11 +29,13 @@ logs=$(mktemp -d)
 summary=$dest/summary.txt
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
+# A binary packed as .device-pack/<name>.xz, made runnable as $logs/<name>.
+unpack_bin() { xz -dc ".device-pack/$1.xz" > "$logs/$1" && chmod +x "$logs/$1"; }
 export CUDA_CACHE_MAXSIZE=4294967296
 [ .device-run/.unpacked -nt .device-pack/run.txz ] || scripts/device-unpack.sh > "$logs/unpack.log" 2>&1
 names=(a ${STACK:-} b) bins=()
 for side in a ${STACK:-}; do
-  xz -dc ".device-pack/flash-attn-$side.xz" > "$logs/flash-attn-$side" && chmod +x "$logs/flash-attn-$side"
+  unpack_bin "flash-attn-$side"
   bins+=("$logs/flash-attn-$side")
 done
 bins+=(.device-run/flash-attn)
@@ -81,7 +83,7 @@ fp8=0
 if [ "${FP8:-$fp8}" = 1 ]; then
   sides=(b) fp8_bins=(.device-run/tests/gpu_fp8)
   if [ -e .device-pack/gpu_fp8-a.xz ]; then
-    xz -dc .device-pack/gpu_fp8-a.xz > "$logs/gpu_fp8-a" && chmod +x "$logs/gpu_fp8-a"
+    unpack_bin gpu_fp8-a
     sides=(a b) fp8_bins=("$logs/gpu_fp8-a" .device-run/tests/gpu_fp8)
   fi
   for r in $(seq 1 "${ROUNDS:-2}"); do
