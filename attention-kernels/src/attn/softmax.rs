@@ -65,6 +65,20 @@ impl RowState {
     /// accumulated so far must be rescaled (rows g and g + 8, [`rescale`]).
     #[inline(always)]
     pub fn fold<const NK: usize>(&mut self, s: &mut [FragC; NK], scale: f32) -> [f32; 2] {
+        self.fold_biased(s, scale, 0.0)
+    }
+
+    /// [`RowState::fold`] with every weight times `2^bias`, at no cost (the bias joins the
+    /// row's maximum in the exponent's `fma`): ℓ sums the scaled weights, so O's normalisation
+    /// in [`RowState::finish`] cancels the factor and only its LSE comes out `bias · ln 2` too
+    /// large. The FP8 forward takes P into e4m3's range this way.
+    #[inline(always)]
+    pub fn fold_biased<const NK: usize>(
+        &mut self,
+        s: &mut [FragC; NK],
+        scale: f32,
+        bias: f32,
+    ) -> [f32; 2] {
         let mut m_new = [0, 1].map(|r| self.m[r].max(tree_max(s, r) * scale));
         let mut alpha = [0.0f32; 2];
         let mut m_sub = [0.0f32; 2];
@@ -83,7 +97,8 @@ impl RowState {
         }
         for t in s.iter_mut() {
             for e in 0..4 {
-                t.0[e] = exp2(fma(t.0[e], scale, -m_sub[e / 2]));
+                // `m − 0.0` folds to `m`: `fold` compiles as it did without a bias.
+                t.0[e] = exp2(fma(t.0[e], scale, -(m_sub[e / 2] - bias)));
                 self.l[e / 2] += t.0[e];
             }
         }

@@ -28,15 +28,15 @@ fn e4m3x2(lo: f32, hi: f32) -> u32 {
     r as u32
 }
 
-/// P times `scale` (scores after `RowState::fold`, `NK` fragments of 8 keys) as `NP = NK / 4`
-/// 8-bit A fragments, one per 32-key k-step, in the key order of
+/// The weights (scores after `RowState::fold_biased`, `NK` fragments of 8 keys) as
+/// `NP = NK / 4` 8-bit A fragments, one per 32-key k-step, in the key order of
 /// `tile::fp8_layout::key_of_position`.
 #[inline(always)]
-pub fn pack_p<const NK: usize, const NP: usize>(s: &[FragC; NK], scale: f32) -> [FragA; NP] {
+pub fn pack_p<const NK: usize, const NP: usize>(s: &[FragC; NK]) -> [FragA; NP] {
     let mut p = [FragA::default(); NP];
     let word = |a: &FragC, b: &FragC, r: usize| {
         let (lo, hi) = (2 * r, 2 * r + 1);
-        e4m3x2(a.0[lo] * scale, a.0[hi] * scale) | (e4m3x2(b.0[lo] * scale, b.0[hi] * scale) << 16)
+        e4m3x2(a.0[lo], a.0[hi]) | (e4m3x2(b.0[lo], b.0[hi]) << 16)
     };
     for (kk, a) in p.iter_mut().enumerate() {
         let f = &s[4 * kk..4 * kk + 4];

@@ -71,16 +71,17 @@ const CONSUMERS: u32 = 1;
 const TURN: u32 = 2;
 
 /// Scales, modifies and masks the scores `sc` of keys `k0 .. k0 + 8·NK` (`RowKeys::prepare`)
-/// and folds them into `state`: `sc` becomes P, the result is the factor that rescales O. A
-/// function rather than a closure so that it is always inlined (a call would put the scores in
-/// local memory). `fold_scale`, constant per instance: whether it has the registers for a second
+/// and folds them into `state`: `sc` becomes P times `2^bias` (`RowState::fold_biased`; the
+/// bias is 0 except in the FP8 forward), the result is the factor that rescales O. A function
+/// rather than a closure so that it is always inlined (a call would put the scores in local
+/// memory). `fold_scale`, constant per instance: whether it has the registers for a second
 /// copy of the fold, which takes the scale in the exponent's `fma` (one instruction per score
 /// fewer) where `RowKeys::scale_in_fold` allows (a factor chosen at run time made ptxas spill).
 #[inline(always)]
 pub(super) fn mask_and_fold<const NK: usize>(
     sc: &mut [FragC; NK],
     state: &mut RowState,
-    scale_log2: f32,
+    (scale_log2, bias): (f32, f32),
     k0: u32,
     keys: &RowKeys,
     t: u32,
@@ -88,10 +89,10 @@ pub(super) fn mask_and_fold<const NK: usize>(
 ) -> [f32; 2] {
     if fold_scale && keys.scale_in_fold(scale_log2) {
         keys.prepare(sc, (scale_log2, false), k0, t);
-        state.fold(sc, scale_log2)
+        state.fold_biased(sc, scale_log2, bias)
     } else {
         keys.prepare(sc, (scale_log2, true), k0, t);
-        state.fold(sc, 1.0)
+        state.fold_biased(sc, 1.0, bias)
     }
 }
 
@@ -182,6 +183,8 @@ unsafe fn forward<
     // The modifier instances (which spill already) and the three-consumer tile (160 registers a
     // consumer thread) keep one copy of the fold.
     let fold_scale = !MODS && WG == 2;
+    // The scores' base-2 scale, and no bias of P (`mask_and_fold`).
+    let scale = (p.scale_log2, 0.0);
     // Tiles hold whole 64-column panels: d = 96 uses three quarters of two (`WgConfig::tile_cols`).
     let dt = d.next_multiple_of(64);
     // The consumer warpgroups' threads: all of the block's but a warp-specialized one's producer.
@@ -496,7 +499,7 @@ unsafe fn forward<
         sc.pin();
         // O is still zero: its factor changes nothing.
         let k0 = first_block * bc;
-        mask_and_fold(&mut sc, &mut state, p.scale_log2, k0, &keys, t, fold_scale);
+        mask_and_fold(&mut sc, &mut state, scale, k0, &keys, t, fold_scale);
         if GENERAL && p.dropout.enabled() {
             apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], k0, t);
         }
@@ -523,7 +526,7 @@ unsafe fn forward<
             release(k_empty(block));
             sc.pin();
             let k0 = block * bc;
-            let alpha = mask_and_fold(&mut sc, &mut state, p.scale_log2, k0, &keys, t, fold_scale);
+            let alpha = mask_and_fold(&mut sc, &mut state, scale, k0, &keys, t, fold_scale);
             if GENERAL && p.dropout.enabled() {
                 apply_dropout(&mut sc, &p.dropout, (seq.index, h), [row_lo, row_hi], k0, t);
             }

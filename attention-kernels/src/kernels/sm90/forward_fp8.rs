@@ -11,10 +11,11 @@
 //! f32 accumulation, software-pipelined and issued in turns as in `forward`.
 //!
 //! The stored values are scaled: real `Q = δ_Q · Q₈` and so on, with per-head factors δ. The
-//! scores take `δ_Q δ_K` into the base-2 scale, and O takes `δ_V` at the end. P (at most 1) is
-//! multiplied by 2⁸ before it is rounded to e4m3, so that weights down to 2⁻¹⁷ keep a value
-//! (e4m3's smallest is 2⁻⁹) while the largest stays below its 448; O takes the 2⁻⁸ back with
-//! `δ_V`. ℓ sums the unrounded P.
+//! scores take `δ_Q δ_K` into the base-2 scale, and O takes `δ_V` at the end. The fold makes
+//! the weights 2⁸ · P (P at most 1; the factor joins the row maximum in the exponent,
+//! `RowState::fold_biased`) before they are rounded to e4m3, so that weights down to 2⁻¹⁷ keep a
+//! value (e4m3's smallest is 2⁻⁹) while the largest stays below its 448. ℓ sums the unrounded
+//! 2⁸ · P, so O's normalisation cancels the factor and the LSE gives back its 8 ln 2.
 //!
 //! A NaN of V (e4m3 has no infinities) under the causal mask would reach the rows that may not
 //! see its key as 0 · NaN through P·V. The producer zeroes the NaNs of each block across the
@@ -56,8 +57,8 @@ const STORED: u32 = 5;
 /// The quiet NaN of bf16.
 const BF16_NAN: u16 = 0x7fc0;
 
-/// P's factor before its rounding to e4m3 (see the module docs).
-const P_SCALE: f32 = 256.0;
+/// log₂ of P's factor before its rounding to e4m3 (see the module docs).
+const P_LOG2: f32 = 8.0;
 
 /// The descriptor of a `PanelTile` K-major operand.
 #[inline(always)]
@@ -358,7 +359,8 @@ unsafe fn forward<const KD: usize, const ND: usize, const NK: usize, const NP: u
             *f.add(kv + s.heads_kv as usize),
         )
     };
-    let scale_log2 = p.scale_log2 * dq * dk;
+    // The scores' base-2 scale, and P's 2⁸ in the exponent (`mask_and_fold`).
+    let scale = (p.scale_log2 * dq * dk, P_LOG2);
 
     let group_row = 64 * group;
     let (g, t) = (lane / 4, lane % 4);
@@ -399,16 +401,8 @@ unsafe fn forward<const KD: usize, const ND: usize, const NK: usize, const NP: u
         wgmma::wait::<0>();
         release(k_empty(first_block));
         sc.pin();
-        mask_and_fold(
-            &mut sc,
-            &mut state,
-            scale_log2,
-            first_block * bc,
-            &keys,
-            t,
-            true,
-        );
-        let mut pf = pack_p::<NK, NP>(&sc, P_SCALE);
+        mask_and_fold(&mut sc, &mut state, scale, first_block * bc, &keys, t, true);
+        let mut pf = pack_p::<NK, NP>(&sc);
         for block in first_block + 1..n_blocks {
             wait_k(block);
             wait_v(block - 1);
@@ -424,12 +418,12 @@ unsafe fn forward<const KD: usize, const ND: usize, const NK: usize, const NP: u
             wgmma::wait::<1>();
             release(k_empty(block));
             sc.pin();
-            let alpha = mask_and_fold(&mut sc, &mut state, scale_log2, block * bc, &keys, t, true);
+            let alpha = mask_and_fold(&mut sc, &mut state, scale, block * bc, &keys, t, true);
             wgmma::wait::<0>();
             release(vt_empty(block - 1));
             o.pin();
             rescale(&mut o, alpha);
-            pf = pack_p::<NK, NP>(&sc, P_SCALE);
+            pf = pack_p::<NK, NP>(&sc);
         }
         wait_v(n_blocks - 1);
         take_turn();
@@ -441,13 +435,15 @@ unsafe fn forward<const KD: usize, const ND: usize, const NK: usize, const NP: u
         o.pin();
     }
 
-    let lse = state.finish(&mut o, None);
-    // Stage O (bf16, times δ_V and P's 2⁻⁸) through the K stages once every consumer is done
-    // with them, so that the global stores are 16 bytes wide and coalesced.
+    let lse = state
+        .finish(&mut o, None)
+        .map(|x| x - P_LOG2 * core::f32::consts::LN_2);
+    // Stage O (bf16, times δ_V) through the K stages once every consumer is done with them, so
+    // that the global stores are 16 bytes wide and coalesced.
     named_sync(CONSUMERS, consumers);
     let staging = SwizzledTile::new(k_tile(0).chunk_addr(0, 0), c.head_dim);
     // SAFETY: the warp's 16 rows and all ND chunks are inside the staging tile (two K stages).
-    unsafe { stage_fragments::<Bf16, ND>(staging, group_row + 16 * warp, &o, dv / P_SCALE, lane) };
+    unsafe { stage_fragments::<Bf16, ND>(staging, group_row + 16 * warp, &o, dv, lane) };
     named_sync(CONSUMERS, consumers);
     let (o_dst, o_stride) = (p.o + 2 * seq.q_row(&p.o_strides, 0, h), 2 * p.o_strides.seq);
     // SAFETY: the chunks are inside the staging tile; the global rows below q_len are O's.
