@@ -286,7 +286,11 @@ fn main() -> Result<()> {
         }
     }
     println!(
-        "| B | H | N | d | causal | dtype | median ms | min ms | TFLOP/s | torch flash | cuDNN |"
+        "torch flash, cuDNN: TFLOP/s of PyTorch SDPA on one H200 from the anchors file \
+         (shared/anchors/sdpa_h200_2026-11-29.md), not timed in this run: not a same-run comparison\n"
+    );
+    println!(
+        "| B | H | N | d | causal | dtype | median ms | min ms | TFLOP/s | torch flash (anchors) | cuDNN (anchors) |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     table.iter().for_each(|row| println!("{row}"));
