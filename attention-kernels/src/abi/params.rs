@@ -282,7 +282,9 @@ pub struct TensorCoreBackwardParams {
 /// The `wgmma` backward's main kernels that load Q and dO through the tensor memory accelerator
 /// (those without sequences of their own or dropout, `kernels::sm90::tma_loads_backward`): Q's
 /// and dO's tensor maps, each over `[batch, n_q, heads_q, head_dim]` in boxes of 64 columns by
-/// one Q block's rows, ahead of the other parameters as in [`TmaForwardParams`].
+/// one Q block's rows, and the f32 dQ accumulator's over the same dims in boxes of 32 columns
+/// (128 bytes) by one Q block's rows, which the d = 256 instances add dQ through
+/// (`kernels::sm90::bulk_dq`); ahead of the other parameters as in [`TmaForwardParams`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TmaBackwardParams {
@@ -290,11 +292,18 @@ pub struct TmaBackwardParams {
     pub q_map: TensorMap,
     pub do_map: TensorMap,
     pub base: TensorCoreBackwardParams,
+    /// After `base`, so that the kernels that do not read it keep their parameters' offsets.
+    pub dq_map: TensorMap,
 }
+
+/// Bytes from Q's tensor map (the address `tile::tma::param_maps!` gives) to dQ's.
+pub const TMA_BACKWARD_DQ_MAP: usize =
+    core::mem::offset_of!(TmaBackwardParams, dq_map) - TMA_MAPS_OFFSET;
 
 const _: () = assert!(
     core::mem::offset_of!(TmaBackwardParams, q_map) == TMA_MAPS_OFFSET
         && core::mem::offset_of!(TmaBackwardParams, do_map) == TMA_MAPS_OFFSET + 128
+        && TMA_BACKWARD_DQ_MAP.is_multiple_of(64)
 );
 
 #[repr(C)]

@@ -18,6 +18,19 @@ pub unsafe fn load_shared_f32x2(addr: u32) -> [f32; 2] {
     [a, b]
 }
 
+/// Two consecutive f32 to shared memory.
+///
+/// # Safety
+/// `addr` must be an 8-byte aligned address inside the shared window.
+#[inline(always)]
+pub unsafe fn store_shared_f32x2(addr: u32, v: [f32; 2]) {
+    // SAFETY: the caller guarantees the address.
+    unsafe {
+        asm!("st.shared.v2.f32 [{a}], {{{0}, {1}}};", in(reg32) v[0], in(reg32) v[1],
+             a = in(reg32) addr, options(nostack));
+    }
+}
+
 /// # Safety
 /// `addr` must be a 4-byte aligned address inside the shared window.
 #[inline(always)]

@@ -206,6 +206,15 @@ impl GappedTile {
     }
 }
 
+/// Byte offset of f32 column `col` (0..32) of row `row` inside one panel read as a box of 32
+/// f32 columns: 128 bytes a row in the panels' 128-byte swizzle, the layout of a tensor map's
+/// f32 box of 32 columns. The d = 256 backward stages dQ this way for the accelerator's bulk
+/// reductions (`kernels::sm90::bulk_dq`), each lane a fragment's pair of columns at once.
+#[inline(always)]
+pub const fn f32_box_offset(row: u32, col: u32) -> u32 {
+    row * PANEL_ROW_BYTES + ((col / 4) ^ (row % 8)) * 16 + 4 * (col % 4)
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -244,6 +253,29 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The f32 box a panel holds: each element where the hardware's 128-byte swizzle puts
+    /// it, all 64 × 32 of them apart, and the chunks the panel's own layout names.
+    #[test]
+    fn f32_boxes_are_the_hardware_128_byte_swizzle() {
+        let panel = PanelTile::new(0, 64, 64);
+        let mut seen = HashSet::new();
+        for row in 0..64 {
+            for col in 0..32 {
+                let plain = row * 128 + col * 4;
+                let swizzled = plain ^ (((plain >> 7) & 7) << 4);
+                assert_eq!(f32_box_offset(row, col), swizzled, "row {row} col {col}");
+                assert!(seen.insert(swizzled));
+            }
+            for chunk in 0..8 {
+                assert_eq!(
+                    f32_box_offset(row, 4 * chunk),
+                    panel.chunk_offset(row, chunk)
+                );
+            }
+        }
+        assert_eq!(seen.len() as u32, panel.panel_bytes() / 4);
     }
 
     #[test]

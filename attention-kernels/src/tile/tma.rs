@@ -5,7 +5,9 @@
 //!
 //! A tensor map with a 128-byte swizzle writes a box of 64 16-bit columns exactly as one panel of
 //! a [`super::PanelTile`] (1024-byte aligned), and fills what lies outside the tensor with
-//! zeros: keys past the sequence and columns past the head dim.
+//! zeros: keys past the sequence and columns past the head dim. The other way, a bulk reduction
+//! adds a shared box into the tensor (`reduce_add_4d`), tracked by the issuing thread's bulk
+//! groups instead of a barrier.
 
 use core::arch::asm;
 
@@ -142,4 +144,43 @@ pub unsafe fn load_bulk(dst: u32, src: u64, bytes: u32, bar: u32) {
             options(nostack)
         )
     }
+}
+
+/// Adds the box at shared address `src` into the box at coordinates `c` (innermost first) of
+/// the four-dimensional f32 tensor map at generic address `map`, element by element
+/// (`cp.reduce.async.bulk.tensor ... .add`), as part of the thread's current bulk group. Elements
+/// outside the tensor are not written.
+///
+/// # Safety
+/// `map` addresses a valid f32 tensor map in kernel-parameter, constant or global memory; `src`
+/// is a box-sized shared region, aligned as the map's swizzle needs (1024 bytes for 128-byte
+/// swizzling), whose writes are visible to the async proxy (`wgmma::fence_proxy_async` and a
+/// barrier) and which nothing writes until the group's reads are waited for
+/// ([`wait_bulk_reads`]).
+#[inline(always)]
+pub unsafe fn reduce_add_4d(src: u32, map: u64, c: [i32; 4]) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        asm!(
+            "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [{m}, {{{c0}, {c1}, {c2}, {c3}}}], [{s}];",
+            s = in(reg32) src, m = in(reg64) map,
+            c0 = in(reg32) c[0], c1 = in(reg32) c[1], c2 = in(reg32) c[2], c3 = in(reg32) c[3],
+            options(nostack)
+        )
+    }
+}
+
+/// Closes the thread's current bulk group (the reductions issued since the last commit).
+#[inline(always)]
+pub fn commit_bulk() {
+    // SAFETY: committing an empty or open bulk group has no preconditions.
+    unsafe { asm!("cp.async.bulk.commit_group;", options(nostack)) }
+}
+
+/// Waits until every bulk group the thread committed has read its shared source: the regions
+/// may be written again (the writes to global memory may still be on their way).
+#[inline(always)]
+pub fn wait_bulk_reads() {
+    // SAFETY: waiting has no preconditions.
+    unsafe { asm!("cp.async.bulk.wait_group.read 0;", options(nostack)) }
 }

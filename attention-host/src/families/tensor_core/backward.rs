@@ -4,11 +4,13 @@
 //! `attention_kernels::kernels::sm90`, as [`crate::plan`] chose), the dQ conversion, and the
 //! gradients of NaN rows.
 
+use attention_kernels::abi::layout::TensorStrides;
 use attention_kernels::abi::params::{
-    BackwardStrides, TensorCoreBackwardParams, TmaBackwardParams,
+    BackwardStrides, TensorCoreBackwardParams, TensorMap, TmaBackwardParams,
 };
+use attention_kernels::kernels::sm90;
 
-use super::tensor_map::{Operand, encode};
+use super::tensor_map::{Operand, encode, encode_f32};
 use attention_kernels::attn::backward::{
     CONVERT_THREADS, NAN_ROWS_THREADS, PREPROCESS_WARPS, n_q_pad,
 };
@@ -16,7 +18,7 @@ use attention_kernels::attn::backward::{
 use crate::error::{Result, invalid};
 use crate::instances;
 use crate::layout::DeviceLayout;
-use crate::plan::{Plan, preprocess_blocks};
+use crate::plan::{Plan, Tiles, preprocess_blocks};
 use crate::problem::Problem;
 use crate::runtime::{LaunchConfig, Queue};
 use crate::score_mods::DeviceScoreMods;
@@ -108,6 +110,19 @@ pub(crate) fn launch_backward(
             head_dim,
             strides,
         };
+        // The f32 accumulator, contiguous in Q's shape, for the instances that add dQ through
+        // the accelerator's bulk reductions; the others never read the map.
+        let bulk = matches!(plan.tiles, Tiles::Sm90Backward(c)
+            if sm90::bulk_dq(&c, true, problem.options.deterministic));
+        let dq_map = if bulk {
+            let accum = TensorStrides::contiguous(shape.n_q, shape.heads_q, shape.head_dim);
+            encode_f32(
+                &q_rows(params.dq_accum, shape.head_dim, accum),
+                plan.block_rows,
+            )?
+        } else {
+            TensorMap::default()
+        };
         let main = TmaBackwardParams {
             align: Default::default(),
             q_map: encode(
@@ -121,6 +136,7 @@ pub(crate) fn launch_backward(
                 plan.block_rows,
             )?,
             base: params,
+            dq_map,
         };
         queue.launch(&plan.entry, plan.launch_config(), &main)?;
     } else {

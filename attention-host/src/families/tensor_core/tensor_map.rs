@@ -36,6 +36,14 @@ pub(crate) fn encode(dtype: DType, t: &Operand, box_rows: u32) -> Result<TensorM
     encode_elements(data_type, 2, t, box_rows)
 }
 
+/// The map of an f32 tensor `t` (the backward's dQ accumulator), in boxes of `box_rows` rows of
+/// 32 columns: one 128-byte swizzle row each, as the backward stages dQ for its bulk reductions
+/// (`attention_kernels::kernels::sm90::bulk_dq`).
+pub(crate) fn encode_f32(t: &Operand, box_rows: u32) -> Result<TensorMap> {
+    let data_type = sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    encode_elements(data_type, 4, t, box_rows)
+}
+
 /// The map of a one-byte (e4m3) tensor `t`, in boxes of `box_rows` rows of 128 columns: one
 /// 128-byte swizzle row each, as the FP8 forward's tiles hold them.
 pub(crate) fn encode_bytes(t: &Operand, box_rows: u32) -> Result<TensorMap> {

@@ -54,12 +54,19 @@
 //! thread 0 issues their boxes and two bulk copies of the rows' statistics on the stage's
 //! `mbarrier`, which every thread waits on (the general instances copy the statistics with
 //! `cp.async`).
+//! The d = 256 instances among them that are not deterministic add dQ with the accelerator too
+//! (`sm90::bulk_dq`): each group waits for its dV product and stages its first 64-column chain
+//! of dQ (f32) in its own panels of the stage's dO tile, then after dK its second chain in its
+//! panels of the Q tile, both dead for the rest of the step; after a barrier thread 0 sends the
+//! eight 32-column boxes with `cp.reduce.async.bulk.tensor` into the accumulator (rows past n_q
+//! fall outside its tensor map) and, a step later, waits for their reads before it refills the
+//! stage. No `red.global` is left in them.
 //! Generic over `KD = d / 16`, `ND` (fragments of dK, dV: `d / 8`, or a slice's), `WG` and
 //! `DQ` (fragments of one dQ chain, [`WgBackwardConfig::dq_cols`]), so every register array has
 //! a compile-time size.
 
 use crate::abi::layout::TensorStrides;
-use crate::abi::params::{TensorCoreBackwardParams, TmaBackwardParams};
+use crate::abi::params::{TMA_BACKWARD_DQ_MAP, TensorCoreBackwardParams, TmaBackwardParams};
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{ballot, sync_threads_or};
 use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, thread_x, warp_uniform};
@@ -75,13 +82,15 @@ use crate::attn::mask::{
 use crate::attn::score_mod::{ScoreMod, Window, key_range};
 use crate::attn::sequence::Sequence;
 use crate::kernels::BACKWARD_SLICE_COLS;
-use crate::kernels::sm90::WgBackwardConfig;
+use crate::kernels::sm90::{WgBackwardConfig, bulk_dq};
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
 use crate::tile::mem::{stage_fragments_at, store_shared_u32, store_staged_rows};
 use crate::tile::mem_backward::{
-    load_shared_f32x2, load_shared_u32, red_add_f32x2, release_store, wait_equal_acquire,
+    load_shared_f32x2, load_shared_u32, red_add_f32x2, release_store, store_shared_f32x2,
+    wait_equal_acquire,
 };
 use crate::tile::mma::{FragA, FragC, each_fragment};
+use crate::tile::panel::f32_box_offset;
 use crate::tile::tma;
 use crate::tile::wgmma::{self, Accumulator, Desc, Wgmma};
 use crate::tile::{GappedTile, PanelTile, SwizzledTile};
@@ -201,6 +210,9 @@ unsafe fn backward<
         warpgroups: WG as u32,
         split_head_dim: SLICED && 16 * KD as u32 <= BACKWARD_SLICE_COLS,
     };
+    // d = 256's bulk dQ stages two chains of 64 columns per group (`stage_dq` below).
+    const { assert!(!(SLICED && KD == 16) || (ND == 16 && DQ == 8)) };
+    let bulk = bulk_dq(&cfg, TMA, DETERMINISTIC);
     let (d, bc, br) = (cfg.tile_cols(), cfg.block_keys(), cfg.block_rows());
     let threads = cfg.threads();
     let s = p.shape;
@@ -531,7 +543,7 @@ unsafe fn backward<
         }
         wgmma::fence_proxy_async();
         sync_threads();
-        if i + 1 < iters {
+        if i + 1 < iters && !bulk {
             fill(i + 1, stage_of(i + 1));
         }
         let base = opaque(smem);
@@ -568,6 +580,14 @@ unsafe fn backward<
             unsafe { dp_t.mma_ss::<T>(a, b, kk > 0) };
         }
         wgmma::commit();
+        if bulk && i + 1 < iters {
+            // The next stage held step i − 1's dQ until the bulk unit read it: thread 0 waits
+            // for those reads here, under this step's first products, then refills it.
+            if tid == 0 {
+                tma::wait_bulk_reads();
+            }
+            fill(i + 1, stage_of(i + 1));
+        }
         // Sᵀ is done, and so is everything issued before it: the previous dQ.
         wgmma::wait::<1>();
         s_t.pin();
@@ -745,9 +765,72 @@ unsafe fn backward<
             }
             wgmma::commit();
         };
+        // `bulk`: box `bx` (32 f32 columns, one panel) of the chain staged in `tile` by the
+        // group whose slice starts at column `slice`; the staging and the sends both use it.
+        let dq_box = |tile: GappedTile, slice: u32, bx: u32| tile.chunk_addr(0, slice / 8 + 8 * bx);
+        // A chain's 64 columns (`bulk`) into the group's two panels of `tile` as two row-major
+        // f32 boxes of 32 columns: 128 bytes a row, in the panels' own 128-byte swizzle, which
+        // the dQ map's boxes share. Each lane's two columns of rows g and g + 8 per fragment.
+        let stage_dq = |dq: &[FragC; DQ], tile: GappedTile| {
+            let row = 16 * warp + g;
+            for (j, f) in dq.iter().enumerate() {
+                let j = j as u32;
+                // Fragment j's columns 8j + 2t, + 1 lie in the chain's box j / 4.
+                let panel = dq_box(tile, dq_col0, j / 4);
+                let col = 8 * (j % 4) + 2 * t;
+                let [lo0, lo1, hi0, hi1] = f.0;
+                // SAFETY: rows row, row + 8 of the group's own panels, which no product reads
+                // any more in this step (the caller waited for dV or dK); 8-byte aligned (col
+                // is even).
+                unsafe {
+                    store_shared_f32x2(panel + f32_box_offset(row, col), [lo0, lo1]);
+                    store_shared_f32x2(panel + f32_box_offset(row + 8, col), [hi0, hi1]);
+                }
+            }
+        };
         if CARRY_DQ {
             issue_dq(&mut dq, dq_col0);
             dq_at = (h, q0);
+        } else if bulk {
+            // dV, dQ's first chain, dK, then its second chain: once dV is done the group's dO
+            // panels take the first chain, once dK is its Q panels the second (one chain's
+            // registers live at a time, as in the reduced path).
+            // SAFETY: both groups' queries of the `Pᵀ` and `dSᵀ` tiles are written (the barrier
+            // above); the stage's dO and Q are filled.
+            unsafe { accumulate_ss::<T, ND>(&mut dv, pt_tile, do_b, hoist) };
+            let mut dq_now = [FragC::default(); DQ];
+            issue_dq(&mut dq_now, dq_col0);
+            // SAFETY: as above.
+            unsafe { accumulate_ss::<T, ND>(&mut dk, dst, q_b, hoist) };
+            wgmma::wait::<1>();
+            dq_now.pin();
+            stage_dq(&dq_now, dot);
+            let mut dq_now = [FragC::default(); DQ];
+            issue_dq(&mut dq_now, dq_col0 + 8 * DQ as u32);
+            wgmma::wait::<0>();
+            dq_now.pin();
+            stage_dq(&dq_now, qt);
+            wgmma::fence_proxy_async();
+            sync_threads();
+            if tid == 0 {
+                let dq_map = maps + TMA_BACKWARD_DQ_MAP as u64;
+                let at = |col: u32| [col as i32, h as i32, q0 as i32, seq.batch as i32];
+                for gg in 0..WG as u32 {
+                    let slice = gg * cfg.slice_cols();
+                    for (part, tile) in [(0, dot), (1, qt)] {
+                        for bx in 0..2 {
+                            let col = slice + 8 * DQ as u32 * part + 32 * bx;
+                            let src = dq_box(tile, slice, bx);
+                            // SAFETY: the box is a whole 1024-byte aligned panel, written by
+                            // its group and published (fence and barrier above); the stage is
+                            // refilled only after `wait_bulk_reads`. Rows past n_q are outside
+                            // the map and not written.
+                            unsafe { tma::reduce_add_4d(src, dq_map, at(col)) };
+                        }
+                    }
+                }
+                tma::commit_bulk();
+            }
         } else {
             let semaphore = |h: u32| {
                 p.dq_semaphores + 4 * dq_semaphore(seq.batch * s.heads_q + h, q0 / br, p.n_q_pad)
@@ -817,6 +900,10 @@ unsafe fn backward<
     dq.pin();
     dk.pin();
     dv.pin();
+    if bulk && tid == 0 {
+        // The last steps' stages are read before the block's shared memory goes.
+        tma::wait_bulk_reads();
+    }
     if CARRY_DQ && iters > 0 {
         reduce_dq(&dq, dq_at, dq_col0);
     }

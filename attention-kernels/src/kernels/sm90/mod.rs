@@ -363,6 +363,16 @@ pub const fn tma_loads_backward(_c: &WgBackwardConfig, general: bool) -> bool {
     !general
 }
 
+/// Whether the backward's main kernel of `c` adds dQ with the tensor memory accelerator's bulk
+/// reductions (`cp.reduce.async.bulk.tensor`, through `abi::params::TmaBackwardParams::dq_map`)
+/// instead of a `red.global` per fragment pair: the sliced d = 256 instances that load with the
+/// accelerator and are not deterministic (the deterministic ones order their adds by semaphore).
+/// Each step's dQ is staged in the step's Q/dO stage once the dV and dK products that read it
+/// are done, so it takes no shared memory of its own.
+pub const fn bulk_dq(c: &WgBackwardConfig, tma: bool, deterministic: bool) -> bool {
+    c.head_dim == 256 && c.sliced() && tma && !deterministic
+}
+
 /// Bytes of shared memory the backward's main kernel takes: its tiles, and with the
 /// accelerator's loads a barrier per stage after them.
 pub const fn backward_shared_bytes(c: &WgBackwardConfig, tma: bool) -> u32 {
