@@ -57,10 +57,11 @@
 //! The d = 256 instances among them that are not deterministic add dQ with the accelerator too
 //! (`sm90::bulk_dq`): each group waits for its dV product and stages its first 64-column chain
 //! of dQ (f32) in its own panels of the stage's dO tile, then after dK its second chain in its
-//! panels of the Q tile, both dead for the rest of the step; after a barrier thread 0 sends the
-//! eight 32-column boxes with `cp.reduce.async.bulk.tensor` into the accumulator (rows past n_q
-//! fall outside its tensor map) and, a step later, waits for their reads before it refills the
-//! stage. No `red.global` is left in them.
+//! panels of the Q tile, both dead for the rest of the step; after each chain a barrier of the
+//! group's own warps, then its first thread sends the chain's two 32-column boxes with
+//! `cp.reduce.async.bulk.tensor` into the accumulator (rows past n_q fall outside its tensor
+//! map). A step later both senders wait for their reads before the `dSᵀ` barrier, after which
+//! thread 0 refills the stage. No `red.global` is left in them.
 //! Generic over `KD = d / 16`, `ND` (fragments of dK, dV: `d / 8`, or a slice's), `WG` and
 //! `DQ` (fragments of one dQ chain, [`WgBackwardConfig::dq_cols`]), so every register array has
 //! a compile-time size.
@@ -69,7 +70,9 @@ use crate::abi::layout::TensorStrides;
 use crate::abi::params::{TMA_BACKWARD_DQ_MAP, TensorCoreBackwardParams, TmaBackwardParams};
 use crate::abi::storage::{Bf16, F16};
 use crate::arch::{ballot, sync_threads_or};
-use crate::arch::{block_x, exp2, opaque, shared_window, sync_threads, thread_x, warp_uniform};
+use crate::arch::{
+    block_x, exp2, named_sync, opaque, shared_window, sync_threads, thread_x, warp_uniform,
+};
 use crate::attn::backward::{
     dq_adds_before, dq_semaphore, first_q_block, needs_mask, window_needs_mask, window_q_blocks,
 };
@@ -227,6 +230,8 @@ unsafe fn backward<
         warp_uniform(tid / 128)
     };
     let (warp, lane) = ((tid / 32) % 4, tid % 32);
+    // `bulk`: the thread that sends its group's dQ boxes and waits for their reads.
+    let leader = tid % 128 == 0;
     // Descriptors built once per product and advanced per k-step (`stepped`).
     let hoist = !GENERAL && !MODS;
     let (g, t) = (lane / 4, lane % 4);
@@ -580,14 +585,6 @@ unsafe fn backward<
             unsafe { dp_t.mma_ss::<T>(a, b, kk > 0) };
         }
         wgmma::commit();
-        if bulk && i + 1 < iters {
-            // The next stage held step i − 1's dQ until the bulk unit read it: thread 0 waits
-            // for those reads here, under this step's first products, then refills it.
-            if tid == 0 {
-                tma::wait_bulk_reads();
-            }
-            fill(i + 1, stage_of(i + 1));
-        }
         // Sᵀ is done, and so is everything issued before it: the previous dQ.
         wgmma::wait::<1>();
         s_t.pin();
@@ -743,6 +740,12 @@ unsafe fn backward<
         }
         store_operand(dst, &ds_a);
         wgmma::fence_proxy_async();
+        if bulk && leader {
+            // The next stage held step i − 1's dQ until the bulk unit read it: each group's
+            // sender waits for its reads before the barrier below, after which thread 0
+            // refills the stage.
+            tma::wait_bulk_reads();
+        }
         let q_b = qt.mn_major(0, col0);
         if CARRY_DQ {
             // dK runs under the barrier's wait; the other instances issue it (and, SLICED, dV)
@@ -753,6 +756,9 @@ unsafe fn backward<
         // dQ reads every warpgroup's `dSᵀ` rows (SLICED: dV and dK read every group's queries of
         // the `Pᵀ` and `dSᵀ` tiles).
         sync_threads();
+        if bulk && i + 1 < iters {
+            fill(i + 1, stage_of(i + 1));
+        }
 
         let issue_dq = |dq: &mut [FragC; DQ], dq_col0: u32| {
             wgmma::fence();
@@ -788,6 +794,25 @@ unsafe fn backward<
                 }
             }
         };
+        // Once the group's four warps have staged chain `part` in `tile`, its sender adds the
+        // chain's two boxes into the accumulator; the other group's staging is not waited for.
+        let send_dq = |part: u32, tile: GappedTile| {
+            wgmma::fence_proxy_async();
+            named_sync(1 + group, 128);
+            if leader {
+                let dq_map = maps + TMA_BACKWARD_DQ_MAP as u64;
+                let at = |col: u32| [col as i32, h as i32, q0 as i32, seq.batch as i32];
+                for bx in 0..2 {
+                    let col = dq_col0 + 8 * DQ as u32 * part + 32 * bx;
+                    // SAFETY: the box is a whole 1024-byte aligned panel of the group's, written
+                    // by its warps and published (fence and barrier above); the stage is
+                    // refilled only after `wait_bulk_reads`. Rows past n_q are outside the map
+                    // and not written.
+                    unsafe { tma::reduce_add_4d(dq_box(tile, dq_col0, bx), dq_map, at(col)) };
+                }
+                tma::commit_bulk();
+            }
+        };
         if CARRY_DQ {
             issue_dq(&mut dq, dq_col0);
             dq_at = (h, q0);
@@ -805,32 +830,13 @@ unsafe fn backward<
             wgmma::wait::<1>();
             dq_now.pin();
             stage_dq(&dq_now, dot);
+            send_dq(0, dot);
             let mut dq_now = [FragC::default(); DQ];
             issue_dq(&mut dq_now, dq_col0 + 8 * DQ as u32);
             wgmma::wait::<0>();
             dq_now.pin();
             stage_dq(&dq_now, qt);
-            wgmma::fence_proxy_async();
-            sync_threads();
-            if tid == 0 {
-                let dq_map = maps + TMA_BACKWARD_DQ_MAP as u64;
-                let at = |col: u32| [col as i32, h as i32, q0 as i32, seq.batch as i32];
-                for gg in 0..WG as u32 {
-                    let slice = gg * cfg.slice_cols();
-                    for (part, tile) in [(0, dot), (1, qt)] {
-                        for bx in 0..2 {
-                            let col = slice + 8 * DQ as u32 * part + 32 * bx;
-                            let src = dq_box(tile, slice, bx);
-                            // SAFETY: the box is a whole 1024-byte aligned panel, written by
-                            // its group and published (fence and barrier above); the stage is
-                            // refilled only after `wait_bulk_reads`. Rows past n_q are outside
-                            // the map and not written.
-                            unsafe { tma::reduce_add_4d(src, dq_map, at(col)) };
-                        }
-                    }
-                }
-                tma::commit_bulk();
-            }
+            send_dq(1, qt);
         } else {
             let semaphore = |h: u32| {
                 p.dq_semaphores + 4 * dq_semaphore(seq.batch * s.heads_q + h, q0 / br, p.n_q_pad)
@@ -900,7 +906,7 @@ unsafe fn backward<
     dq.pin();
     dk.pin();
     dv.pin();
-    if bulk && tid == 0 {
+    if bulk && leader {
         // The last steps' stages are read before the block's shared memory goes.
         tma::wait_bulk_reads();
     }
