@@ -27,6 +27,9 @@
 //! A sixth list gives V and O head dims of their own (`head_dim_v`: DeepSeek's 192/128, narrower
 //! and wider V), on the same axes, on every family.
 //!
+//! A seventh crosses the window alone with the wide compiled head dims (the plain `window`
+//! instances, which the lists above leave to the general and modifier ones there).
+//!
 //! A third list crosses the local window (left/right 0, one-sided, wider than N, with and without
 //! causal), softcap, ALiBi and sink logits (alone and together) with the axes above; the sink
 //! gradient `dσ_h` is held to the same bound relative to `Σ_rows |P_sink · D|`.
@@ -196,6 +199,34 @@ fn head_dim_cases(dims: &[u32]) -> Vec<Case> {
                     Mods::None
                 },
             }
+        })
+        .collect()
+}
+
+/// The window alone at the wide compiled head dims, full lengths and no dropout, so that the
+/// plain `window` instances run (the general and modifier ones take the window in
+/// [`head_dim_cases`]): windows that skip blocks, with and without causal, under GQA.
+fn wide_window_cases() -> Vec<Case> {
+    let shapes = [
+        ((97, 230), (64, 7), (2, 1)),
+        ((230, 97), (16, 0), (4, 2)),
+        ((1000, 1000), (100, 30), (2, 1)),
+    ];
+    [160, 192, 256]
+        .into_iter()
+        .flat_map(|d| shapes.into_iter().enumerate().map(move |(j, s)| (d, j, s)))
+        .map(|(d, j, ((n_q, n_k), (left, right), heads))| Case {
+            dtype: [DType::Bf16, DType::F16][j % 2],
+            schedule: Schedule::RowOwned,
+            causal: j % 2 == 1,
+            head_dim: d,
+            head_dim_v: d,
+            n_q,
+            n_k,
+            dropout: false,
+            heads,
+            lengths: LengthMode::Full,
+            mods: Mods::Window(left, right),
         })
         .collect()
 }
@@ -579,6 +610,15 @@ fn tensor_core_wide_head_dims_on_every_family() {
     run_matrix("tensor_core_wide_head_dims_on_every_family", list);
 }
 
+/// The window alone at d = 160, 192 and 256, forward and backward ([`wide_window_cases`]).
+#[test]
+fn wide_head_dims_under_a_window_on_every_family() {
+    run_matrix(
+        "wide_head_dims_under_a_window_on_every_family",
+        wide_window_cases(),
+    );
+}
+
 /// V and O of another head dim than Q and K, forward and backward, on every family.
 #[test]
 fn value_head_dims_on_every_family() {
@@ -605,6 +645,7 @@ fn tensor_core_lists_run_on_both_tensor_core_families() {
         (tensor_core_cases(), &both[..]),
         (head_dim_cases(&TENSOR_CORE_HEAD_DIMS), &both[..]),
         (head_dim_cases(&WIDE_HEAD_DIMS), &both[..]),
+        (wide_window_cases(), &both[..]),
         (
             value_head_dim_cases().into_iter().filter(half).collect(),
             &both[..],
