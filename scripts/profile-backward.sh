@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine after scripts/device-prepare.sh: Nsight Compute on our tensor-core
-# backward's main kernel (D = 128: `flash-attn bench --shapes fixture`, B=1, N=4096, H=32; other
-# head dims: that head dim's row of `--shapes headdims`, B=4, N=4096, H=(2048+D/2)/D) and on
+# backward's main kernel (D = 128: `flash-attn bench --shapes fixture`, B=1, N=4096, H=32; the
+# head dims of `--shapes headdims`: that row, B=4, N=4096, H=(2048+D/2)/D; others refused) and on
 # the PyTorch SDPA peers' backward kernels of one call of the same shape
 # (scripts/peers/profile_backward.py), the same sections and metrics for both (tensor pipes'
 # utilization, warps' stall reasons), the clocks left alone. Writes $OUT/ncu-backward.txt (or
@@ -14,11 +14,12 @@ mkdir -p "$out"
 causal=${1:-false}
 peers=${2:-cudnn}
 d=${3:-128}
-if [ "$d" = 128 ]; then
-  shapes="fixture"; batch=1; heads=32
-else
-  shapes="headdims --head-dim $d"; batch=4; heads=$(( (2048 + d / 2) / d ))
-fi
+case "$d" in
+  128) shapes="fixture"; batch=1; heads=32 ;;
+  32|80|96|160|192|256) shapes="headdims --head-dim $d"; batch=4; heads=$(( (2048 + d / 2) / d )) ;;
+  # `--shapes anchors --head-dim 64` has six rows, and ncu's launch index cannot pick one.
+  *) echo "profile-backward: no one-row shape set at d = $d (128, or a head-dim row: 32 80 96 160 192 256)" >&2; exit 2 ;;
+esac
 . scripts/ncu-find.sh
 sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats"
 metrics="regex:sm__pipe_.*cycles_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:smsp__inst_executed_op_.*red.*sum,sm__cycles_elapsed.avg.per_second"

@@ -124,7 +124,8 @@ pub fn sm80_backward_mods(dtype: DType, cfg: &TcBackwardConfig, general: bool) -
 
 /// The `wgmma` backward main kernel `cfg`; `general` as for [`sm90_forward`]; `deterministic`
 /// adds dQ in key order (scale and causal only: never with `general`); `_sliced` where `cfg`
-/// splits a head dim of at most 128 (`sm90::backward_mods_config`).
+/// splits a head dim of at most 128 (`sm90::backward_mods_config`), `_tall` where its Q blocks
+/// are 128 rows (`sm90::BACKWARD_D64_TALL`).
 pub fn sm90_backward(
     dtype: DType,
     cfg: &WgBackwardConfig,
@@ -137,10 +138,11 @@ pub fn sm90_backward(
         (false, false) => "",
     };
     format!(
-        "flash_wgmma_backward_{kind}{dtype}_d{}_g{}{}",
+        "flash_wgmma_backward_{kind}{dtype}_d{}_g{}{}{}",
         cfg.head_dim,
         cfg.warpgroups,
-        if cfg.split_head_dim { "_sliced" } else { "" }
+        if cfg.split_head_dim { "_sliced" } else { "" },
+        if cfg.tall_q_blocks { "_tall" } else { "" }
     )
 }
 

@@ -875,17 +875,21 @@ mod tests {
         }
     }
 
-    /// The plain `wgmma` backward runs tiles of its own at d = 32 (`BACKWARD_D32`), 72–80
-    /// (`BACKWARD_D80`), 88–96 (`BACKWARD_D96`; V's head dim too) and 136–160 (`BACKWARD_D160`); a window or
+    /// The plain `wgmma` backward runs tiles of its own at d = 32 (`BACKWARD_D32`), 40–64
+    /// (`BACKWARD_D64_TALL`), 72–80 (`BACKWARD_D80`), 88–96 (`BACKWARD_D96`; V's head dim too),
+    /// 136–160 (`BACKWARD_D160`) and 168–192 (`BACKWARD_D192_TRANSPOSED`); a window or
     /// deterministic dQ keep the padded defaults, as key lengths do, and `with_tiles` takes both
     /// where the plan gives the own ones.
     #[test]
-    fn plain_backwards_at_d32_d80_d96_d160_and_d192_run_tiles_of_their_own() {
+    fn plain_backwards_run_tiles_of_their_own() {
         let h = h200();
         let bwd = Direction::Backward;
         let plan = |s: AttentionShape, o: FlashOptions| select_on(&h, s, DType::Bf16, o, bwd);
         for (d, d_v, own) in [
             (32, 32, sm90::BACKWARD_D32),
+            (64, 64, sm90::BACKWARD_D64_TALL),
+            (40, 32, sm90::BACKWARD_D64_TALL),
+            (48, 56, sm90::BACKWARD_D64_TALL),
             (72, 72, sm90::BACKWARD_D80),
             (80, 80, sm90::BACKWARD_D80),
             (80, 64, sm90::BACKWARD_D80),
@@ -900,9 +904,10 @@ mod tests {
             let s = shape(d).with_head_dim_v(d_v);
             let p = plan(s, FlashOptions::default()).unwrap();
             assert_eq!(p.tiles, Tiles::Sm90Backward(own), "({d}, {d_v})");
+            let tall = if own.tall_q_blocks { "_tall" } else { "" };
             assert!(
                 p.entry
-                    .ends_with(&format!("_d{}_g{}", own.head_dim, own.warpgroups)),
+                    .ends_with(&format!("_d{}_g{}{tall}", own.head_dim, own.warpgroups)),
                 "{}",
                 p.entry
             );
@@ -921,7 +926,7 @@ mod tests {
                 assert_eq!(p.tiles, Tiles::Sm90Backward(c));
             }
         }
-        for (d, d_v) in [(64, 64), (104, 104), (96, 128), (40, 32)] {
+        for (d, d_v) in [(104, 104), (96, 128)] {
             let p = plan(shape(d).with_head_dim_v(d_v), FlashOptions::default()).unwrap();
             let default = sm90::backward_config(d.max(d_v)).unwrap();
             assert_eq!(p.tiles, Tiles::Sm90Backward(default), "({d}, {d_v})");

@@ -1,7 +1,7 @@
 //! What the tensor-core backwards (`sm80`, `sm90`) share around their main kernels: the
 //! preprocess (`D = rowsum(dO ∘ O)`, `LSE · log2 e` per row, zeroed f32 dQ accumulator), the
-//! dQ conversion, the gradients of NaN rows, and the Q blocks of 64 rows whose padding lays out
-//! the row statistics.
+//! dQ conversion, the gradients of NaN rows, and the Q blocks of 64 rows (128 in d = 64's plain
+//! `wgmma` instance) whose padding lays out the row statistics.
 
 #[cfg(target_arch = "nvptx64")]
 mod nan_rows;
@@ -11,13 +11,16 @@ mod preprocess;
 use crate::abi::shape::allowed_key_end;
 use crate::attn::score_mod::{Window, rows_seeing_keys, straddles};
 
-/// Query rows per Q block of every tensor-core backward main kernel.
+/// Query rows per Q block of every tensor-core backward main kernel but d = 64's plain `wgmma`
+/// instance, whose Q blocks are [`TALL_Q_BLOCK`].
 pub const Q_BLOCK: u32 = 64;
+/// Query rows per Q block of d = 64's plain `wgmma` backward (`sm90::BACKWARD_D64_TALL`).
+pub const TALL_Q_BLOCK: u32 = 2 * Q_BLOCK;
 
-/// `n_q` rounded up to whole Q blocks: the length of each (batch, head) row of the padded
-/// statistics, so every Q block's statistics are whole 16-byte chunks.
+/// `n_q` rounded up to whole Q blocks of either height: the length of each (batch, head) row of
+/// the padded statistics, so every Q block's statistics are whole 16-byte chunks inside it.
 pub const fn n_q_pad(n_q: u32) -> u32 {
-    n_q.div_ceil(Q_BLOCK) * Q_BLOCK
+    n_q.div_ceil(TALL_Q_BLOCK) * TALL_Q_BLOCK
 }
 
 /// The deterministic backward's count for K/V block `kv_block` and a Q block it visits: how many
@@ -41,8 +44,13 @@ pub const fn dq_semaphore(bh: u32, q_block: u32, n_q_pad: u32) -> u64 {
 /// too): causally, row i sees key k0 iff i ≥ k0 + n_q − n_k (`causal_key_end`), so earlier
 /// blocks contribute nothing.
 pub const fn first_q_block(k0: u32, n_q: u32, n_k: u32, causal: bool) -> u32 {
+    first_block_of_rows(k0, n_q, n_k, causal, Q_BLOCK)
+}
+
+/// [`first_q_block`] for Q blocks of `rows` rows.
+pub const fn first_block_of_rows(k0: u32, n_q: u32, n_k: u32, causal: bool, rows: u32) -> u32 {
     if causal {
-        (k0 + n_q).saturating_sub(n_k) / Q_BLOCK
+        (k0 + n_q).saturating_sub(n_k) / rows
     } else {
         0
     }
@@ -272,6 +280,47 @@ mod tests {
                 ] {
                     for (fwd, bwd) in [((16, 8), 16), ((32, 16), 64)] {
                         check(lens, causal, window, fwd, bwd);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Q blocks of [`TALL_Q_BLOCK`] rows (no window): a K/V block visits exactly the Q blocks
+    /// from [`first_block_of_rows`] on that hold a row seeing one of its keys, and
+    /// [`needs_mask`] flags exactly those holding a hidden pair; the padded statistics hold
+    /// every tall block whole.
+    #[test]
+    fn tall_q_blocks_are_exactly_the_needed_ones() {
+        let (br, bc) = (TALL_Q_BLOCK, 128);
+        for (n_q, n_k) in [
+            (1, 1),
+            (40, 40),
+            (37, 300),
+            (300, 37),
+            (128, 128),
+            (300, 300),
+        ] {
+            assert!(n_q_pad(n_q).is_multiple_of(br) && n_q_pad(n_q) >= n_q);
+            for causal in [false, true] {
+                let what = format!("{n_q}x{n_k} causal={causal}");
+                for k0 in (0..n_k).step_by(bc as usize) {
+                    let first = first_block_of_rows(k0, n_q, n_k, causal, br);
+                    for q_block in 0..n_q.div_ceil(br) {
+                        let q0 = q_block * br;
+                        let rows = (q0, (q0 + br).min(n_q) - 1);
+                        let w = Window::NONE;
+                        let (needed, hidden) = needed_key_blocks(rows, (n_q, n_k), causal, w, bc);
+                        let b = k0 / bc;
+                        assert_eq!(
+                            q_block >= first,
+                            needed.contains(&b),
+                            "{what} k0={k0} q0={q0}"
+                        );
+                        if q_block >= first {
+                            let masked = needs_mask(q0, k0, bc, n_q, n_k, causal);
+                            assert_eq!(masked, hidden.contains(&b), "{what} k0={k0} q0={q0}");
+                        }
                     }
                 }
             }

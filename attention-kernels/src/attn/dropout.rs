@@ -67,7 +67,9 @@ pub fn apply_dropout<const NK: usize>(
 /// The backwards' transposed view: the dropout keep bits of the lane's `Pᵀ` elements (one key per
 /// row, one query per column), bit `4j + e` for element `e` of fragment `j` (key `keys[e / 2]`,
 /// query `q0 + 8j + 2t + e % 2`). Gathered in a loop that touches no register array, so its ten
-/// Philox rounds per element need not unroll.
+/// Philox rounds per element need not unroll. `NQ ≤ 8` (the bits fill a `u32`): each caller's
+/// kernel asserts it of the instances that drop (the `wgmma` backward's tall instances, with
+/// 16 fragments, never do).
 #[inline(always)]
 pub fn transposed_keep_bits<const NQ: usize>(
     rng: &DropoutRng,
@@ -76,7 +78,6 @@ pub fn transposed_keep_bits<const NQ: usize>(
     t: u32,
     keys: [u32; 2],
 ) -> u32 {
-    const { assert!(NQ <= 8) };
     let key = rng.key();
     let mut keep = 0u32;
     let mut i = 0;

@@ -62,7 +62,12 @@
 //! `cp.reduce.async.bulk.tensor` into the accumulator (rows past n_q fall outside its tensor
 //! map). A step later both senders wait for their reads before the `dSᵀ` barrier, after which
 //! thread 0 refills the stage. No `red.global` is left in them.
-//! Generic over `KD = d / 16`, `ND` (fragments of dK, dV: `d / 8`, or a slice's), `WG` and
+//! The tall configuration (d = 64's plain instance, `WgBackwardConfig::tall_q_blocks`) takes Q
+//! blocks of 128 rows: each group's `Sᵀ` and `dPᵀ` are `m64n128` (`NS` = 16 fragments), dV and
+//! dK take 8 k-steps, and the groups split dQ by rows (64 each, all 64 columns: `m64n64` over
+//! the block's 128 keys) instead of by columns; dQ is not carried and two stages suffice.
+//! Generic over `KD = d / 16`, `ND` (fragments of dK, dV: `d / 8`, or a slice's), `NS` and
+//! `NA` (fragments of a group's `Sᵀ` columns and of its `Pᵀ` A operands), `WG` and
 //! `DQ` (fragments of one dQ chain, [`WgBackwardConfig::dq_cols`]), so every register array has
 //! a compile-time size.
 
@@ -74,7 +79,8 @@ use crate::arch::{
     block_x, exp2, named_sync, opaque, shared_window, sync_threads, thread_x, warp_uniform,
 };
 use crate::attn::backward::{
-    dq_adds_before, dq_semaphore, first_q_block, needs_mask, window_needs_mask, window_q_blocks,
+    dq_adds_before, dq_semaphore, first_block_of_rows, needs_mask, window_needs_mask,
+    window_q_blocks,
 };
 use crate::attn::dropout::transposed_keep_bits;
 use crate::attn::grid::{head_and_sequence, head_here};
@@ -120,11 +126,11 @@ fn stepped(first: (u32, u32, u32), offset: u32, hoist: bool) -> Desc {
 /// registers, one fragment per 16 queries, and B (dO or Q) MN-major from `b`.
 ///
 /// # Safety
-/// Queries `0 .. 16 · NQP` of B are filled and published; the whole warpgroup calls it.
+/// Queries `0 .. 16 · K` of B are filled and published; the whole warpgroup calls it.
 #[inline(always)]
-unsafe fn accumulate_rs<T: Wgmma, const N: usize>(
+unsafe fn accumulate_rs<T: Wgmma, const N: usize, const K: usize>(
     acc: &mut [FragC; N],
-    a: &[FragA; NQP],
+    a: &[FragA; K],
     b: (u32, u32, u32),
     hoist: bool,
 ) where
@@ -144,7 +150,8 @@ unsafe fn accumulate_rs<T: Wgmma, const N: usize>(
 /// instances accumulate dV and dK this way, each group over its slice of B's columns.
 ///
 /// # Safety
-/// Queries `0 .. 16 · NQP` of A and B are written and published; the whole warpgroup calls it.
+/// Queries `0 .. 16 · NQP` of A and B (a Q block of [`Q_BLOCK`](crate::attn::backward::Q_BLOCK) rows) are written and published;
+/// the whole warpgroup calls it.
 #[inline(always)]
 unsafe fn accumulate_ss<T: Wgmma, const N: usize>(
     acc: &mut [FragC; N],
@@ -173,6 +180,7 @@ unsafe fn backward<
     const KD: usize,
     const ND: usize,
     const NS: usize,
+    const NA: usize,
     const WG: usize,
     const DQ: usize,
     const CARRY_DQ: bool,
@@ -190,8 +198,10 @@ unsafe fn backward<
     [FragC; NS]: Accumulator,
     [FragC; DQ]: Accumulator,
 {
+    // Tall Q blocks (`WgBackwardConfig::tall_q_blocks`): 128 queries in `Sᵀ`, plain instances.
+    let tall = !SLICED && NS == 2 * NQ;
     const {
-        assert!(KD >= 2 && WG > 0);
+        assert!(KD >= 2 && WG > 0 && 2 * NA == NS);
         assert!(if SLICED {
             16 * KD == 8 * ND * WG
                 && ND <= 16
@@ -199,6 +209,14 @@ unsafe fn backward<
                 && WG == 2
                 && !CARRY_DQ
                 && NS * WG == NQ
+        } else if NS == 2 * NQ {
+            ND == 2 * KD
+                && DQ == ND
+                && WG == 2
+                && !CARRY_DQ
+                && !GENERAL
+                && !WINDOW
+                && !DETERMINISTIC
         } else {
             ND == 2 * KD
                 && (DQ * WG == ND || 8 * DQ * WG == (16 * KD).next_multiple_of(64))
@@ -206,12 +224,15 @@ unsafe fn backward<
         });
     };
     const { assert!(!DETERMINISTIC || !(CARRY_DQ || GENERAL || WINDOW)) };
+    // Dropout's keep bits fill a `u32` (`transposed_keep_bits`).
+    const { assert!(!GENERAL || NS <= 8) };
     const { assert!(WINDOW || !MODS) };
     const { assert!(!(TMA && GENERAL)) };
     let cfg = WgBackwardConfig {
         head_dim: 16 * KD as u32,
         warpgroups: WG as u32,
         split_head_dim: SLICED && 16 * KD as u32 <= BACKWARD_SLICE_COLS,
+        tall_q_blocks: tall,
     };
     // d = 256's bulk dQ stages two chains of 64 columns per group (`stage_dq` below).
     const { assert!(!(SLICED && KD == 16) || (ND == 16 && DQ == 8)) };
@@ -302,7 +323,10 @@ unsafe fn backward<
     let (first_block, end_block) = if windowed {
         window_q_blocks(k0, bc, (n_q, n_k), causal, window)
     } else {
-        (first_q_block(k0, n_q, n_k, causal), n_q.div_ceil(br))
+        (
+            first_block_of_rows(k0, n_q, n_k, causal, br),
+            n_q.div_ceil(br),
+        )
     };
     let per_head = end_block.saturating_sub(first_block);
     let iters = per_head * heads_per_kv;
@@ -432,7 +456,16 @@ unsafe fn backward<
     } else {
         (0, d)
     };
-    let dq_col0 = if SLICED { col0 } else { group * cfg.dq_cols() };
+    // The group's dQ: columns from `dq_col0` of every row of the Q block, or (tall) every
+    // column of its rows from `dq_row0`.
+    let dq_col0 = if SLICED {
+        col0
+    } else if tall {
+        0
+    } else {
+        group * cfg.dq_cols()
+    };
+    let dq_row0 = if tall { 64 * group } else { 0 };
     // A key whose K row holds a non-finite value scores non-finite against every query: rows
     // that allow it have a NaN LSE (made empty by the preprocess; `nan_rows` writes their
     // gradients) or leave it out of their support (a −∞ score). Its K row is zeroed once here
@@ -477,7 +510,7 @@ unsafe fn backward<
     let reduce_dq = |dq: &[FragC; DQ], (h, q0): (u32, u32), dq_col0: u32| {
         // Each lane holds two consecutive columns of rows g and g + 8 per fragment: one 8-byte
         // vector reduction each, with no lane exchange.
-        let row = q0 + 16 * warp + g;
+        let row = q0 + dq_row0 + 16 * warp + g;
         let col = (dq_col0 + 2 * t) as u64;
         // The accumulator is contiguous, in Q's shape.
         let lo = p.dq_accum + (seq.q_offset(&s, row, h) as u64 + col) * 4;
@@ -535,9 +568,13 @@ unsafe fn backward<
         // finite LSE) scan only a block with a row whose LSE is not finite: their statistics
         // land on the stage's barrier too, so every warp sees the block's 64 rows (two a lane).
         let scan = if TMA {
-            // SAFETY: the stage's statistics have landed (its barrier).
-            let lse = unsafe { load_shared_f32x2(stats(smem, st) + 8 * lane) };
-            ballot(!(lse[0].is_finite() && lse[1].is_finite())) != 0
+            let mut finite = true;
+            for part in 0..br / 64 {
+                // SAFETY: the stage's statistics have landed (its barrier).
+                let lse = unsafe { load_shared_f32x2(stats(smem, st) + 256 * part + 8 * lane) };
+                finite &= lse[0].is_finite() && lse[1].is_finite();
+            }
+            ballot(!finite) != 0
         } else {
             true
         };
@@ -631,7 +668,10 @@ unsafe fn backward<
         let skip = past_end || masked || k_poisoned;
         if past_end || masked {
             each_fragment!(s_t, |j, f| {
-                let col = q_col0 + 8 * j as u32 + 2 * t;
+                // Tall: each column recomputed here (`opaque`); hoisted out of the loop, the 16
+                // fragments' columns held 16 registers across it and spilled.
+                let lane_col = if tall { opaque(2 * t) } else { 2 * t };
+                let col = q_col0 + 8 * j as u32 + lane_col;
                 for e in 0..4 {
                     // A select, not a branch, so the loop unrolls and stays in registers.
                     let key = if e < 2 { key_lo } else { key_hi };
@@ -671,8 +711,8 @@ unsafe fn backward<
                 0.0
             }
         };
-        // The A operands of the group's queries, 16 at a time (`NS / 2` of the `NQP`).
-        let mut pt_a = [FragA::default(); NQP];
+        // The A operands of the group's queries, 16 at a time.
+        let mut pt_a = [FragA::default(); NA];
         for k in 0..NS / 2 {
             if dropping {
                 let (mut l, mut r) = (s_t[2 * k], s_t[2 * k + 1]);
@@ -688,8 +728,8 @@ unsafe fn backward<
         // Registers (g, 16k + 2t), (g + 8, ..), (g, 16k + 8 + 2t), (g + 8, ..) of the A operand
         // `a[k]` to chunks 2k and 2k + 1 (of the group's queries) of rows key_row + g and
         // key_row + g + 8 of `tile`.
-        let store_operand = |tile: PanelTile, a: &[FragA; NQP]| {
-            for (k, a) in a.iter().enumerate().take(NS / 2) {
+        let store_operand = |tile: PanelTile, a: &[FragA; NA]| {
+            for (k, a) in a.iter().enumerate() {
                 let c = q_col0 / 8 + 2 * k as u32;
                 // SAFETY: the warp's own key rows of the tile, the group's own query chunks.
                 unsafe {
@@ -709,7 +749,7 @@ unsafe fn backward<
             wgmma::wait::<0>();
         } else {
             // SAFETY: the stage's dO is filled.
-            unsafe { accumulate_rs::<T, ND>(&mut dv, &pt_a, do_b, hoist) };
+            unsafe { accumulate_rs::<T, ND, NA>(&mut dv, &pt_a, do_b, hoist) };
             wgmma::wait::<1>();
         }
         dp_t.pin();
@@ -734,7 +774,7 @@ unsafe fn backward<
                 f.0[e] = if skip && is_masked(pf.0[e]) { 0.0 } else { ds };
             }
         });
-        let mut ds_a = [FragA::default(); NQP];
+        let mut ds_a = [FragA::default(); NA];
         for k in 0..NS / 2 {
             ds_a[k] = T::pack_a(&dp_t[2 * k], &dp_t[2 * k + 1]);
         }
@@ -751,7 +791,7 @@ unsafe fn backward<
             // dK runs under the barrier's wait; the other instances issue it (and, SLICED, dV)
             // after dQ below.
             // SAFETY: the stage's Q is filled.
-            unsafe { accumulate_rs::<T, ND>(&mut dk, &ds_a, q_b, hoist) };
+            unsafe { accumulate_rs::<T, ND, NA>(&mut dk, &ds_a, q_b, hoist) };
         }
         // dQ reads every warpgroup's `dSᵀ` rows (SLICED: dV and dK read every group's queries of
         // the `Pᵀ` and `dSᵀ` tiles).
@@ -762,7 +802,7 @@ unsafe fn backward<
 
         let issue_dq = |dq: &mut [FragC; DQ], dq_col0: u32| {
             wgmma::fence();
-            let (ds_a, k_b) = (dst.mn_major(0, 0), kt.mn_major(0, dq_col0));
+            let (ds_a, k_b) = (dst.mn_major(0, dq_row0), kt.mn_major(0, dq_col0));
             for kk in 0..(bc / 16) {
                 let step = PanelTile::mn_step_offset(16 * kk);
                 let (a, b) = (stepped(ds_a, step, hoist), stepped(k_b, step, hoist));
@@ -870,7 +910,7 @@ unsafe fn backward<
                 } else {
                     // dK after dQ, so that dQ's reductions run under it.
                     // SAFETY: the stage's Q is filled.
-                    unsafe { accumulate_rs::<T, ND>(&mut dk, &ds_a, q_b, hoist) };
+                    unsafe { accumulate_rs::<T, ND, NA>(&mut dk, &ds_a, q_b, hoist) };
                     wgmma::wait::<1>();
                 }
                 dq_now.pin();
@@ -985,6 +1025,7 @@ macro_rules! entry_points {
                     { $cfg.head_dim as usize / 16 },
                     { $cfg.slice_cols() as usize / 8 },
                     { $cfg.score_queries() as usize / 8 },
+                    { $cfg.score_queries() as usize / 16 },
                     { $cfg.warpgroups as usize },
                     { $cfg.dq_cols() as usize / 8 },
                     { $cfg.carry_dq() && !$det },
@@ -1001,52 +1042,54 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    tma flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    cp_async flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, true, true, true, false;
-    tma flash_wgmma_backward_window_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, false, true, false, false;
-    cp_async flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, true, true, true, false;
-    tma flash_wgmma_backward_window_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, false, true, false, false;
-    tma flash_wgmma_backward_window_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, false, true, false, false;
-    cp_async flash_wgmma_backward_mods_bf16_d128_g2_sliced => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: true }, true, true, true, false;
-    cp_async flash_wgmma_backward_mods_f16_d128_g2_sliced => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: true }, true, true, true, false;
-    tma flash_wgmma_backward_window_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, false, true, false, false;
-    tma flash_wgmma_backward_det_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, false, false, false, true;
-    tma flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false }, false, false, false, true;
-    tma flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, false, false, false, true;
-    tma flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false }, false, false, false, true;
-    tma flash_wgmma_backward_bf16_d32_g2 => Bf16, WgBackwardConfig { head_dim: 32, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d32_g2 => F16, WgBackwardConfig { head_dim: 32, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d80_g2 => Bf16, WgBackwardConfig { head_dim: 80, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d80_g2 => F16, WgBackwardConfig { head_dim: 80, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d96_g2 => Bf16, WgBackwardConfig { head_dim: 96, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d96_g2 => F16, WgBackwardConfig { head_dim: 96, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d160_g2 => Bf16, WgBackwardConfig { head_dim: 160, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d160_g2 => F16, WgBackwardConfig { head_dim: 160, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    cp_async flash_wgmma_backward_general_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_mods_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, true, true, true, false;
-    cp_async flash_wgmma_backward_mods_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, true, true, true, false;
-    tma flash_wgmma_backward_window_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, false, true, false, false;
-    tma flash_wgmma_backward_window_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, false, true, false, false;
-    tma flash_wgmma_backward_det_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, false, false, false, true;
-    tma flash_wgmma_backward_det_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false }, false, false, false, true;
-    tma flash_wgmma_backward_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, false, false, false, false;
-    cp_async flash_wgmma_backward_general_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_mods_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, true, true, true, false;
-    cp_async flash_wgmma_backward_mods_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, true, true, true, false;
-    tma flash_wgmma_backward_window_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, false, true, false, false;
-    tma flash_wgmma_backward_window_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, false, true, false, false;
-    tma flash_wgmma_backward_det_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, false, false, false, true;
-    tma flash_wgmma_backward_det_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false }, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
+    cp_async flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, true, true, false;
+    tma flash_wgmma_backward_window_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
+    tma flash_wgmma_backward_window_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d128_g2_sliced => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: true, tall_q_blocks: false }, true, true, true, false;
+    cp_async flash_wgmma_backward_mods_f16_d128_g2_sliced => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: true, tall_q_blocks: false }, true, true, true, false;
+    tma flash_wgmma_backward_window_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
+    tma flash_wgmma_backward_det_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
+    tma flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d64_g2_tall => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: true }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d64_g2_tall => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: true }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d32_g2 => Bf16, WgBackwardConfig { head_dim: 32, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d32_g2 => F16, WgBackwardConfig { head_dim: 32, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d80_g2 => Bf16, WgBackwardConfig { head_dim: 80, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d80_g2 => F16, WgBackwardConfig { head_dim: 80, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d96_g2 => Bf16, WgBackwardConfig { head_dim: 96, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d96_g2 => F16, WgBackwardConfig { head_dim: 96, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d160_g2 => Bf16, WgBackwardConfig { head_dim: 160, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d160_g2 => F16, WgBackwardConfig { head_dim: 160, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, true, true, false;
+    cp_async flash_wgmma_backward_mods_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
+    tma flash_wgmma_backward_window_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
+    tma flash_wgmma_backward_det_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    tma flash_wgmma_backward_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, true, true, false;
+    cp_async flash_wgmma_backward_mods_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
+    tma flash_wgmma_backward_window_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
+    tma flash_wgmma_backward_det_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
 }

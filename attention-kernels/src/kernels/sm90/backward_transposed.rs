@@ -56,6 +56,7 @@ unsafe fn backward<T: Wgmma + Exponent, const KD: usize>(p: &TmaBackwardParams, 
         head_dim: 16 * KD as u32,
         warpgroups: 3,
         split_head_dim: false,
+        tall_q_blocks: false,
     };
     let (d, bc, br) = (cfg.tile_cols(), cfg.block_keys(), cfg.block_rows());
     let threads = cfg.threads();

@@ -19,7 +19,7 @@ mod launch_bounds;
 
 pub use launch_bounds::{LAUNCH_BOUNDS, TUNING_LAUNCH_BOUNDS};
 
-use crate::attn::backward::Q_BLOCK;
+use crate::attn::backward::{Q_BLOCK, TALL_Q_BLOCK};
 use crate::kernels::BACKWARD_SLICE_COLS;
 
 /// Tiles of one kernel instance: `warpgroups` groups of 4 warps, each owning 64 query rows, and
@@ -396,6 +396,10 @@ pub struct WgBackwardConfig {
     /// Sliced although the head dim fits one warpgroup's registers whole: d = 128's modifier
     /// instance ([`backward_mods_config`]).
     pub split_head_dim: bool,
+    /// Q blocks of [`TALL_Q_BLOCK`] rows instead of [`Q_BLOCK`]: each group's `Sᵀ` and `dPᵀ`
+    /// are `m64n128`, and the groups split dQ by rows (64 each, every column) instead of by
+    /// columns ([`BACKWARD_D64_TALL`]).
+    pub tall_q_blocks: bool,
 }
 
 impl WgBackwardConfig {
@@ -419,7 +423,11 @@ impl WgBackwardConfig {
         }
     }
     pub const fn block_rows(&self) -> u32 {
-        Q_BLOCK
+        if self.tall_q_blocks {
+            TALL_Q_BLOCK
+        } else {
+            Q_BLOCK
+        }
     }
     pub const fn threads(&self) -> u32 {
         128 * self.warpgroups
@@ -463,7 +471,7 @@ impl WgBackwardConfig {
     /// Whether dQ of one step is carried into the next (see the kernel): only where registers
     /// allow, d = 64 (d = 32 gives those registers to a second block per SM instead).
     pub const fn carry_dq(&self) -> bool {
-        self.head_dim == 64
+        self.head_dim == 64 && !self.tall_q_blocks
     }
     /// dQ columns of one `wgmma` chain: each warpgroup's share, or (sliced) its slice in one
     /// chain up to 96 columns and 64 at a time past that, so that they fit beside the slice's
@@ -472,7 +480,9 @@ impl WgBackwardConfig {
     /// tiles' 128 columns, zeros past 96.
     pub const fn dq_cols(&self) -> u32 {
         let share = self.head_dim / self.warpgroups;
-        if self.sliced() {
+        if self.tall_q_blocks {
+            self.head_dim
+        } else if self.sliced() {
             if share <= 96 { share } else { 64 }
         } else if 64u32.is_multiple_of(share) || share.is_multiple_of(64) {
             share
@@ -486,7 +496,7 @@ impl WgBackwardConfig {
     /// them to fit) and d = 32 (two blocks per SM) take two; d = 96 and 128, one block per SM
     /// either way, keep three (two were not measured there).
     pub const fn stages(&self) -> u32 {
-        if self.sliced() || self.transposed() || self.head_dim == 32 {
+        if self.sliced() || self.transposed() || self.head_dim == 32 || self.tall_q_blocks {
             2
         } else {
             3
@@ -523,11 +533,13 @@ pub const BACKWARD_D64: WgBackwardConfig = WgBackwardConfig {
     head_dim: 64,
     warpgroups: 2,
     split_head_dim: false,
+    tall_q_blocks: false,
 };
 pub const BACKWARD_D128: WgBackwardConfig = WgBackwardConfig {
     head_dim: 128,
     warpgroups: 2,
     split_head_dim: false,
+    tall_q_blocks: false,
 };
 /// d = 192 and 256: 64 keys × 64 query rows, one warpgroup per half of the head dim (tiles of
 /// 256 columns at both, a half from each 128-column boundary): 209 KiB of shared memory (two
@@ -536,11 +548,13 @@ pub const BACKWARD_D192: WgBackwardConfig = WgBackwardConfig {
     head_dim: 192,
     warpgroups: 2,
     split_head_dim: false,
+    tall_q_blocks: false,
 };
 pub const BACKWARD_D256: WgBackwardConfig = WgBackwardConfig {
     head_dim: 256,
     warpgroups: 2,
     split_head_dim: false,
+    tall_q_blocks: false,
 };
 
 /// d = 32 and 96, plain calls only ([`backward_plain_config`]): d = 64's and d = 128's tiles
@@ -551,12 +565,26 @@ pub const BACKWARD_D32: WgBackwardConfig = WgBackwardConfig {
     head_dim: 32,
     warpgroups: 2,
     split_head_dim: false,
+    tall_q_blocks: false,
 };
 pub const BACKWARD_D96: WgBackwardConfig = WgBackwardConfig {
     head_dim: 96,
     warpgroups: 2,
     split_head_dim: false,
+    tall_q_blocks: false,
 };
+/// d = 40 to 64, plain calls only ([`backward_plain_config`]): d = 64's 128 keys against Q
+/// blocks of 128 rows ([`WgBackwardConfig::tall_q_blocks`]), dQ not carried, two stages: half
+/// the steps of [`BACKWARD_D64`] for the same work, and `Sᵀ`, `dPᵀ` and dQ as `m64n128` and
+/// `m64n64` products, which read fewer shared bytes per multiply-add than `m64n64` and
+/// `m64n32`. 162 KiB of shared memory, one block per SM.
+pub const BACKWARD_D64_TALL: WgBackwardConfig = WgBackwardConfig {
+    head_dim: 64,
+    warpgroups: 2,
+    split_head_dim: false,
+    tall_q_blocks: true,
+};
+
 /// d = 72 and 80, plain calls only ([`backward_plain_config`]): d = 128's tiles with five
 /// eighths of their tensor-core work, `Sᵀ` and `dPᵀ` in 5 k-steps, dK and dV 80 columns wide
 /// (`m64n80k16`), dQ d = 128's 64 columns per warpgroup (its zero columns are not added).
@@ -564,6 +592,7 @@ pub const BACKWARD_D80: WgBackwardConfig = WgBackwardConfig {
     head_dim: 80,
     warpgroups: 2,
     split_head_dim: false,
+    tall_q_blocks: false,
 };
 
 /// d = 136 to 160, plain calls only ([`backward_plain_config`]): d = 192's sliced tiles in
@@ -572,6 +601,7 @@ pub const BACKWARD_D160: WgBackwardConfig = WgBackwardConfig {
     head_dim: 160,
     warpgroups: 2,
     split_head_dim: false,
+    tall_q_blocks: false,
 };
 
 /// d = 168 to 192, plain calls only ([`backward_plain_config`]): the transposed schedule
@@ -581,11 +611,12 @@ pub const BACKWARD_D192_TRANSPOSED: WgBackwardConfig = WgBackwardConfig {
     head_dim: 192,
     warpgroups: 3,
     split_head_dim: false,
+    tall_q_blocks: false,
 };
 
 /// Every backward configuration compiled into the sm_90a PTX: the defaults and the plain-only
-/// [`BACKWARD_D32`], [`BACKWARD_D80`], [`BACKWARD_D96`], [`BACKWARD_D160`] and
-/// [`BACKWARD_D192_TRANSPOSED`]. Measured against them on the H200 and dropped
+/// [`BACKWARD_D32`], [`BACKWARD_D80`], [`BACKWARD_D96`], [`BACKWARD_D160`],
+/// [`BACKWARD_D192_TRANSPOSED`] and [`BACKWARD_D64_TALL`]. Measured against them on the H200 and dropped
 /// (reports/PERF_LOG_BACKWARD.md): dQ split by keys instead of columns, and one warpgroup per
 /// block at d = 64 (two independent blocks per SM).
 pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[
@@ -598,6 +629,7 @@ pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[
     BACKWARD_D96,
     BACKWARD_D160,
     BACKWARD_D192_TRANSPOSED,
+    BACKWARD_D64_TALL,
 ];
 
 /// The default backward configuration for a head dimension (padded as [`config`]).
@@ -630,13 +662,16 @@ pub const fn backward_mods_config(c: &WgBackwardConfig) -> WgBackwardConfig {
 
 /// The configuration whose plain instance runs the plain calls (full-length sequences, no
 /// dropout, window, score modifiers or deterministic dQ) of default `c` whose Q/K and V head
-/// dims are at most `widest`: [`BACKWARD_D32`] for [`BACKWARD_D64`]'s at 32, [`BACKWARD_D80`]
+/// dims are at most `widest`: [`BACKWARD_D32`] for [`BACKWARD_D64`]'s at 32 and
+/// [`BACKWARD_D64_TALL`] above, [`BACKWARD_D80`]
 /// and [`BACKWARD_D96`] for [`BACKWARD_D128`]'s from 72 to 80 and to 96, [`BACKWARD_D160`] for
 /// [`BACKWARD_D192`]'s from 136 to 160 and [`BACKWARD_D192_TRANSPOSED`] above that; otherwise
 /// `c`.
 pub const fn backward_plain_config(c: &WgBackwardConfig, widest: u32) -> WgBackwardConfig {
     if c.head_dim == 64 && widest <= BACKWARD_D32.head_dim {
         BACKWARD_D32
+    } else if c.head_dim == 64 {
+        BACKWARD_D64_TALL
     } else if c.head_dim == 128 && widest <= BACKWARD_D80.head_dim {
         BACKWARD_D80
     } else if c.head_dim == 128 && widest <= BACKWARD_D96.head_dim {
@@ -701,7 +736,9 @@ mod tests {
             } else {
                 assert_eq!(c.slice_cols(), d, "{c:?}");
                 for w in 0..groups {
-                    assert!(fits(w * c.dq_cols(), c.dq_cols()), "{c:?} group {w}");
+                    // Tall Q blocks: each group's dQ takes every column of its rows.
+                    let start = if c.tall_q_blocks { 0 } else { w * c.dq_cols() };
+                    assert!(fits(start, c.dq_cols()), "{c:?} group {w}");
                 }
             }
             if c.transposed() {
