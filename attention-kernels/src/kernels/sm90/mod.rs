@@ -469,12 +469,14 @@ impl WgBackwardConfig {
         }
     }
     /// Whether dQ of one step is carried into the next (see the kernel): only where registers
-    /// allow, d = 64 (d = 32 gives those registers to a second block per SM instead).
+    /// allow, d = 64's 64-row blocks (d = 32 gives those registers to a second block per SM
+    /// instead; the tall blocks to `Sᵀ` and `dPᵀ` of 128 queries).
     pub const fn carry_dq(&self) -> bool {
         self.head_dim == 64 && !self.tall_q_blocks
     }
-    /// dQ columns of one `wgmma` chain: each warpgroup's share, or (sliced) its slice in one
-    /// chain up to 96 columns and 64 at a time past that, so that they fit beside the slice's
+    /// dQ columns of one `wgmma` chain: each warpgroup's share, all of them with tall Q blocks
+    /// (the groups split the rows instead), or (sliced) its slice in one chain up to 96 columns
+    /// and 64 at a time past that, so that they fit beside the slice's
     /// dK and dV. A chain's columns lie in one 64-column panel or start one (an MN-major
     /// operand cannot start inside a panel and cross into the next), so d = 96 shares the
     /// tiles' 128 columns, zeros past 96.
@@ -493,8 +495,8 @@ impl WgBackwardConfig {
     /// Shared stages of Q, dO and their rows' statistics: three where dQ is carried into the
     /// next step (its `dSᵀ` and the stage it was issued with are still read). Where every
     /// product of a step is waited for within it two suffice: the sliced tiles (d = 256 needs
-    /// them to fit) and d = 32 (two blocks per SM) take two; d = 96 and 128, one block per SM
-    /// either way, keep three (two were not measured there).
+    /// them to fit), d = 32 (two blocks per SM) and the tall blocks take two; d = 96 and 128,
+    /// one block per SM either way, keep three (two were not measured there).
     pub const fn stages(&self) -> u32 {
         if self.sliced() || self.transposed() || self.head_dim == 32 || self.tall_q_blocks {
             2
