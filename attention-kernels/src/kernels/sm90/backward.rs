@@ -91,7 +91,10 @@ use crate::attn::mask::{
 use crate::attn::score_mod::{ScoreMod, Window, key_range};
 use crate::attn::sequence::Sequence;
 use crate::kernels::BACKWARD_SLICE_COLS;
-use crate::kernels::sm90::{WgBackwardConfig, bulk_dq};
+use crate::kernels::sm90::{
+    BACKWARD_D32, BACKWARD_D64, BACKWARD_D64_TALL, BACKWARD_D80, BACKWARD_D96, BACKWARD_D128,
+    BACKWARD_D160, BACKWARD_D192, BACKWARD_D256, WgBackwardConfig, backward_mods_config, bulk_dq,
+};
 use crate::tile::cp_async::{ChunkedTile, GlobalRows, copy4, copy16, wait_all};
 use crate::tile::mem::{stage_fragments_at, store_shared_u32, store_staged_rows};
 use crate::tile::mem_backward::{
@@ -150,8 +153,9 @@ unsafe fn accumulate_rs<T: Wgmma, const N: usize, const K: usize>(
 /// instances accumulate dV and dK this way, each group over its slice of B's columns.
 ///
 /// # Safety
-/// Queries `0 .. 16 · NQP` of A and B (a Q block of [`Q_BLOCK`](crate::attn::backward::Q_BLOCK) rows) are written and published;
-/// the whole warpgroup calls it.
+/// Queries `0 .. 16 · NQP` of A and B (a Q block of
+/// [`Q_BLOCK`](crate::attn::backward::Q_BLOCK) rows) are written and published; the whole
+/// warpgroup calls it.
 #[inline(always)]
 unsafe fn accumulate_ss<T: Wgmma, const N: usize>(
     acc: &mut [FragC; N],
@@ -566,7 +570,7 @@ unsafe fn backward<
         // that publishes them to the tensor cores.
         // The `TMA` instances (plain scores: no softcap or sink, which can leave such a row a
         // finite LSE) scan only a block with a row whose LSE is not finite: their statistics
-        // land on the stage's barrier too, so every warp sees the block's 64 rows (two a lane).
+        // land on the stage's barrier too, so every warp sees the block's rows (two a lane per 64).
         let scan = if TMA {
             let mut finite = true;
             for part in 0..br / 64 {
@@ -1042,54 +1046,54 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    tma flash_wgmma_backward_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    cp_async flash_wgmma_backward_general_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, true, true, false;
-    tma flash_wgmma_backward_window_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
-    cp_async flash_wgmma_backward_mods_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, true, true, false;
-    tma flash_wgmma_backward_window_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
-    tma flash_wgmma_backward_window_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
-    cp_async flash_wgmma_backward_mods_bf16_d128_g2_sliced => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: true, tall_q_blocks: false }, true, true, true, false;
-    cp_async flash_wgmma_backward_mods_f16_d128_g2_sliced => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: true, tall_q_blocks: false }, true, true, true, false;
-    tma flash_wgmma_backward_window_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
-    tma flash_wgmma_backward_det_bf16_d64_g2 => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
-    tma flash_wgmma_backward_det_f16_d64_g2 => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
-    tma flash_wgmma_backward_det_bf16_d128_g2 => Bf16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
-    tma flash_wgmma_backward_det_f16_d128_g2 => F16, WgBackwardConfig { head_dim: 128, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
-    tma flash_wgmma_backward_bf16_d64_g2_tall => Bf16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: true }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d64_g2_tall => F16, WgBackwardConfig { head_dim: 64, warpgroups: 2, split_head_dim: false, tall_q_blocks: true }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d32_g2 => Bf16, WgBackwardConfig { head_dim: 32, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d32_g2 => F16, WgBackwardConfig { head_dim: 32, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d80_g2 => Bf16, WgBackwardConfig { head_dim: 80, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d80_g2 => F16, WgBackwardConfig { head_dim: 80, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d96_g2 => Bf16, WgBackwardConfig { head_dim: 96, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d96_g2 => F16, WgBackwardConfig { head_dim: 96, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d160_g2 => Bf16, WgBackwardConfig { head_dim: 160, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d160_g2 => F16, WgBackwardConfig { head_dim: 160, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    cp_async flash_wgmma_backward_general_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_mods_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, true, true, false;
-    cp_async flash_wgmma_backward_mods_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, true, true, false;
-    tma flash_wgmma_backward_window_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
-    tma flash_wgmma_backward_window_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
-    tma flash_wgmma_backward_det_bf16_d192_g2 => Bf16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
-    tma flash_wgmma_backward_det_f16_d192_g2 => F16, WgBackwardConfig { head_dim: 192, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
-    tma flash_wgmma_backward_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    tma flash_wgmma_backward_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, false;
-    cp_async flash_wgmma_backward_general_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_general_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, false, false, false;
-    cp_async flash_wgmma_backward_mods_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, true, true, false;
-    cp_async flash_wgmma_backward_mods_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, true, true, true, false;
-    tma flash_wgmma_backward_window_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
-    tma flash_wgmma_backward_window_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, true, false, false;
-    tma flash_wgmma_backward_det_bf16_d256_g2 => Bf16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
-    tma flash_wgmma_backward_det_f16_d256_g2 => F16, WgBackwardConfig { head_dim: 256, warpgroups: 2, split_head_dim: false, tall_q_blocks: false }, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d64_g2 => Bf16, BACKWARD_D64, false, false, false, false;
+    tma flash_wgmma_backward_f16_d64_g2 => F16, BACKWARD_D64, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d128_g2 => Bf16, BACKWARD_D128, false, false, false, false;
+    tma flash_wgmma_backward_f16_d128_g2 => F16, BACKWARD_D128, false, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d64_g2 => Bf16, BACKWARD_D64, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d64_g2 => F16, BACKWARD_D64, true, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d128_g2 => Bf16, BACKWARD_D128, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d128_g2 => F16, BACKWARD_D128, true, false, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d64_g2 => Bf16, BACKWARD_D64, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d64_g2 => Bf16, BACKWARD_D64, false, true, false, false;
+    cp_async flash_wgmma_backward_mods_f16_d64_g2 => F16, BACKWARD_D64, true, true, true, false;
+    tma flash_wgmma_backward_window_f16_d64_g2 => F16, BACKWARD_D64, false, true, false, false;
+    tma flash_wgmma_backward_window_bf16_d128_g2 => Bf16, BACKWARD_D128, false, true, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d128_g2_sliced => Bf16, backward_mods_config(&BACKWARD_D128), true, true, true, false;
+    cp_async flash_wgmma_backward_mods_f16_d128_g2_sliced => F16, backward_mods_config(&BACKWARD_D128), true, true, true, false;
+    tma flash_wgmma_backward_window_f16_d128_g2 => F16, BACKWARD_D128, false, true, false, false;
+    tma flash_wgmma_backward_det_bf16_d64_g2 => Bf16, BACKWARD_D64, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d64_g2 => F16, BACKWARD_D64, false, false, false, true;
+    tma flash_wgmma_backward_det_bf16_d128_g2 => Bf16, BACKWARD_D128, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d128_g2 => F16, BACKWARD_D128, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d64_g2_tall => Bf16, BACKWARD_D64_TALL, false, false, false, false;
+    tma flash_wgmma_backward_f16_d64_g2_tall => F16, BACKWARD_D64_TALL, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d32_g2 => Bf16, BACKWARD_D32, false, false, false, false;
+    tma flash_wgmma_backward_f16_d32_g2 => F16, BACKWARD_D32, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d80_g2 => Bf16, BACKWARD_D80, false, false, false, false;
+    tma flash_wgmma_backward_f16_d80_g2 => F16, BACKWARD_D80, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d96_g2 => Bf16, BACKWARD_D96, false, false, false, false;
+    tma flash_wgmma_backward_f16_d96_g2 => F16, BACKWARD_D96, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d160_g2 => Bf16, BACKWARD_D160, false, false, false, false;
+    tma flash_wgmma_backward_f16_d160_g2 => F16, BACKWARD_D160, false, false, false, false;
+    tma flash_wgmma_backward_bf16_d192_g2 => Bf16, BACKWARD_D192, false, false, false, false;
+    tma flash_wgmma_backward_f16_d192_g2 => F16, BACKWARD_D192, false, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d192_g2 => Bf16, BACKWARD_D192, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d192_g2 => F16, BACKWARD_D192, true, false, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d192_g2 => Bf16, BACKWARD_D192, true, true, true, false;
+    cp_async flash_wgmma_backward_mods_f16_d192_g2 => F16, BACKWARD_D192, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d192_g2 => Bf16, BACKWARD_D192, false, true, false, false;
+    tma flash_wgmma_backward_window_f16_d192_g2 => F16, BACKWARD_D192, false, true, false, false;
+    tma flash_wgmma_backward_det_bf16_d192_g2 => Bf16, BACKWARD_D192, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d192_g2 => F16, BACKWARD_D192, false, false, false, true;
+    tma flash_wgmma_backward_bf16_d256_g2 => Bf16, BACKWARD_D256, false, false, false, false;
+    tma flash_wgmma_backward_f16_d256_g2 => F16, BACKWARD_D256, false, false, false, false;
+    cp_async flash_wgmma_backward_general_bf16_d256_g2 => Bf16, BACKWARD_D256, true, false, false, false;
+    cp_async flash_wgmma_backward_general_f16_d256_g2 => F16, BACKWARD_D256, true, false, false, false;
+    cp_async flash_wgmma_backward_mods_bf16_d256_g2 => Bf16, BACKWARD_D256, true, true, true, false;
+    cp_async flash_wgmma_backward_mods_f16_d256_g2 => F16, BACKWARD_D256, true, true, true, false;
+    tma flash_wgmma_backward_window_bf16_d256_g2 => Bf16, BACKWARD_D256, false, true, false, false;
+    tma flash_wgmma_backward_window_f16_d256_g2 => F16, BACKWARD_D256, false, true, false, false;
+    tma flash_wgmma_backward_det_bf16_d256_g2 => Bf16, BACKWARD_D256, false, false, false, true;
+    tma flash_wgmma_backward_det_f16_d256_g2 => F16, BACKWARD_D256, false, false, false, true;
 }

@@ -476,10 +476,9 @@ impl WgBackwardConfig {
     }
     /// dQ columns of one `wgmma` chain: each warpgroup's share, all of them with tall Q blocks
     /// (the groups split the rows instead), or (sliced) its slice in one chain up to 96 columns
-    /// and 64 at a time past that, so that they fit beside the slice's
-    /// dK and dV. A chain's columns lie in one 64-column panel or start one (an MN-major
-    /// operand cannot start inside a panel and cross into the next), so d = 96 shares the
-    /// tiles' 128 columns, zeros past 96.
+    /// and 64 at a time past that, so that they fit beside the slice's dK and dV. A chain's
+    /// columns lie in one 64-column panel or start one (an MN-major operand cannot start inside
+    /// a panel and cross into the next), so d = 96 shares the tiles' 128 columns, zeros past 96.
     pub const fn dq_cols(&self) -> u32 {
         let share = self.head_dim / self.warpgroups;
         if self.tall_q_blocks {
@@ -618,9 +617,9 @@ pub const BACKWARD_D192_TRANSPOSED: WgBackwardConfig = WgBackwardConfig {
 
 /// Every backward configuration compiled into the sm_90a PTX: the defaults and the plain-only
 /// [`BACKWARD_D32`], [`BACKWARD_D80`], [`BACKWARD_D96`], [`BACKWARD_D160`],
-/// [`BACKWARD_D192_TRANSPOSED`] and [`BACKWARD_D64_TALL`]. Measured against them on the H200 and dropped
-/// (reports/PERF_LOG_BACKWARD.md): dQ split by keys instead of columns, and one warpgroup per
-/// block at d = 64 (two independent blocks per SM).
+/// [`BACKWARD_D192_TRANSPOSED`] and [`BACKWARD_D64_TALL`]. Measured against them on the H200
+/// and dropped (reports/PERF_LOG_BACKWARD.md): dQ split by keys instead of columns, and one
+/// warpgroup per block at d = 64 (two independent blocks per SM).
 pub const BACKWARD_VARIANTS: &[WgBackwardConfig] = &[
     BACKWARD_D64,
     BACKWARD_D128,
