@@ -20,7 +20,11 @@
 # log, each A/B table as ab-<pair>/ab-table.md): three files, since the device tool returns eight.
 # The summary is written there as it is made, so a call cut off by its time limit still returns
 # what it finished; a failed test's log tail goes into it.
-# usage: [ROUNDS=2] [SHAPES="fixture headdims"] [TESTS=...] [STACK=...] [PEERS=1|a|0] [FP8=0|1] ab-session.sh
+# BUDGET (seconds, none by default): what the whole call may take. Each step's time limit is cut
+# to what is left of it less 20 s, and a step with under 30 s left is skipped (noted in the
+# summary), so that logs.tgz with every raw sample is still written when the device's limit
+# would otherwise cut the call off.
+# usage: [ROUNDS=2] [SHAPES="fixture headdims"] [TESTS=...] [STACK=...] [PEERS=1|a|0] [FP8=0|1] [BUDGET=...] ab-session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dest=${OUT:-reports/device}
@@ -29,6 +33,20 @@ logs=$(mktemp -d)
 summary=$dest/summary.txt
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
+deadline=$(( $(date +%s) + ${BUDGET:-1000000} ))
+# The time limit of a step that may take up to $1 seconds, within BUDGET (0: skip it).
+limit() {
+  local left=$(( deadline - $(date +%s) - 20 ))
+  if [ $left -lt 30 ]; then echo 0; elif [ $left -lt "$1" ]; then echo $left; else echo "$1"; fi
+}
+# Runs "$@" under limit $1 (the rest of the arguments: the command), or notes that BUDGET left
+# no time for step $2.
+run_within() {
+  local t; t=$(limit "$1"); shift
+  local what=$1; shift
+  if [ "$t" = 0 ]; then note "skipped (BUDGET): $what"; return 124; fi
+  timeout "$t" "$@"
+}
 # A binary packed as .device-pack/<name>.xz, made runnable as $logs/<name>.
 unpack_bin() { xz -dc ".device-pack/$1.xz" > "$logs/$1" && chmod +x "$logs/$1"; }
 export CUDA_CACHE_MAXSIZE=4294967296
@@ -42,13 +60,13 @@ bins+=(.device-run/flash-attn)
 note "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); B built from $(cat .device-run/COMMIT)"
 
 for i in "${!bins[@]}"; do
-  timeout 250 "${bins[$i]}" bench --shapes fixture --pass forward --samples 20 \
+  run_within 250 "warm-up ${names[$i]}" "${bins[$i]}" bench --shapes fixture --pass forward --samples 20 \
     --out "$logs/warm-${names[$i]}" > "$logs/warm-${names[$i]}.log" 2>&1 &
 done
 wait
 note "warm-up: $(date -u +%T)"
 for t in ${TESTS:-}; do
-  timeout 200 ".device-run/tests/$t" --test-threads=1 > "$logs/test-$t.log" 2>&1
+  run_within 200 "test $t" ".device-run/tests/$t" --test-threads=1 > "$logs/test-$t.log" 2>&1
   rc=$?
   note "test $t: exit $rc, $(grep -a 'test result' "$logs/test-$t.log" | tail -1)"
   [ $rc = 0 ] || tail -30 "$logs/test-$t.log" >> "$summary"
@@ -65,7 +83,7 @@ for set in ${SHAPES:-fixture headdims}; do
   for i in $(seq 1 $((${#bins[@]} - 1))); do
     pair=$tag; [ ${#bins[@]} -gt 2 ] && pair=$tag-${names[$((i - 1))]}-${names[$i]}
     mkdir -p "$logs/ab-$pair"
-    OUT=$logs/ab-$pair timeout 300 scripts/ab-bench.sh "${bins[$((i - 1))]}" "${bins[$i]}" "${ROUNDS:-2}" \
+    OUT=$logs/ab-$pair run_within 300 "ab $pair" scripts/ab-bench.sh "${bins[$((i - 1))]}" "${bins[$i]}" "${ROUNDS:-2}" \
       --shapes "$shapes" $(echo "$opts" | tr '=+' '  ') > "$logs/ab-$pair.log" 2>&1
     note "ab $pair ($opts): exit $?"
     cat "$logs/ab-$pair/ab-table.md" >> "$summary" 2> /dev/null
@@ -74,7 +92,7 @@ done
 if [ "${PEERS:-1}" != 0 ]; then
   cli=.device-run/flash-attn
   [ "${PEERS:-1}" = a ] && cli=${bins[0]}
-  OUT=$logs/bench-headdims FLASH_ATTN_CLI=$cli timeout 280 scripts/bench-h200.sh headdims > "$logs/bench-headdims.log" 2>&1
+  OUT=$logs/bench-headdims FLASH_ATTN_CLI=$cli run_within 280 "bench headdims" scripts/bench-h200.sh headdims > "$logs/bench-headdims.log" 2>&1
   note "bench headdims ($cli): exit $?"
   cp "$logs/bench-headdims/headdim-table.md" "$dest/" 2> /dev/null
 fi
@@ -89,7 +107,7 @@ if [ "${FP8:-$fp8}" = 1 ]; then
   for r in $(seq 1 "${ROUNDS:-2}"); do
     for i in "${!sides[@]}"; do
       log=$logs/fp8-speed-${sides[$i]}-$r.log
-      timeout 150 "${fp8_bins[$i]}" fp8_forward_speed --test-threads=1 --nocapture > "$log" 2>&1
+      run_within 150 "gpu_fp8 speed ${sides[$i]} $r" "${fp8_bins[$i]}" fp8_forward_speed --test-threads=1 --nocapture > "$log" 2>&1
       note "gpu_fp8 speed, ${sides[$i]} round $r: exit $?"
       grep -a "N = " "$log" >> "$summary"
     done
