@@ -39,14 +39,17 @@
 //! `FLASH_ATTN_MATRIX_MAX_HEAD_DIM=d` those whose head dim is at most `d` (racecheck of the exact
 //! kernels, whose every shared-memory access it checks).
 
-use flash_attn::reference::{backward_from_output_f32, forward_f32};
+use flash_attn::reference::{
+    backward_from_output_f32, backward_magnitudes_from_output_f32, forward_f32,
+};
 use flash_attn::{
     AttentionOptions, AttentionShape, DType, DeviceCaps, Direction, Family, FlashOptions, Gpu,
     KernelChoice, Problem, Schedule,
 };
 use flash_attn_testkit::family_run::{HostCase, run_case};
 use flash_attn_testkit::testing::{
-    LengthMode, MATRIX_SIZES, families, fresh_seed, gpu_or_skip, lse_err, rel_err, skip,
+    LengthMode, MATRIX_SIZES, families, fresh_seed, gpu_or_skip, lse_err, rel_err, rel_err_of_sums,
+    skip,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -364,6 +367,10 @@ struct Reference {
     dq: Vec<f64>,
     dk: Vec<f64>,
     dv: Vec<f64>,
+    /// dQ's and dK's sums over their terms' magnitudes, the scale of their f32 rounding where
+    /// the terms cancel ([`rel_err_of_sums`]).
+    dq_magnitudes: Vec<f64>,
+    dk_magnitudes: Vec<f64>,
     d_sinks: Option<Vec<f64>>,
     /// Per head `Σ_rows |P_sink · D|`, the scale of `dσ_h` (a sum of terms of both signs).
     d_sink_scale: Vec<f64>,
@@ -390,21 +397,12 @@ fn reference(
     // The kernels read O rounded to the dtype; the reference takes D from that same O.
     let stored_o: Vec<f32> = f.o.iter().map(|&x| dt.round(x as f32)).collect();
     let g = backward_from_output_f32(shape, (&q, &k, &v), &stored_o, &d_o, options).unwrap();
-    let d = shape.head_dim_v as usize;
-    let mut d_sink_scale = vec![0.0; shape.heads_q as usize];
-    if let Some(sinks) = &options.sinks {
-        // LSE is [batch, heads_q, n_q]; O and dO [batch, n_q, heads_q, d_v].
-        for (row, &lse) in f.lse.iter().enumerate() {
-            let (b, h, i) = (
-                row / (shape.heads_q * shape.n_q) as usize,
-                row / shape.n_q as usize % shape.heads_q as usize,
-                row % shape.n_q as usize,
-            );
-            let at = ((b * shape.n_q as usize + i) * shape.heads_q as usize + h) * d;
-            let delta: f64 = (0..d).map(|c| f.o[at + c] * d_o[at + c] as f64).sum();
-            d_sink_scale[h] += ((sinks[h] as f64 - lse).exp() * delta).abs();
-        }
-    }
+    let magnitudes =
+        backward_magnitudes_from_output_f32(shape, (&q, &k, &v), &stored_o, &d_o, options).unwrap();
+    // Per head `Σ_rows |P_sink · D|`.
+    let d_sink_scale = magnitudes
+        .d_sinks
+        .unwrap_or_else(|| vec![0.0; shape.heads_q as usize]);
     Reference {
         q,
         k,
@@ -415,6 +413,8 @@ fn reference(
         dq: g.dq,
         dk: g.dk,
         dv: g.dv,
+        dq_magnitudes: magnitudes.dq,
+        dk_magnitudes: magnitudes.dk,
         d_sinks: g.d_sinks,
         d_sink_scale,
     }
@@ -459,8 +459,14 @@ fn run_family(
     Some(vec![
         ("o", rel_err(&got.o, &r.o)),
         ("lse", lse_err(&got.lse, &r.lse)),
-        ("dq", rel_err(&got.dq, &r.dq)),
-        ("dk", rel_err(&got.dk, &r.dk)),
+        (
+            "dq",
+            rel_err_of_sums(&got.dq, &r.dq, &r.dq_magnitudes, bound(dt)),
+        ),
+        (
+            "dk",
+            rel_err_of_sums(&got.dk, &r.dk, &r.dk_magnitudes, bound(dt)),
+        ),
         ("dv", rel_err(&got.dv, &r.dv)),
         ("dsink", d_sink_err(&got.d_sinks, r)),
     ])

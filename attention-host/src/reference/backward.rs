@@ -26,7 +26,7 @@ pub fn backward(
     d_o: &[f64],
     options: &AttentionOptions,
 ) -> Result<Gradients> {
-    gradients(shape, (q, k, v), None, d_o, options)
+    gradients(shape, (q, k, v), None, d_o, options, Sums::Signed)
 }
 
 /// [`backward`] with `D = rowsum(dO ∘ O)` taken from the given `o` (O's layout) instead of the
@@ -40,7 +40,29 @@ pub fn backward_from_output(
     d_o: &[f64],
     options: &AttentionOptions,
 ) -> Result<Gradients> {
-    gradients(shape, (q, k, v), Some(o), d_o, options)
+    gradients(shape, (q, k, v), Some(o), d_o, options, Sums::Signed)
+}
+
+/// The sums of [`backward_from_output`] with every term replaced by its magnitude (`dS` by
+/// `P · (|dP| + |D|) · |∂s|`, each product's factors by their absolute values): the scale of
+/// the rounding error that evaluating those sums in finite precision carries. Where the terms
+/// cancel (`dP − D` near 0, as in a row with one visible key) `dQ` and `dK` are far below this
+/// scale, and their error is only meaningful measured against it.
+pub fn backward_magnitudes_from_output(
+    shape: &AttentionShape,
+    (q, k, v): (&[f64], &[f64], &[f64]),
+    o: &[f64],
+    d_o: &[f64],
+    options: &AttentionOptions,
+) -> Result<Gradients> {
+    gradients(shape, (q, k, v), Some(o), d_o, options, Sums::Magnitudes)
+}
+
+/// What [`gradients`] sums: the terms, or their magnitudes.
+#[derive(Clone, Copy, PartialEq)]
+enum Sums {
+    Signed,
+    Magnitudes,
 }
 
 fn gradients(
@@ -49,6 +71,7 @@ fn gradients(
     given_o: Option<&[f64]>,
     d_o: &[f64],
     options: &AttentionOptions,
+    sums: Sums,
 ) -> Result<Gradients> {
     let mut slices = vec![
         (
@@ -71,6 +94,10 @@ fn gradients(
     let mut dv = vec![0.0; shape.v_elems()];
     let mut d_sinks = problem.sinks.as_ref().map(|s| vec![0.0; s.len()]);
     let mut o = vec![0.0; d_v];
+    let magnitudes = sums == Sums::Magnitudes;
+    // |x| when summing magnitudes; the sign a subtracted term takes.
+    let m = |x: f64| if magnitudes { x.abs() } else { x };
+    let sign = if magnitudes { -1.0 } else { 1.0 };
     for row in problem.rows() {
         let (q_off, o_off) = (
             problem.row_offset(&row, shape.head_dim),
@@ -103,17 +130,22 @@ fn gradients(
         };
         // ∂LSE/∂σ = P_sink, and O moves with every P_j = e^{s_j − LSE}: dσ = −P_sink · D.
         if let Some(d_sinks) = &mut d_sinks {
-            d_sinks[row.head as usize] -= row.softmax.sink_prob * row_dot;
+            d_sinks[row.head as usize] -= m(row.softmax.sink_prob * row_dot) * sign;
         }
         for &(j, p, z, ko, vo) in &support {
-            let dp = z * dot(d_o_row, &v[vo..vo + d_v]);
-            let ds = p * (dp - row_dot) * row.softmax.grad(j);
+            let ds = if magnitudes {
+                let dp: f64 = (0..d_v).map(|c| (d_o_row[c] * v[vo + c]).abs()).sum();
+                p * (z * dp + row_dot.abs()) * row.softmax.grad(j).abs()
+            } else {
+                let dp = z * dot(d_o_row, &v[vo..vo + d_v]);
+                p * (dp - row_dot) * row.softmax.grad(j)
+            };
             for c in 0..d_v {
-                dv[vo + c] += p * z * d_o_row[c];
+                dv[vo + c] += p * z * m(d_o_row[c]);
             }
             for c in 0..d {
-                dq[q_off + c] += problem.scale * ds * k[ko + c];
-                dk[ko + c] += problem.scale * ds * q[q_off + c];
+                dq[q_off + c] += problem.scale * ds * m(k[ko + c]);
+                dk[ko + c] += problem.scale * ds * m(q[q_off + c]);
             }
         }
     }

@@ -309,6 +309,54 @@ fn a_one_key_row_moves_with_the_given_output() {
     }
 }
 
+/// The magnitudes bound the signed sums element by element (triangle inequality), equal them
+/// where no term is negative (dV's `P·Z·|dO|` against dV of `|dO|`), and stay of the inputs'
+/// order where a one-key row makes dQ and dK vanish.
+#[test]
+fn magnitudes_bound_the_gradients_and_survive_cancellation() {
+    let s = AttentionShape::new(2, 5, 7, 4, 2, 8);
+    let x = inputs(&s, 13);
+    let options = AttentionOptions::new().causal(true).dropout(0.2, 5, 3);
+    let o = forward(&s, &x.q, &x.k, &x.v, &options).unwrap().o;
+    let signed = backward_from_output(&s, (&x.q, &x.k, &x.v), &o, &x.d_o, &options).unwrap();
+    let mags =
+        backward_magnitudes_from_output(&s, (&x.q, &x.k, &x.v), &o, &x.d_o, &options).unwrap();
+    for (g, m) in [
+        (&signed.dq, &mags.dq),
+        (&signed.dk, &mags.dk),
+        (&signed.dv, &mags.dv),
+    ] {
+        assert!(g.iter().zip(m).all(|(g, m)| g.abs() <= m + 1e-12));
+    }
+    let abs_d_o: Vec<f64> = x.d_o.iter().map(|g| g.abs()).collect();
+    let dv_of_abs = backward_from_output(&s, (&x.q, &x.k, &x.v), &o, &abs_d_o, &options).unwrap();
+    assert_relative_eq!(mags.dv[..], dv_of_abs.dv[..], max_relative = 1e-12);
+
+    let s = AttentionShape::new(1, 1, 1, 1, 1, 4);
+    let x = inputs(&s, 3);
+    let plain = AttentionOptions::new();
+    let o = forward(&s, &x.q, &x.k, &x.v, &plain).unwrap().o;
+    let signed = backward_from_output(&s, (&x.q, &x.k, &x.v), &o, &x.d_o, &plain).unwrap();
+    let mags = backward_magnitudes_from_output(&s, (&x.q, &x.k, &x.v), &o, &x.d_o, &plain).unwrap();
+    assert!(
+        signed.dq.iter().all(|&g| g.abs() < 1e-15),
+        "{:?}",
+        signed.dq
+    );
+    // dS's magnitude is P·(|dP| + |D|) = 2 Σ|dO_c·V_c| here (P = 1, O = V).
+    let terms: f64 = (0..4).map(|c| (x.d_o[c] * x.v[c]).abs()).sum::<f64>()
+        + x.d_o
+            .iter()
+            .zip(&x.v)
+            .map(|(g, v)| g * v)
+            .sum::<f64>()
+            .abs();
+    for c in 0..4 {
+        assert_relative_eq!(mags.dq[c], 0.5 * terms * x.k[c].abs(), max_relative = 1e-12);
+        assert_relative_eq!(mags.dk[c], 0.5 * terms * x.q[c].abs(), max_relative = 1e-12);
+    }
+}
+
 /// V and O rows of another head dim than Q and K (narrower, as DeepSeek's 192/128, and wider),
 /// with GQA, causal alignment, dropout, score modifiers and sinks.
 #[test]

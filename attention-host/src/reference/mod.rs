@@ -43,9 +43,12 @@ mod test_support;
 mod validate;
 mod widen;
 
-pub use backward::{Gradients, backward, backward_from_output};
+pub use backward::{Gradients, backward, backward_from_output, backward_magnitudes_from_output};
 pub use dropout::DropoutMask;
 pub use forward::{Forward, forward, forward_rows};
 pub use merge::{Part, merge};
 pub use sequences::{Sequence, sequences};
-pub use widen::{backward_f32, backward_from_output_f32, forward_f32, forward_rows_f32};
+pub use widen::{
+    backward_f32, backward_from_output_f32, backward_magnitudes_from_output_f32, forward_f32,
+    forward_rows_f32,
+};

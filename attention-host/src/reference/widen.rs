@@ -2,7 +2,7 @@
 
 use attention_kernels::abi::shape::AttentionShape;
 
-use super::backward::{Gradients, backward, backward_from_output};
+use super::backward::{Gradients, backward, backward_from_output, backward_magnitudes_from_output};
 use super::forward::{Forward, forward, forward_rows};
 use crate::error::Result;
 use crate::options::AttentionOptions;
@@ -43,6 +43,23 @@ pub fn backward_from_output_f32(
     options: &AttentionOptions,
 ) -> Result<Gradients> {
     backward_from_output(
+        shape,
+        (&widen(q), &widen(k), &widen(v)),
+        &widen(o),
+        &widen(d_o),
+        options,
+    )
+}
+
+/// [`backward_magnitudes_from_output`] of f32 inputs, in f64.
+pub fn backward_magnitudes_from_output_f32(
+    shape: &AttentionShape,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    o: &[f32],
+    d_o: &[f32],
+    options: &AttentionOptions,
+) -> Result<Gradients> {
+    backward_magnitudes_from_output(
         shape,
         (&widen(q), &widen(k), &widen(v)),
         &widen(o),

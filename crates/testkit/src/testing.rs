@@ -75,22 +75,9 @@ pub fn same_non_finite(out: f32, reference: f64) -> bool {
 /// nothing. An absolute RMS against the same bound is the meaningful check there: inputs are O(1),
 /// and a wrong kernel leaves errors of the inputs' order.
 pub fn rel_err(out: &[f32], reference: &[f64]) -> f64 {
-    assert_eq!(out.len(), reference.len());
-    let (mut diff, mut norm, mut finite) = (0.0f64, 0.0f64, 0usize);
-    for (&o, &r) in out.iter().zip(reference) {
-        if !r.is_finite() {
-            if !same_non_finite(o, r) {
-                return f64::INFINITY;
-            }
-            continue;
-        }
-        if !o.is_finite() {
-            return f64::INFINITY;
-        }
-        diff += (o as f64 - r).powi(2);
-        norm += r * r;
-        finite += 1;
-    }
+    let Some((diff, norm, finite)) = squared_sums(out, reference) else {
+        return f64::INFINITY;
+    };
     if finite == 0 {
         return 0.0;
     }
@@ -99,6 +86,58 @@ pub fn rel_err(out: &[f32], reference: &[f64]) -> f64 {
         (diff / len).sqrt()
     } else {
         (diff / norm).sqrt()
+    }
+}
+
+/// `(‖out − ref‖², ‖ref‖², count)` over the positions where the reference is finite; `None` where
+/// a non-finite value of either is not matched ([`rel_err`]).
+fn squared_sums(out: &[f32], reference: &[f64]) -> Option<(f64, f64, usize)> {
+    assert_eq!(out.len(), reference.len());
+    let (mut diff, mut norm, mut finite) = (0.0f64, 0.0f64, 0usize);
+    for (&o, &r) in out.iter().zip(reference) {
+        if !r.is_finite() {
+            if !same_non_finite(o, r) {
+                return None;
+            }
+            continue;
+        }
+        if !o.is_finite() {
+            return None;
+        }
+        diff += (o as f64 - r).powi(2);
+        norm += r * r;
+        finite += 1;
+    }
+    Some((diff, norm, finite))
+}
+
+/// The resolution of f32 arithmetic on a sum, relative to the norm of its terms' magnitudes: a
+/// few units of f32 rounding (2⁻²⁴). The kernels' dQ and dK of a cancelled sum (run
+/// bulk-dq-d128's failing case) were 1.6e-8 (tensor-core) and 3.0e-8 (exact) of it.
+pub const F32_RESOLUTION: f64 = 4.0 / (1u64 << 24) as f64;
+
+/// [`rel_err`] of a gradient whose terms can cancel (dQ, dK), measured so that it is within
+/// `bound` exactly when `‖out − ref‖ ≤ max(bound · ‖ref‖, F32_RESOLUTION · ‖magnitudes‖)`:
+/// within the dtype's bound of the result, or within f32's resolution of the terms.
+/// `magnitudes` holds the same sums over the terms' absolute values
+/// (`reference::backward_magnitudes_from_output`). Where the terms cancel (`dP − D`: a row with
+/// one visible key has `dS = 0` exactly, and the reference's own value is then the rounding of
+/// the stored O) the result is far below its terms, and f32 cannot keep the dtype's relative
+/// accuracy of it; a wrong term still leaves an error of the terms' order. Where every term is
+/// 0 it is [`rel_err`].
+pub fn rel_err_of_sums(out: &[f32], reference: &[f64], magnitudes: &[f64], bound: f64) -> f64 {
+    assert_eq!(reference.len(), magnitudes.len());
+    let terms = magnitudes
+        .iter()
+        .filter(|v| v.is_finite())
+        .map(|v| v * v)
+        .sum::<f64>()
+        .sqrt();
+    let floor = F32_RESOLUTION * terms / bound;
+    match squared_sums(out, reference) {
+        None => f64::INFINITY,
+        Some((diff, norm, _)) if norm.sqrt() < floor => diff.sqrt() / floor,
+        Some(_) => rel_err(out, reference),
     }
 }
 
@@ -223,6 +262,38 @@ mod tests {
             assert_eq!(rel_err(&bad, &reference), f64::INFINITY, "{bad:?}");
             assert_eq!(lse_err(&bad, &reference), f64::INFINITY, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn sums_far_below_their_terms_are_measured_against_the_terms() {
+        let bound = 2e-3;
+        // Well above the floor: rel_err itself, however large the magnitudes.
+        let (reference, magnitudes) = ([3.0, -4.0], [300.0, 400.0]);
+        let out = [3.003f32, -4.0];
+        assert_eq!(
+            rel_err_of_sums(&out, &reference, &magnitudes, bound),
+            rel_err(&out, &reference)
+        );
+        // A cancelled sum (‖ref‖ = 5e-4, its terms' magnitudes 5e3): an error of 1e-6 is 2e-3
+        // of the result but 1e-6 · bound / (F32_RESOLUTION · 5e3) of the floor; a wrong term
+        // is not hidden.
+        let reference = [3e-4, -4e-4];
+        let magnitudes = [3e3, 4e3];
+        let noisy = [3.01e-4f32, -4.0e-4];
+        assert!(rel_err(&noisy, &reference) > 1.9e-3);
+        let err = rel_err_of_sums(&noisy, &reference, &magnitudes, bound);
+        let want = 1e-6 * bound / (F32_RESOLUTION * 5e3);
+        assert!((err / want - 1.0).abs() < 1e-4, "{err} {want}");
+        assert!(rel_err_of_sums(&[0.1, -4e-4], &reference, &magnitudes, bound) > 1.0);
+        assert_eq!(
+            rel_err_of_sums(&[f32::NAN, 0.0], &reference, &magnitudes, bound),
+            f64::INFINITY
+        );
+        // No terms at all: rel_err's absolute RMS of an exact zero.
+        assert_eq!(
+            rel_err_of_sums(&[1e-3, 0.0], &[0.0, 0.0], &[0.0, 0.0], bound),
+            rel_err(&[1e-3, 0.0], &[0.0, 0.0])
+        );
     }
 
     #[test]
