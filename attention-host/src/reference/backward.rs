@@ -44,7 +44,8 @@ pub fn backward_from_output(
 }
 
 /// The sums of [`backward_from_output`] with every term replaced by its magnitude (`dS` by
-/// `P · (|dP| + |D|) · |∂s|`, each product's factors by their absolute values): the scale of
+/// `P · (Z · Σ|dO ∘ V| + |D|) · |∂s|`, each product's factors by their absolute values,
+/// `dσ` by `Σ P_sink · |D|`): the scale of
 /// the rounding error that evaluating those sums in finite precision carries. Where the terms
 /// cancel (`dP − D` near 0, as in a row with one visible key) `dQ` and `dK` are far below this
 /// scale, and their error is only meaningful measured against it.
@@ -95,9 +96,8 @@ fn gradients(
     let mut d_sinks = problem.sinks.as_ref().map(|s| vec![0.0; s.len()]);
     let mut o = vec![0.0; d_v];
     let magnitudes = sums == Sums::Magnitudes;
-    // |x| when summing magnitudes; the sign a subtracted term takes.
+    // |x| when summing magnitudes.
     let m = |x: f64| if magnitudes { x.abs() } else { x };
-    let sign = if magnitudes { -1.0 } else { 1.0 };
     for row in problem.rows() {
         let (q_off, o_off) = (
             problem.row_offset(&row, shape.head_dim),
@@ -130,7 +130,8 @@ fn gradients(
         };
         // ∂LSE/∂σ = P_sink, and O moves with every P_j = e^{s_j − LSE}: dσ = −P_sink · D.
         if let Some(d_sinks) = &mut d_sinks {
-            d_sinks[row.head as usize] -= m(row.softmax.sink_prob * row_dot) * sign;
+            let term = row.softmax.sink_prob * row_dot;
+            d_sinks[row.head as usize] += if magnitudes { term.abs() } else { -term };
         }
         for &(j, p, z, ko, vo) in &support {
             let ds = if magnitudes {

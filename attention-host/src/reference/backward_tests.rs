@@ -343,7 +343,7 @@ fn magnitudes_bound_the_gradients_and_survive_cancellation() {
         "{:?}",
         signed.dq
     );
-    // dS's magnitude is P·(|dP| + |D|) = 2 Σ|dO_c·V_c| here (P = 1, O = V).
+    // dS's magnitude is P·(Σ_c |dO_c·V_c| + |D|), with P = 1 and O = V here.
     let terms: f64 = (0..4).map(|c| (x.d_o[c] * x.v[c]).abs()).sum::<f64>()
         + x.d_o
             .iter()
