@@ -21,8 +21,8 @@
 //!
 //! dQ and dK also pass within f32's resolution of their terms (`testing::rel_err_of_sums`:
 //! `‖out − ref‖ ≤ 4 · 2⁻²⁴ · ‖Σ|terms|‖`): where `dP − D` cancels in every row (one query row
-//! that sees one key, run bulk-dq-d128) the result is rounding alone, ~1e-5 of its terms, and no
-//! f32 evaluation holds it to the dtype's relative bound.
+//! that sees one key, `reports/h100/run-bulk-dq-d128/`) the result is rounding alone, far below
+//! its terms, and no f32 evaluation holds it to the dtype's relative bound.
 //!
 //! A fourth list runs every tensor-core head dim (multiples of 8 from 32 to 128, zero-padded to
 //! the compiled 64 or 128) over the same axes, one case in four with the window and every
