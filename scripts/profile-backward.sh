@@ -3,7 +3,7 @@
 # backward's main kernel (D = 128: `flash-attn bench --shapes fixture`, B=1, N=4096, H=32; the
 # head dims of `--shapes headdims`: that row, B=4, N=4096, H=(2048+D/2)/D; others refused) and on
 # the PyTorch SDPA peers' backward kernels of one call of the same shape
-# (scripts/peers/profile_backward.py), the same sections and metrics for both (tensor pipes'
+# (scripts/peers/profile_pass.py), the same sections and metrics for both (tensor pipes'
 # utilization, warps' stall reasons), the clocks left alone. Writes $OUT/ncu-backward.txt (or
 # reports/bench/).
 # usage: profile-backward.sh [CAUSAL, default false] [PEERS, default "cudnn"] [D, default 128]
@@ -33,6 +33,6 @@ flag=0; [ "$causal" = true ] && flag=1
 for peer in $peers; do
   echo "=== $peer, d=$d causal=$causal (every kernel of one backward call, after warm-up)" >> "$log"
   (cd scripts/peers && "$ncu" --clock-control none --profile-from-start off $sections --metrics "$metrics" \
-    python3 profile_backward.py $batch $heads 4096 "$d" "$flag" "$peer") >> "$log" 2>&1
+    python3 profile_pass.py $batch $heads 4096 "$d" "$flag" "$peer" backward) >> "$log" 2>&1
 done
 grep -E "^===|^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Dynamic Shared|Achieved Occupancy|Block Size|Grid Size|pipe_tensor|pipe_lsu|pipe_uniform|pipe_fma |pipe_alu|pipe_xu|global_red_pred_on_any.sum |stalled_(barrier|long_scoreboard|math_pipe|wait|short_scoreboard|sleeping|dispatch|mio|lg_throttle|membar|branch|no_instruction|selected)" "$log"
