@@ -1,15 +1,15 @@
 """One PyTorch SDPA call of a decode row of scripts/peers/decode_bench.py under the CUDA profiler
-range (cudaProfilerStart/Stop), after warm-up, for `ncu --profile-from-start off`: the peer's
+range, after warm-up (`profiler_range`), for `ncu --profile-from-start off`: the peer's
 kernels of that call and nothing else. scripts/profile-decode.sh runs it.
 usage: profile_decode.py ROW BACKEND   (ROW 1 is the first of ROWS; BACKEND flash or cudnn)
 """
 import sys
 
-import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from decode_bench import ROWS, inputs
+from profiler_range import profile_one_call
 from sdpa_bench import BACKENDS
 
 
@@ -19,13 +19,7 @@ def main():
     q, k, v = inputs(B, nq, nk, hq, hkv)
     with sdpa_kernel(BACKENDS[backend]):
         call = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hkv != hq)
-        for _ in range(10):
-            call()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-        call()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
+        profile_one_call(call)
 
 
 if __name__ == "__main__":

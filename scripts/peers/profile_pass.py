@@ -1,7 +1,7 @@
 """One PyTorch SDPA forward, or one backward (autograd.grad of the forward output), of one shape
 under the CUDA profiler range (cudaProfilerStart/Stop), after warm-up, for `ncu
 --profile-from-start off`: the peer's kernels of that call and nothing else, on its own
-contiguous [B, H, N, d] layout. scripts/profile-backward.sh and profile-forward.sh run it.
+contiguous [B, H, N, d] layout (`profiler_range`). scripts/profile-pass.sh runs it.
 usage: profile_pass.py B H N D CAUSAL(0|1) BACKEND(flash|cudnn) PASS(forward|backward)
 """
 import sys
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
+from profiler_range import profile_one_call
 from sdpa_bench import BACKENDS
 
 
@@ -29,13 +30,7 @@ def main():
             o = forward()
             do = torch.randn_like(o)
             call = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-        for _ in range(10):
-            call()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-        call()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
+        profile_one_call(call)
 
 
 if __name__ == "__main__":
