@@ -11,6 +11,7 @@
 #                             --head-dim 128 --causal C` starts with it), where the forward is
 #                             furthest behind cuDNN
 # `--shapes anchors --head-dim 64` has six rows, and ncu's launch index cannot pick one: no d = 64.
+# FLASH_ATTN_CLI: another build's CLI to profile (default .device-run/flash-attn, the packed build).
 # usage: profile-pass.sh PASS [CAUSAL, default false] [PEERS, default "cudnn"] [SHAPE, default 128]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,13 +34,14 @@ case "$shape" in
   *) echo "profile-pass: no one-row shape set '$shape' (128, short, or a head-dim row: 32 80 96 160 192 256)" >&2; exit 2 ;;
 esac
 . scripts/ncu-find.sh
+fa=${FLASH_ATTN_CLI:-.device-run/flash-attn}
 sections="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats"
-metrics="regex:sm__pipe_.*cycles_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:smsp__inst_executed_op_.*red.*sum,sm__cycles_elapsed.avg.per_second"
+metrics="regex:sm__pipe_.*cycles_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,regex:smsp__inst_executed_op_.*red.*sum,sm__cycles_elapsed.avg.per_second,smsp__inst_executed.sum"
 log=$out/ncu-$pass.txt
 : > "$log"
-echo "=== ours, $pass d=$d B=$batch H=$heads N=$n causal=$causal (the 4th main-kernel launch, after warm-up)" >> "$log"
+echo "=== ours, $pass d=$d B=$batch H=$heads N=$n causal=$causal (the 4th main-kernel launch, after warm-up; $fa)" >> "$log"
 "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-skip 3 --launch-count 1 $sections --metrics "$metrics" \
-  .device-run/flash-attn bench --shapes $shapes --pass "$pass" --causal "$causal" --calls 1 --samples 20 --warmup 1 \
+  "$fa" bench --shapes $shapes --pass "$pass" --causal "$causal" --calls 1 --samples 20 --warmup 1 \
   --out "$(mktemp -d)" >> "$log" 2>&1
 flag=0; [ "$causal" = true ] && flag=1
 for peer in $peers; do
@@ -47,4 +49,4 @@ for peer in $peers; do
   (cd scripts/peers && "$ncu" --clock-control none --profile-from-start off $sections --metrics "$metrics" \
     python3 profile_pass.py $batch $heads $n "$d" "$flag" "$peer" "$pass") >> "$log" 2>&1
 done
-grep -E "^===|^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Dynamic Shared|Static Shared|Achieved Occupancy|Theoretical Occupancy|Block Size|Grid Size|Waves Per SM|pipe_tensor|pipe_lsu|pipe_uniform|pipe_fma |pipe_alu|pipe_xu|global_red_pred_on_any.sum |stalled_(barrier|long_scoreboard|math_pipe|wait|short_scoreboard|sleeping|dispatch|mio|lg_throttle|membar|branch|no_instruction|selected)" "$log"
+grep -E "^===|^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Dynamic Shared|Static Shared|Achieved Occupancy|Theoretical Occupancy|Block Size|Grid Size|Waves Per SM|pipe_tensor|pipe_lsu|pipe_uniform|pipe_fma |pipe_alu|pipe_xu|inst_executed.sum |global_red_pred_on_any.sum |stalled_(barrier|long_scoreboard|math_pipe|wait|short_scoreboard|sleeping|dispatch|mio|lg_throttle|membar|branch|no_instruction|selected)" "$log"
