@@ -50,7 +50,7 @@ run_within() {
 # A binary packed as .device-pack/<name>.xz, made runnable as $logs/<name>.
 unpack_bin() { xz -dc ".device-pack/$1.xz" > "$logs/$1" && chmod +x "$logs/$1"; }
 export CUDA_CACHE_MAXSIZE=4294967296
-[ .device-run/.unpacked -nt .device-pack/run.txz ] || scripts/device-unpack.sh > "$logs/unpack.log" 2>&1
+scripts/device-unpack.sh --if-needed > "$logs/unpack.log" 2>&1
 names=(a ${STACK:-} b) bins=()
 for side in a ${STACK:-}; do
   unpack_bin "flash-attn-$side"

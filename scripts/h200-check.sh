@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 dest=${OUT:-reports/device}
 mkdir -p "$dest"
 out=$(mktemp -d)
-[ .device-run/.unpacked -nt .device-pack/run.txz ] || scripts/device-unpack.sh
+scripts/device-unpack.sh --if-needed
 steps=${*:-tests job memcheck racecheck $([ -d .device-run/candle ] && echo candle) $([ -x .device-run/gpt ] && echo gpt)}
 status=0
 note() { echo "$*" | tee -a "$out/summary.txt"; }

@@ -25,7 +25,7 @@ logs=$(mktemp -d)
 summary=$dest/summary.txt
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
-[ .device-run/.unpacked -nt .device-pack/run.txz ] || scripts/device-unpack.sh > "$logs/unpack.log" 2>&1
+scripts/device-unpack.sh --if-needed > "$logs/unpack.log" 2>&1
 note "# $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader); built from $(cat .device-run/COMMIT)"
 
 timeout 200 .device-run/tests/ptx_entries --test-threads=1 > "$logs/ptx_entries.log" 2>&1

@@ -7,17 +7,15 @@
 #         main's CLI (.device-pack/flash-attn-a.xz), ab-session.sh within BUDGET seconds;
 #         TASK=profile: the source counters of main's d = 128 forward on the short causal row.
 # Packing (README.md here): device-prepare.sh on main, keep its run.txz as run-main.txz and the
-# CLI inside it (.device-run/flash-attn) as `xz -c` flash-attn-a.xz; apply the patch, regen-ptx.sh, device-prepare.sh
-# (which empties .device-pack: move the two files back in after it).
+# CLI inside it (.device-run/flash-attn) as `xz -c` flash-attn-a.xz; apply the patch,
+# regen-ptx.sh, device-prepare.sh (which empties .device-pack: move the two files back in).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "gpu: $gpu"
 t0=$SECONDS
 if [[ "$gpu" == *H200* ]]; then
-  if [ "$(cat .device-run/.which 2>/dev/null)" != main ]; then
-    rm -rf .device-run && xz -dc .device-pack/run-main.txz | tar xf - && echo main > .device-run/.which
-  fi
+  scripts/device-unpack.sh --if-needed .device-pack/run-main.txz
   echo "built from $(cat .device-run/COMMIT)"
   for task in ${TASK:-headdims}; do
     mkdir -p "$OUT/$task"
@@ -26,13 +24,11 @@ if [[ "$gpu" == *H200* ]]; then
   done
 elif [ "${TASK:-}" = profile ]; then
   # Source counters of main's (A's) d = 128 forward on the short causal row.
-  [ -e .device-run/.unpacked ] || scripts/device-unpack.sh
   a=$(mktemp -d)/flash-attn-a; xz -dc .device-pack/flash-attn-a.xz > "$a"; chmod +x "$a"
   OUT=$OUT timeout ${LIMIT:-200} scripts/profile-source.sh fwd-short-causal 'flash_wgmma_forward_bf16_d128_g2_k128$' 3 -- \
     "$a" bench --shapes anchors --head-dim 128 --pass forward --causal true --calls 1 --samples 20 --warmup 1 --out "$(mktemp -d)"
   echo "exit $? ($((SECONDS-t0)) s)"
 else
-  [ "$(cat .device-run/.which 2>/dev/null)" = b ] || { scripts/device-unpack.sh && echo b > .device-run/.which; }
   TESTS="${TESTS-gpu_matrix gpu_variants gpu_non_finite}" ROUNDS=2 PEERS=0 BUDGET=${BUDGET:-${LIMIT:-560}} \
     SHAPES="${SHAPES:-anchors:--pass=forward+--head-dim=128 headdims:--pass=forward}" scripts/ab-session.sh
   echo "exit $? ($((SECONDS-t0)) s)"
