@@ -6,11 +6,11 @@
 #         speed", bench-h200.sh; LIMIT seconds each). AB=1 runs the H100 branch instead.
 #   H100: B (.device-pack/run.txz: main + decode-l2-prefetch.patch + forward-checkers.patch +
 #         forward-q-tma.patch) against main: B's gpu_matrix, gpu_variants and gpu_non_finite,
-#         the d = 128 forward anchors rows as a stack A → c → B (ab-session.sh STACK=c; A =
-#         .device-pack/flash-attn-a.xz, main's CLI; c = flash-attn-c.xz, main + the first two
-#         patches; within BUDGET seconds); TASK=decode (a second call): the decode rows 1-5
-#         A/B (main's decode_bench from run-main.txz, DEC_LIMIT seconds a run); two alternated
-#         rounds each.
+#         then the forward anchors rows (d = 64 and 128) as a stack A → c → B (ab-session.sh
+#         STACK=c; A = .device-pack/flash-attn-a.xz, main's CLI; c = flash-attn-c.xz, main +
+#         the first two patches; within BUDGET seconds). TASK=decode (a second call): the
+#         decode rows 1-5 A/B (main's decode_bench from run-main.txz, DEC_LIMIT seconds a run).
+#         Two alternated rounds each.
 # Packing (README.md here): device-prepare.sh on main, keep its run.txz as run-main.txz and the
 # CLI inside it (.device-run/flash-attn) as `xz -c` flash-attn-a.xz; apply the first two
 # patches, regen-ptx.sh, device-prepare.sh, keep its CLI as flash-attn-c.xz; apply the third,
@@ -34,7 +34,7 @@ fi
 if [ "${TASK:-ab}" = ab ]; then
   # Three builds' PTX to load (~100 s each on a fresh machine), then the tests and the stack.
   TESTS="${TESTS-gpu_matrix gpu_variants gpu_non_finite}" ROUNDS=2 PEERS=0 STACK=c \
-    BUDGET=${BUDGET:-560} SHAPES="${SHAPES:-anchors:--pass=forward+--head-dim=128}" \
+    BUDGET=${BUDGET:-560} SHAPES="${SHAPES:-anchors:--pass=forward}" \
     OUT=$OUT/ab scripts/ab-session.sh
   echo "ab exit $? ($((SECONDS-t0)) s)"
   ls -la "$OUT/ab"
